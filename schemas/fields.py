@@ -1,0 +1,290 @@
+"""Field types: how one message field is checked, written to the wire and read back.
+
+Consumes: Python values (``check``, ``to_wire``) or msgpack-decoded values (``from_wire``). Produces: plain
+msgpack-able values, or Python values of the field's type.
+
+Guarantees: ``check`` and ``from_wire`` raise :class:`SchemaError` whose ``field`` is relative to the field
+(``"<root>"`` for the field itself, ``"dtype"`` or a map key below it); :func:`check_fields` and
+:func:`fields_from_wire` prefix the field name, so errors name the full dotted path. ``from_wire`` only converts
+(arrays, ints written for floats); every rule is enforced by ``check``, on the encode and the decode side alike.
+Python-side ints and floats may be numpy scalars; ``bool`` is never accepted as a number.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Sequence
+
+import numpy as np
+
+from schemas.arrays import decode_array, encode_array
+from schemas.errors import ROOT, SchemaError, wire_type_name
+from schemas.ids import id_problem
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _bad(reason: str) -> SchemaError:
+    return SchemaError(ROOT, reason)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+class FieldType:
+    """Base: any value, sent as is."""
+
+    def check(self, value: Any) -> None:
+        """Raise :class:`SchemaError` when ``value`` is not allowed."""
+
+    def to_wire(self, value: Any) -> Any:
+        """The msgpack-able form of an already checked ``value``."""
+        return value
+
+    def from_wire(self, raw: Any) -> Any:
+        """The Python form of decoded ``raw``; leaves anything unexpected for ``check`` to reject."""
+        return raw
+
+
+class Int(FieldType):
+    """An int64 (>= ``minimum`` when given)."""
+
+    def __init__(self, minimum: int | None = 0) -> None:
+        self.minimum = minimum
+
+    def check(self, value: Any) -> None:
+        if not _is_int(value):
+            raise _bad(f"expected int, got {wire_type_name(value)}")
+        if not INT64_MIN <= int(value) <= INT64_MAX:
+            raise _bad(f"{value} is outside the int64 range")
+        if self.minimum is not None and value < self.minimum:
+            raise _bad(f"must be >= {self.minimum}, got {value}")
+
+    def to_wire(self, value: Any) -> int:
+        return int(value)
+
+
+class Float(FieldType):
+    """A finite float (> ``greater_than`` when given); an int on the wire is read as a float."""
+
+    def __init__(self, greater_than: float | None = None) -> None:
+        self.greater_than = greater_than
+
+    def check(self, value: Any) -> None:
+        if not (_is_int(value) or isinstance(value, (float, np.floating))):
+            raise _bad(f"expected float, got {wire_type_name(value)}")
+        if not math.isfinite(value):
+            raise _bad(f"must be finite, got {float(value)}")
+        if self.greater_than is not None and not value > self.greater_than:
+            raise _bad(f"must be > {self.greater_than}, got {float(value)}")
+
+    def to_wire(self, value: Any) -> float:
+        return float(value)
+
+    def from_wire(self, raw: Any) -> Any:
+        return float(raw) if type(raw) is int else raw
+
+
+class Bool(FieldType):
+    """A msgpack boolean."""
+
+    def check(self, value: Any) -> None:
+        if not isinstance(value, (bool, np.bool_)):
+            raise _bad(f"expected bool, got {wire_type_name(value)}")
+
+    def to_wire(self, value: Any) -> bool:
+        return bool(value)
+
+
+class Str(FieldType):
+    """A UTF-8 string (non-empty when ``nonempty``)."""
+
+    def __init__(self, nonempty: bool = False) -> None:
+        self.nonempty = nonempty
+
+    def check(self, value: Any) -> None:
+        if not isinstance(value, str):
+            raise _bad(f"expected str, got {wire_type_name(value)}")
+        if self.nonempty and not value:
+            raise _bad("must not be empty")
+
+
+class Id(FieldType):
+    """A string matching ``ID_PATTERN`` and at most ``max_len`` characters."""
+
+    def __init__(self, max_len: int = 255) -> None:
+        self.max_len = max_len
+
+    def check(self, value: Any) -> None:
+        problem = id_problem(value, self.max_len)
+        if problem is not None:
+            raise _bad(problem)
+
+
+class Pattern(FieldType):
+    """A string matching ``pattern`` (topic names, hex digests)."""
+
+    def __init__(self, pattern: re.Pattern[str], what: str) -> None:
+        self.pattern, self.what = pattern, what
+
+    def check(self, value: Any) -> None:
+        if not isinstance(value, str):
+            raise _bad(f"expected str, got {wire_type_name(value)}")
+        if not self.pattern.fullmatch(value):
+            raise _bad(f"malformed {self.what} {value[:80]!r} (must match {self.pattern.pattern})")
+
+
+class Enum(FieldType):
+    """One string out of ``choices``."""
+
+    def __init__(self, choices: Sequence[str]) -> None:
+        self.choices = tuple(choices)
+
+    def check(self, value: Any) -> None:
+        if not isinstance(value, str) or value not in self.choices:
+            raise _bad(f"must be one of {', '.join(map(repr, self.choices))}, got {value!r:.80}")
+
+
+class Bytes(FieldType):
+    """Raw bytes, msgpack bin (non-empty when ``nonempty``)."""
+
+    def __init__(self, nonempty: bool = False) -> None:
+        self.nonempty = nonempty
+
+    def check(self, value: Any) -> None:
+        if not isinstance(value, (bytes, bytearray)):
+            raise _bad(f"expected bin, got {wire_type_name(value)}")
+        if self.nonempty and not value:
+            raise _bad("must not be empty")
+
+    def to_wire(self, value: Any) -> bytes:
+        return bytes(value)
+
+
+class Shape(FieldType):
+    """A list of non-negative ints (a tuple or list in Python)."""
+
+    def check(self, value: Any) -> None:
+        if not isinstance(value, (list, tuple)) or not all(_is_int(d) and d >= 0 for d in value):
+            raise _bad(f"expected an array of non-negative ints, got {value!r:.80}")
+
+    def to_wire(self, value: Any) -> list[int]:
+        return [int(d) for d in value]
+
+
+class Optional(FieldType):
+    """``inner`` or nil."""
+
+    def __init__(self, inner: FieldType) -> None:
+        self.inner = inner
+
+    def check(self, value: Any) -> None:
+        if value is not None:
+            self.inner.check(value)
+
+    def to_wire(self, value: Any) -> Any:
+        return None if value is None else self.inner.to_wire(value)
+
+    def from_wire(self, raw: Any) -> Any:
+        return None if raw is None else self.inner.from_wire(raw)
+
+
+class StrMap(FieldType):
+    """A map from strings to ``values``; an error names the key (``metadata.source``)."""
+
+    def __init__(self, values: FieldType) -> None:
+        self.values = values
+
+    def check(self, value: Any) -> None:
+        if not isinstance(value, dict):
+            raise _bad(f"expected map, got {wire_type_name(value)}")
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise _bad(f"keys must be str, got {wire_type_name(key)} {key!r:.80}")
+            try:
+                self.values.check(item)
+            except SchemaError as exc:
+                raise exc.nested(key) from None
+
+    def to_wire(self, value: Any) -> dict[str, Any]:
+        return {key: self.values.to_wire(item) for key, item in value.items()}
+
+    def from_wire(self, raw: Any) -> Any:
+        if not isinstance(raw, dict):
+            return raw
+        return {key: self.values.from_wire(item) for key, item in raw.items()}
+
+
+class Array(FieldType):
+    """A 1-D numpy array of one wire dtype, at least ``min_len`` long, with optional value bounds."""
+
+    def __init__(self, dtype: str, *, min_len: int = 0, finite: bool = False,
+                 minimum: float | None = None, maximum: float | None = None) -> None:
+        self.dtype, self.min_len, self.finite = dtype, min_len, finite
+        self.minimum, self.maximum = minimum, maximum
+
+    def check(self, value: Any) -> None:
+        expected = np.dtype(self.dtype)
+        if not isinstance(value, np.ndarray):
+            raise _bad(f"expected numpy.ndarray of {expected.name}, got {wire_type_name(value)}")
+        if value.dtype.kind != expected.kind or value.dtype.itemsize != expected.itemsize:
+            raise _bad(f"expected dtype {expected.name} ({self.dtype}), got {value.dtype.name}")
+        if value.ndim != 1:
+            raise _bad(f"expected a 1-D array, got shape {list(value.shape)}")
+        if value.shape[0] < self.min_len:
+            raise _bad(f"expected at least {self.min_len} element(s), got {value.shape[0]}")
+        self._check_values(value)
+
+    def _check_values(self, value: np.ndarray) -> None:
+        if self.finite:
+            for name, mask in (("NaN", np.isnan(value)), ("inf", np.isinf(value))):
+                if mask.any():
+                    raise _bad(f"contains {name} at index {int(np.argmax(mask))}")
+        for bound, mask, relation in ((self.minimum, lambda b: value < b, ">="),
+                                      (self.maximum, lambda b: value > b, "<=")):
+            if bound is not None and (hit := mask(bound)).any():
+                index = int(np.argmax(hit))
+                raise _bad(f"contains {value[index].item()!r} at index {index}; values must be {relation} {bound}")
+
+    def to_wire(self, value: Any) -> dict[str, Any]:
+        return encode_array(value)
+
+    def from_wire(self, raw: Any) -> np.ndarray:
+        array = decode_array(raw)
+        if raw["dtype"] != self.dtype:
+            raise SchemaError("dtype", f"expected {self.dtype!r} ({np.dtype(self.dtype).name}), got {raw['dtype']!r}")
+        return array
+
+
+Spec = Sequence[tuple[str, FieldType]]
+"""Ordered (field name, field type) pairs of one structure; the order is the wire order."""
+
+
+def check_fields(obj: Any, spec: Spec) -> None:
+    """Check every field of ``obj`` against ``spec``; errors name the field."""
+    for name, field_type in spec:
+        try:
+            field_type.check(getattr(obj, name))
+        except SchemaError as exc:
+            raise exc.nested(name) from None
+
+
+def fields_to_wire(obj: Any, spec: Spec) -> dict[str, Any]:
+    """The wire map of ``obj``'s fields, in spec order."""
+    return {name: field_type.to_wire(getattr(obj, name)) for name, field_type in spec}
+
+
+def fields_from_wire(raw: dict[str, Any], spec: Spec) -> dict[str, Any]:
+    """Constructor keyword arguments read from wire map ``raw``; every spec field is required, extra keys are
+    ignored."""
+    kwargs = {}
+    for name, field_type in spec:
+        if name not in raw:
+            raise SchemaError(name, "missing")
+        try:
+            kwargs[name] = field_type.from_wire(raw[name])
+        except SchemaError as exc:
+            raise exc.nested(name) from None
+    return kwargs

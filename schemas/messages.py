@@ -1,0 +1,353 @@
+"""The typed, versioned messages carried on the stream-rl topics.
+
+Consumes: nothing (plain data). Produces: one frozen, keyword-only dataclass per message kind, registered by kind
+in :data:`MESSAGE_TYPES`. Every class has ``KIND`` and ``SCHEMA_VERSION`` class attributes; encoding, decoding and
+validation live in :mod:`schemas.codec`, the rules in :mod:`schemas.validation`, the wire layout in
+``docs/wire-format.md``.
+
+Guarantees:
+- Arrays are ``numpy.ndarray`` with a fixed dtype per field (token ids ``int32``, log-probabilities and per-token
+  rewards ``float32``, policy versions ``int64``); a message is compared field by field, arrays by dtype, shape
+  and values (``==``), so two messages with equal content are equal. Messages are not hashable.
+- Mutable and time defaults come from ``default_factory``: every message gets its own dicts and its own
+  ``created_at`` at construction, never one value shared from import time.
+- "Frozen-ish": attributes cannot be reassigned (use ``dataclasses.replace``), but arrays and dicts inside are
+  ordinary mutable objects; do not mutate a message after handing it to a producer.
+
+Flow (see docs/architecture.md): ``Prompt`` -> producers -> ``Rollout`` -> scorers -> ``ScoredRollout`` -> trainer,
+which publishes ``WeightsManifest`` (+ ``WeightsChunk`` records in inline mode) and ``StaleRollout`` records;
+any consumer writes ``DeadLetter`` records for input it cannot decode or validate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from schemas.ids import group_id_for
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _values_equal(a: Any, b: Any) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
+                and a.shape == b.shape and bool(np.array_equal(a, b)))
+    return bool(a == b)
+
+
+class Message:
+    """Base of every wire message: a ``KIND`` string and a ``SCHEMA_VERSION``; equality field by field."""
+
+    KIND: ClassVar[str] = ""
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(_values_equal(getattr(self, f.name), getattr(other, f.name))
+                   for f in dataclasses.fields(self))  # type: ignore[arg-type]
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Prompt(Message):
+    """One prompt of one epoch, to be answered by a group of samples. Prompts topic, key ``prompt_id``."""
+
+    KIND: ClassVar[str] = "prompt"
+
+    prompt_id: str
+    """Stable id of the prompt across epochs (``ID_PATTERN``, at most 200 characters)."""
+    epoch: int
+    """Pass over the prompt set this record belongs to (>= 0)."""
+    text: str
+    """The prompt text given to the policy, chat template already applied by the loader."""
+    answer: str | None = None
+    """Reference answer for verifiable tasks, read by rule-based rewards; ``None`` when there is none."""
+    metadata: dict[str, str] = field(default_factory=dict)
+    """Free-form string tags (task name, source, difficulty), copied onto every rollout."""
+    group_size: int
+    """Samples wanted for this prompt (>= 1): the group of GRPO-style advantage estimators."""
+    attempt: int = 0
+    """How many times this (prompt, epoch) was re-queued after a stale drop (0 for the first load)."""
+    prompt_token_ids: np.ndarray | None = None
+    """Optional pre-tokenised prompt, int32 ``[P]``, ``P >= 1``, ids >= 0; ``None``: the producer tokenises."""
+    created_at: float = field(default_factory=_now)
+    """Unix time (seconds) the record was created."""
+
+    @property
+    def group_id(self) -> str:
+        """The group id every sample of this prompt and epoch will carry."""
+        return group_id_for(self.prompt_id, self.epoch)
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Rollout(Message):
+    """One sampled response with what the trainer needs to correct for off-policy sampling.
+
+    Rollouts topic, key ``group_id`` (a group stays on one partition). ``R = len(response_token_ids) >= 1``.
+    """
+
+    KIND: ClassVar[str] = "rollout"
+
+    rollout_id: str
+    """Deterministic id, must equal ``rollout_id_for(prompt_id, epoch, sample_index)``; the dedup key."""
+    prompt_id: str
+    """Id of the prompt this samples (``ID_PATTERN``, at most 200 characters)."""
+    epoch: int
+    """Epoch of the prompt (>= 0)."""
+    group_id: str
+    """Must equal ``group_id_for(prompt_id, epoch)``; independent of the attempt."""
+    sample_index: int
+    """Position of this sample in its group, ``0 <= sample_index < group_size``."""
+    group_size: int
+    """Number of samples in the group (>= 1)."""
+    prompt_token_ids: np.ndarray
+    """Prompt tokens as the policy saw them, int32 ``[P]``, ``P >= 1``, ids >= 0."""
+    response_token_ids: np.ndarray
+    """Sampled tokens, int32 ``[R]``, ``R >= 1``, ids >= 0 (including the stop token when one was sampled)."""
+    behavior_logprobs: np.ndarray
+    """log mu(token) under the distribution actually sampled (temperature applied), float32 ``[R]``, finite,
+    <= 0 (exactly 0.0 allowed: float32 rounding of log 1)."""
+    token_policy_versions: np.ndarray
+    """Policy (weights) version that produced each token, int64 ``[R]``, >= 0."""
+    finish_reason: str
+    """Why generation ended: ``"stop"`` (stop token or string), ``"length"`` (token budget), ``"abort"``."""
+    producer_id: str
+    """Id of the producer process that generated the sample (``ID_PATTERN``)."""
+    prompt_text: str
+    """The prompt text (redacted by ``stream-rl replay`` unless ``--show-text``)."""
+    response_text: str
+    """The detokenised response (redacted by ``stream-rl replay`` unless ``--show-text``)."""
+    answer: str | None = None
+    """Reference answer copied from the prompt, ``None`` when there is none."""
+    metadata: dict[str, str] = field(default_factory=dict)
+    """String tags copied from the prompt."""
+    attempt: int = 0
+    """Attempt of the prompt this was generated for (>= 0); not part of any id."""
+    temperature: float
+    """Sampling temperature, finite and > 0; the trainer divides logits by it before log-softmax."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Finite floats, seconds or Unix times, e.g. ``generate_s``, ``created_at``, ``queue_wait_s``."""
+
+    @property
+    def response_length(self) -> int:
+        """``R``, the number of response tokens."""
+        return int(self.response_token_ids.shape[0])
+
+    @property
+    def min_policy_version(self) -> int:
+        """Oldest policy version among the response tokens: the one staleness is measured from."""
+        return int(self.token_policy_versions.min())
+
+    @property
+    def max_policy_version(self) -> int:
+        """Newest policy version among the response tokens."""
+        return int(self.token_policy_versions.max())
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class ScoredRollout(Message):
+    """A rollout with its rewards and reference log-probabilities. Scored topic, key ``rollout.group_id``."""
+
+    KIND: ClassVar[str] = "scored_rollout"
+
+    rollout: Rollout
+    """The scored rollout, embedded whole and validated as a rollout record."""
+    reward: float
+    """Sequence-level reward (finite): the sum of the components as the scorer defines it."""
+    reward_components: dict[str, float] = field(default_factory=dict)
+    """Named finite parts of the reward, e.g. ``{"correct": 1.0, "format": 0.1}``, for metrics."""
+    token_rewards: np.ndarray | None = None
+    """Optional token-level rewards, float32 ``[R]``, finite."""
+    ref_logprobs: np.ndarray | None = None
+    """Optional log pi_ref(token) of the frozen reference model, float32 ``[R]``, finite, <= 0."""
+    scorer_id: str
+    """Id of the scorer process (``ID_PATTERN``)."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Finite floats, e.g. ``score_s``, ``ref_logprobs_s``, ``created_at``."""
+
+    @property
+    def rollout_id(self) -> str:
+        """The embedded rollout's id."""
+        return self.rollout.rollout_id
+
+    @property
+    def group_id(self) -> str:
+        """The embedded rollout's group id (the record key)."""
+        return self.rollout.group_id
+
+
+SAFETENSORS_ITEMSIZE: dict[str, int] = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
+}
+"""Bytes per element of each safetensors dtype name a manifest may use."""
+
+
+@dataclass(frozen=True, eq=True, kw_only=True)
+class TensorEntry:
+    """Where one tensor lies in the flat weights payload (part of a :class:`WeightsManifest`)."""
+
+    name: str
+    """Parameter name as in the model's state dict, e.g. ``model.layers.0.mlp.up_proj.weight``; unique."""
+    dtype: str
+    """safetensors dtype name: ``F32``, ``BF16``, ``F16``, ``I64`` ... (see :data:`SAFETENSORS_ITEMSIZE`)."""
+    shape: tuple[int, ...]
+    """Tensor shape; a list is accepted and stored as a tuple."""
+    offset: int
+    """Byte offset of the tensor's first byte in the payload."""
+    nbytes: int
+    """Byte length: ``prod(shape) * itemsize(dtype)``; raw little-endian, C order."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.shape, list):
+            object.__setattr__(self, "shape", tuple(self.shape))
+
+    @property
+    def end(self) -> int:
+        """Offset one past the tensor's last byte."""
+        return self.offset + self.nbytes
+
+
+def chunk_count_for(total_bytes: int, chunk_size: int) -> int:
+    """``ceil(total_bytes / chunk_size)``: chunks needed to carry a payload."""
+    return -(-total_bytes // chunk_size)
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class WeightsManifest(Message):
+    """Announces policy version ``version``: what the payload holds and where to fetch it.
+
+    Weights topic, key ``str(version)``. Payload = the tensors' raw bytes concatenated in ``tensors`` order.
+    Inline mode: the payload comes as ``chunk_count`` :class:`WeightsChunk` records on ``chunks_topic``, chunk ``i``
+    holding ``payload[i * chunk_size : (i + 1) * chunk_size]``. Store mode: a safetensors file at ``store_uri``.
+    """
+
+    KIND: ClassVar[str] = "weights_manifest"
+
+    version: int
+    """Policy version published (>= 0); rollouts carry it in ``token_policy_versions``."""
+    step: int
+    """Trainer optimiser step after which the weights were taken (>= 0)."""
+    mode: str
+    """``"inline"`` (chunks on a per-version topic) or ``"store"`` (file in a weights store)."""
+    tensors: list[TensorEntry]
+    """At least one entry, sorted by offset, contiguous from 0, no overlaps, unique names."""
+    total_bytes: int
+    """Payload size, equal to the sum of the entries' ``nbytes``."""
+    sha256: str
+    """SHA-256 of the whole payload, 64 lowercase hex characters."""
+    chunk_size: int
+    """Bytes per chunk (>= 1); the last chunk may be shorter."""
+    chunk_count: int
+    """``ceil(total_bytes / chunk_size)``, in both modes."""
+    chunks_topic: str | None = None
+    """Inline mode: the Kafka topic holding the chunks; must be ``None`` in store mode."""
+    store_uri: str | None = None
+    """Store mode: where the safetensors file is (path or URI); must be ``None`` in inline mode."""
+    created_at: float = field(default_factory=_now)
+    """Unix time the manifest was written, after the payload was durable."""
+    trainer_id: str
+    """Id of the trainer that published the version (``ID_PATTERN``)."""
+
+    def chunk_range(self, index: int) -> tuple[int, int]:
+        """Byte range ``[start, end)`` of chunk ``index`` in the payload."""
+        if not 0 <= index < self.chunk_count:
+            raise IndexError(f"chunk {index} out of range 0..{self.chunk_count - 1}")
+        start = index * self.chunk_size
+        return start, min(start + self.chunk_size, self.total_bytes)
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class WeightsChunk(Message):
+    """One slice of an inline weights payload. Topic ``manifest.chunks_topic``, key ``str(version)``."""
+
+    KIND: ClassVar[str] = "weights_chunk"
+
+    version: int
+    """Policy version the chunk belongs to (>= 0)."""
+    index: int
+    """Chunk position, ``0 <= index < count``."""
+    count: int
+    """Number of chunks of the version (>= 1), equal to the manifest's ``chunk_count``."""
+    data: bytes
+    """The chunk's bytes (non-empty)."""
+    sha256: str
+    """SHA-256 of ``data``, 64 lowercase hex characters; checked on decode."""
+
+    @classmethod
+    def from_data(cls, *, version: int, index: int, count: int, data: bytes) -> WeightsChunk:
+        """A chunk with its digest computed."""
+        return cls(version=version, index=index, count=count, data=data,
+                   sha256=hashlib.sha256(data).hexdigest())
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class DeadLetter(Message):
+    """A consumed record that could not be decoded or validated. Dead-letter topic, key = the source record's key."""
+
+    KIND: ClassVar[str] = "dead_letter"
+
+    reason: str
+    """Why the record was rejected (non-empty), e.g. ``str(SchemaError)``."""
+    error_type: str
+    """Class name of the error, e.g. ``SchemaError`` (non-empty)."""
+    source_topic: str
+    """Topic the record was read from."""
+    source_partition: int
+    """Partition it was read from (>= 0)."""
+    source_offset: int
+    """Its offset (>= 0)."""
+    raw_value: bytes | None
+    """The record's value exactly as read; ``None`` for a null value (tombstone)."""
+    raw_key: bytes | None = None
+    """The record's key exactly as read, ``None`` when it had none."""
+    consumer_id: str
+    """Id of the consumer that rejected it (``ID_PATTERN``)."""
+    created_at: float = field(default_factory=_now)
+    """Unix time the dead letter was written."""
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class StaleRollout(Message):
+    """A rollout the trainer dropped as too old, and whether its prompt was re-queued. The run's stale
+    topic, key ``group_id``."""
+
+    KIND: ClassVar[str] = "stale_rollout"
+
+    rollout_id: str
+    """Id of the dropped rollout, ``rollout_id_for(prompt_id, epoch, i)`` for some sample index ``i``."""
+    prompt_id: str
+    """Its prompt id."""
+    epoch: int
+    """Its epoch (>= 0)."""
+    group_id: str
+    """Must equal ``group_id_for(prompt_id, epoch)``."""
+    reason: str
+    """Why it was dropped (non-empty), e.g. ``lag 3 > max_lag 2``."""
+    lag: int
+    """``trainer_version - rollout.min_policy_version`` at the time of the drop (>= 0)."""
+    max_lag: int
+    """The configured staleness bound (>= 0)."""
+    trainer_version: int
+    """Trainer policy version when it dropped the rollout (>= 0)."""
+    requeued: bool
+    """Whether the prompt was re-published (with ``attempt + 1``) to be regenerated."""
+    created_at: float = field(default_factory=_now)
+    """Unix time of the drop."""
+
+
+MESSAGE_TYPES: dict[str, type[Message]] = {
+    cls.KIND: cls
+    for cls in (Prompt, Rollout, ScoredRollout, WeightsManifest, WeightsChunk, DeadLetter, StaleRollout)
+}
+"""Registry: wire ``kind`` -> message class."""

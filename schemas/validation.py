@@ -1,0 +1,275 @@
+"""The rules of every message kind: field specs, cross-field checks, and the envelope.
+
+Consumes: message objects (``check_message``, ``message_to_wire``) or msgpack-decoded maps
+(``read_envelope``, ``message_from_wire``). Produces: validated messages or wire maps; errors as
+:class:`SchemaError` naming the field relative to the message (the codec attributes the kind).
+
+Guarantees:
+- :data:`SPECS` lists every field of every message class, in dataclass order (a test keeps them in step); every
+  listed field is required on the wire; fields not listed are ignored on read (forward compatibility).
+- The same rules run before encoding and after decoding, so whatever ``encode`` writes ``decode`` accepts.
+- Cross-field rules: lengths of per-token arrays agree with the response, ``sample_index < group_size``, ids are
+  the deterministic ones, a manifest's tensors tile the payload exactly and its chunk count and mode fields agree,
+  a chunk's digest matches its bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from schemas.errors import ROOT, SchemaError, wire_type_name
+from schemas.fields import (
+    Array, Bool, Bytes, Enum, FieldType, Float, Id, Int, Optional, Pattern, Shape, Spec, Str, StrMap,
+    check_fields, fields_from_wire, fields_to_wire,
+)
+from schemas.ids import PROMPT_ID_MAX_LEN, SHA256_PATTERN, TOPIC_PATTERN, group_id_for, rollout_id_for
+from schemas.messages import (
+    MESSAGE_TYPES, SAFETENSORS_ITEMSIZE, DeadLetter, Message, Prompt, Rollout, ScoredRollout, StaleRollout,
+    TensorEntry, WeightsChunk, WeightsManifest, chunk_count_for,
+)
+
+FINISH_REASONS = ("stop", "length", "abort")
+WEIGHTS_MODES = ("inline", "store")
+
+
+def read_envelope(raw: Any) -> type[Message]:
+    """The message class named by wire map ``raw``'s ``kind``, after checking ``schema_version``."""
+    if not isinstance(raw, dict):
+        raise SchemaError(ROOT, f"expected a msgpack map, got {wire_type_name(raw)}")
+    if "kind" not in raw:
+        raise SchemaError("kind", "missing")
+    kind = raw["kind"]
+    if not isinstance(kind, str):
+        raise SchemaError("kind", f"expected str, got {wire_type_name(kind)}")
+    cls = MESSAGE_TYPES.get(kind)
+    if cls is None:
+        raise SchemaError("kind", f"unknown kind {kind!r:.80}; known: {', '.join(sorted(MESSAGE_TYPES))}")
+    if "schema_version" not in raw:
+        raise SchemaError("schema_version", "missing", kind)
+    version = raw["schema_version"]
+    if type(version) is not int:
+        raise SchemaError("schema_version", f"expected int, got {wire_type_name(version)}", kind)
+    if not 1 <= version <= cls.SCHEMA_VERSION:
+        raise SchemaError("schema_version",
+                          f"unsupported version {version}; this reader supports 1..{cls.SCHEMA_VERSION}", kind)
+    return cls
+
+
+def check_message(msg: Message) -> None:
+    """Every field rule, then the cross-field rule of ``msg``'s kind."""
+    cls = type(msg)
+    if cls not in SPECS:
+        raise SchemaError(ROOT, f"expected a message, got {type(msg).__name__}")
+    check_fields(msg, SPECS[cls])
+    RULES[cls](msg)
+
+
+def message_to_wire(msg: Message) -> dict[str, Any]:
+    """The wire map of a checked ``msg``: ``kind``, ``schema_version``, then the fields."""
+    return {"kind": msg.KIND, "schema_version": msg.SCHEMA_VERSION, **fields_to_wire(msg, SPECS[type(msg)])}
+
+
+def message_from_wire(raw: Any, cls: type[Message]) -> Message:
+    """The message of class ``cls`` read from wire map ``raw`` (envelope already checked), then checked."""
+    msg = cls(**fields_from_wire(raw, SPECS[cls]))
+    check_message(msg)
+    return msg
+
+
+class Embedded(FieldType):
+    """A whole message embedded as a field: the same map, envelope included, as its own record."""
+
+    def __init__(self, cls: type[Message]) -> None:
+        self.cls = cls
+
+    def check(self, value: Any) -> None:
+        if not isinstance(value, self.cls):
+            raise SchemaError(ROOT, f"expected a {self.cls.KIND} message, got {type(value).__name__}")
+        check_message(value)
+
+    def to_wire(self, value: Any) -> dict[str, Any]:
+        return message_to_wire(value)
+
+    def from_wire(self, raw: Any) -> Any:
+        cls = read_envelope(raw)
+        if cls is not self.cls:
+            raise SchemaError("kind", f"expected {self.cls.KIND!r}, got {cls.KIND!r}")
+        return cls(**fields_from_wire(raw, SPECS[cls]))
+
+
+TENSOR_SPEC: Spec = (
+    ("name", Str(nonempty=True)), ("dtype", Enum(tuple(SAFETENSORS_ITEMSIZE))), ("shape", Shape()),
+    ("offset", Int(0)), ("nbytes", Int(0)),
+)
+
+
+class TensorList(FieldType):
+    """A non-empty array of tensor entries; errors name the entry (``tensors[2].nbytes``)."""
+
+    def check(self, value: Any) -> None:
+        if not isinstance(value, list) or not value:
+            raise SchemaError(ROOT, f"expected a non-empty array of tensor entries, got {value!r:.80}")
+        for index, entry in enumerate(value):
+            try:
+                if not isinstance(entry, TensorEntry):
+                    raise SchemaError(ROOT, f"expected TensorEntry, got {type(entry).__name__}")
+                check_fields(entry, TENSOR_SPEC)
+                expected = math.prod(entry.shape) * SAFETENSORS_ITEMSIZE[entry.dtype]
+                if entry.nbytes != expected:
+                    raise SchemaError("nbytes", f"must be prod(shape) * itemsize = {expected}, got {entry.nbytes}")
+            except SchemaError as exc:
+                raise exc.nested(f"[{index}]") from None
+
+    def to_wire(self, value: Any) -> list[dict[str, Any]]:
+        return [fields_to_wire(entry, TENSOR_SPEC) for entry in value]
+
+    def from_wire(self, raw: Any) -> Any:
+        if not isinstance(raw, list):
+            return raw
+        entries = []
+        for index, item in enumerate(raw):
+            if not isinstance(item, dict):
+                raise SchemaError(f"[{index}]", f"expected map, got {wire_type_name(item)}")
+            try:
+                entries.append(TensorEntry(**fields_from_wire(item, TENSOR_SPEC)))
+            except SchemaError as exc:
+                raise exc.nested(f"[{index}]") from None
+        return entries
+
+
+_ID, _PROMPT_ID, _COUNT, _TIME = Id(), Id(PROMPT_ID_MAX_LEN), Int(0), Float()
+_PROMPT_TOKENS = Array("<i4", min_len=1, minimum=0)
+_LOGPROBS = Array("<f4", finite=True, maximum=0.0)
+_METADATA, _TIMINGS = StrMap(Str()), StrMap(Float())
+_SHA256 = Pattern(SHA256_PATTERN, "sha256 hex digest")
+_TOPIC = Pattern(TOPIC_PATTERN, "topic name")
+
+SPECS: dict[type[Message], Spec] = {
+    Prompt: (
+        ("prompt_id", _PROMPT_ID), ("epoch", _COUNT), ("text", Str()), ("answer", Optional(Str())),
+        ("metadata", _METADATA), ("group_size", Int(1)), ("attempt", _COUNT),
+        ("prompt_token_ids", Optional(_PROMPT_TOKENS)), ("created_at", _TIME),
+    ),
+    Rollout: (
+        ("rollout_id", _ID), ("prompt_id", _PROMPT_ID), ("epoch", _COUNT), ("group_id", _ID),
+        ("sample_index", _COUNT), ("group_size", Int(1)), ("prompt_token_ids", _PROMPT_TOKENS),
+        ("response_token_ids", Array("<i4", min_len=1, minimum=0)), ("behavior_logprobs", _LOGPROBS),
+        ("token_policy_versions", Array("<i8", minimum=0)), ("finish_reason", Enum(FINISH_REASONS)),
+        ("producer_id", _ID), ("prompt_text", Str()), ("response_text", Str()), ("answer", Optional(Str())),
+        ("metadata", _METADATA), ("attempt", _COUNT), ("temperature", Float(greater_than=0.0)),
+        ("timings", _TIMINGS),
+    ),
+    ScoredRollout: (
+        ("rollout", Embedded(Rollout)), ("reward", Float()), ("reward_components", StrMap(Float())),
+        ("token_rewards", Optional(Array("<f4", finite=True))), ("ref_logprobs", Optional(_LOGPROBS)),
+        ("scorer_id", _ID), ("timings", _TIMINGS),
+    ),
+    WeightsManifest: (
+        ("version", _COUNT), ("step", _COUNT), ("mode", Enum(WEIGHTS_MODES)), ("tensors", TensorList()),
+        ("total_bytes", _COUNT), ("sha256", _SHA256), ("chunk_size", Int(1)), ("chunk_count", _COUNT),
+        ("chunks_topic", Optional(_TOPIC)), ("store_uri", Optional(Str(nonempty=True))), ("created_at", _TIME),
+        ("trainer_id", _ID),
+    ),
+    WeightsChunk: (
+        ("version", _COUNT), ("index", _COUNT), ("count", Int(1)), ("data", Bytes(nonempty=True)),
+        ("sha256", _SHA256),
+    ),
+    DeadLetter: (
+        ("reason", Str(nonempty=True)), ("error_type", Str(nonempty=True)), ("source_topic", _TOPIC),
+        ("source_partition", _COUNT), ("source_offset", _COUNT), ("raw_value", Optional(Bytes())),
+        ("raw_key", Optional(Bytes())), ("consumer_id", _ID), ("created_at", _TIME),
+    ),
+    StaleRollout: (
+        ("rollout_id", _ID), ("prompt_id", _PROMPT_ID), ("epoch", _COUNT), ("group_id", _ID),
+        ("reason", Str(nonempty=True)), ("lag", _COUNT), ("max_lag", _COUNT), ("trainer_version", _COUNT),
+        ("requeued", Bool()), ("created_at", _TIME),
+    ),
+}
+"""Field specs by message class, in dataclass field order (= wire order after ``kind``, ``schema_version``)."""
+
+
+def _require_length(name: str, array: np.ndarray | None, length: int) -> None:
+    if array is not None and array.shape[0] != length:
+        raise SchemaError(name, f"length {array.shape[0]} != response length {length}")
+
+
+def _require_group_id(msg: Rollout | StaleRollout) -> None:
+    expected = group_id_for(msg.prompt_id, msg.epoch)
+    if msg.group_id != expected:
+        raise SchemaError("group_id", f"must be group_id_for(prompt_id, epoch) = {expected!r}, got {msg.group_id!r}")
+
+
+def _rollout_rule(msg: Rollout) -> None:
+    if msg.sample_index >= msg.group_size:
+        raise SchemaError("sample_index", f"must be < group_size ({msg.group_size}), got {msg.sample_index}")
+    length = msg.response_token_ids.shape[0]
+    _require_length("behavior_logprobs", msg.behavior_logprobs, length)
+    _require_length("token_policy_versions", msg.token_policy_versions, length)
+    _require_group_id(msg)
+    expected = rollout_id_for(msg.prompt_id, msg.epoch, msg.sample_index)
+    if msg.rollout_id != expected:
+        raise SchemaError("rollout_id", f"must be rollout_id_for(prompt_id, epoch, sample_index) = {expected!r}, "
+                                        f"got {msg.rollout_id!r}")
+
+
+def _scored_rule(msg: ScoredRollout) -> None:
+    length = msg.rollout.response_token_ids.shape[0]
+    _require_length("token_rewards", msg.token_rewards, length)
+    _require_length("ref_logprobs", msg.ref_logprobs, length)
+
+
+def _manifest_rule(msg: WeightsManifest) -> None:
+    seen: set[str] = set()
+    end = 0
+    for index, entry in enumerate(msg.tensors):
+        if entry.name in seen:
+            raise SchemaError(f"tensors[{index}].name", f"duplicate tensor name {entry.name!r:.80}")
+        seen.add(entry.name)
+        if entry.offset != end:
+            raise SchemaError(f"tensors[{index}].offset", f"must be {end} (entries sorted by offset, contiguous, "
+                                                          f"non-overlapping), got {entry.offset}")
+        end = entry.end
+    if msg.total_bytes != end:
+        raise SchemaError("total_bytes", f"must equal the sum of tensor nbytes ({end}), got {msg.total_bytes}")
+    expected = chunk_count_for(msg.total_bytes, msg.chunk_size)
+    if msg.chunk_count != expected:
+        raise SchemaError("chunk_count", f"must be ceil(total_bytes / chunk_size) = {expected}, "
+                                         f"got {msg.chunk_count}")
+    present, absent = ("chunks_topic", "store_uri") if msg.mode == "inline" else ("store_uri", "chunks_topic")
+    if getattr(msg, present) is None:
+        raise SchemaError(present, f"required in {msg.mode} mode")
+    if getattr(msg, absent) is not None:
+        raise SchemaError(absent, f"must be nil in {msg.mode} mode, got {getattr(msg, absent)!r:.80}")
+
+
+def _chunk_rule(msg: WeightsChunk) -> None:
+    if msg.index >= msg.count:
+        raise SchemaError("index", f"must be < count ({msg.count}), got {msg.index}")
+    digest = hashlib.sha256(msg.data).hexdigest()
+    if msg.sha256 != digest:
+        raise SchemaError("sha256", f"does not match data (data hashes to {digest})")
+
+
+def _stale_rule(msg: StaleRollout) -> None:
+    _require_group_id(msg)
+    prefix = f"{msg.group_id}:"
+    suffix = msg.rollout_id[len(prefix):]
+    if not (msg.rollout_id.startswith(prefix) and suffix.isascii() and suffix.isdigit()
+            and str(int(suffix)) == suffix):
+        raise SchemaError("rollout_id", f"must be rollout_id_for(prompt_id, epoch, i) = {prefix}<i>, "
+                                        f"got {msg.rollout_id!r}")
+
+
+def _no_rule(msg: Message) -> None:
+    del msg
+
+
+RULES: dict[type[Message], Callable[[Any], None]] = {
+    Prompt: _no_rule, Rollout: _rollout_rule, ScoredRollout: _scored_rule, WeightsManifest: _manifest_rule,
+    WeightsChunk: _chunk_rule, DeadLetter: _no_rule, StaleRollout: _stale_rule,
+}
+"""Cross-field rule by message class, run after every field passed its own checks."""

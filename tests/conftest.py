@@ -43,3 +43,18 @@ def make_config(broker, tmp_path: Path, run_name: str):
         return load_config(None, env={}, overrides=base)
 
     return _make
+
+
+@pytest.fixture(scope="session")
+def demo_build(tmp_path_factory):
+    """The real built-in demo (`init_demo`: tokenizer, warm-started policy, reference, reward model, prompts),
+    built once per session (about 90 s on one core) and shared read-only by the tests that need it."""
+    import torch
+
+    from stream_rl.demo.init import init_demo
+
+    threads = torch.get_num_threads()
+    root = tmp_path_factory.mktemp("demo-build") / "demo"
+    info = init_demo(root, seed=0, num_threads=1)
+    torch.set_num_threads(threads)
+    return root, info

@@ -193,3 +193,15 @@ def test_highwaters_count_records_from_fetch_responses(make_config):
     marks = highwaters(reader, tps)
     assert [marks[tp] for tp in tps] == [3, 2, 2]
 
+
+
+def test_ensure_topics_is_idempotent_and_reports_a_partition_mismatch(make_config):
+    from stream_rl.transport import TopicError
+
+    cfg = make_config(**{"topics.partitions": {"rollouts": 3}})
+    first = Transport(cfg, "test").ensure_topics()
+    again = Transport(cfg, "test").ensure_topics()
+    assert first == again and first[Transport(cfg, "test").names.rollouts] == 3
+    other = make_config(**{"topics.run": cfg.topics.run, "topics.partitions": {"rollouts": 5}})
+    with pytest.raises(TopicError, match="has 3 partitions, config wants 5"):
+        Transport(other, "test").ensure_topics()

@@ -12,6 +12,8 @@ from typing import Annotated
 
 import typer
 
+from stream_rl.cli import roles
+from stream_rl.cli import run as run_cmd
 from stream_rl.cli.common import BootstrapOpt, ConfigOpt, DryRunOpt, RunOpt, SetOpt, fail, resolve
 
 app = typer.Typer(help="Asynchronous, streaming RL fine-tuning of LLMs over Kafka.", no_args_is_help=True,
@@ -20,6 +22,12 @@ broker_app = typer.Typer(help="The embedded local Kafka-protocol broker (tansu).
 topics_app = typer.Typer(help="The run's topics.", no_args_is_help=True)
 app.add_typer(broker_app, name="broker")
 app.add_typer(topics_app, name="topics")
+app.add_typer(roles.prompts_app, name="prompts")
+app.add_typer(roles.demo_app, name="demo")
+app.command("produce")(roles.produce)
+app.command("score")(roles.score)
+app.command("train")(roles.train)
+app.command("run")(run_cmd.run)
 
 
 @broker_app.command("up")

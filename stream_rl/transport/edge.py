@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from schemas import DeadLetter, SchemaError, decode, encode
@@ -46,6 +46,7 @@ class Consumed:
     value: Any
     headers: Headers
     timestamp_ms: int
+    raw_value: bytes | None = field(default=None, repr=False, compare=False)  # for dead letters downstream
 
 
 def _key_bytes(key: str | bytes | None) -> bytes | None:
@@ -126,7 +127,7 @@ class Source:
                                      "SchemaError")
                     continue
                 out.append(Consumed(rec.topic, rec.partition, rec.offset, rec.key, value, headers,
-                                    rec.timestamp))
+                                    rec.timestamp, rec.value))
         return out
 
     def dead_letter(self, topic: str, partition: int, offset: int, key: bytes | None, raw: bytes | None,

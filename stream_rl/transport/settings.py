@@ -9,6 +9,8 @@ Guarantees:
 - short session/heartbeat timeouts, since group joins are held for ``session_timeout_ms / 2``;
 - ``max_request_size`` stays at Apache Kafka's 1 MiB default so local runs fail where production would;
 - producers are idempotent with ``acks=all`` (kafka-python's default, set explicitly);
+- consumers never auto-create topics (a reader still assigned to a garbage-collected weights topic would
+  otherwise re-create it); topics are created explicitly with their partition counts;
 - SASL/SSL settings pass through; the password comes from its file or the environment, never from a log.
 Nothing in the project calls ``end_offsets``, ``seek_to_end`` or ``offsets_for_times`` (wrong on tansu 0.6);
 high-water marks come from fetch responses (``consumer.highwater``).
@@ -67,6 +69,7 @@ def consumer_settings(cfg: KafkaConfig, bootstrap: str, group_id: str | None,
         "group_id": group_id,
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
+        "allow_auto_create_topics": False,  # a reader of a deleted topic must not re-create it
         "session_timeout_ms": cfg.session_timeout_ms,
         "heartbeat_interval_ms": cfg.heartbeat_interval_ms,
         "max_poll_records": cfg.max_poll_records,

@@ -67,10 +67,11 @@ def ensure_topics(admin, cfg: TopicsConfig, logical: tuple[str, ...] = LOGICAL_T
     present = {name: count for name, count in wanted.items() if name in existing}
     if present:
         for desc in admin.describe_topics(list(present)):
+            name = desc.get("name", desc.get("topic"))  # kafka-python 3 says "name"
             got = len(desc["partitions"])
-            if got != present[desc["topic"]]:
-                raise TopicError(f"topic {desc['topic']} has {got} partitions, config wants "
-                                 f"{present[desc['topic']]}: change topics.partitions or use a new topics.run")
+            if got != present[name]:
+                raise TopicError(f"topic {name} has {got} partitions, config wants {present[name]}: "
+                                 "change topics.partitions or use a new topics.run")
     return wanted
 
 

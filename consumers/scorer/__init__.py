@@ -1,0 +1,11 @@
+"""The scorer role (``stream-rl score``): rewards and reference log-probabilities for every rollout.
+
+Modules: ``config`` (:class:`ScorerConfig`, ``cfg.scorer``), ``rewards`` (``module:function`` reward references),
+``builtin_rewards`` (reusable rule-based rewards), ``reference`` (frozen reference log-probs), ``reward_model``
+(sequence-classifier scores), ``step`` (the pure, Kafka-free step), ``loop`` (:func:`run_scorer`).
+Importing this package imports only the config: torch, transformers and kafka load with the modules that need them.
+"""
+
+from consumers.scorer.config import DEFAULT_REWARD_FN, ScorerConfig
+
+__all__ = ["DEFAULT_REWARD_FN", "ScorerConfig"]

@@ -1,0 +1,134 @@
+"""``stream-rl score``: the scorer role's loop, a thin shell around :func:`consumers.scorer.step.score_rollouts`.
+
+Consumes: ``Rollout`` records from ``names.rollouts`` in the consumer group ``{prefix}.{run}.scorers``.
+Produces: ``ScoredRollout`` records on ``names.scored`` keyed by ``group_id`` (a GRPO group stays on one
+partition); ``DeadLetter`` records on ``names.dlq`` for rollouts that cannot be scored (reason and source offset)
+and, through the transport, for records that do not decode as rollouts.
+
+One iteration::
+
+    poll(<= batch_size) ─> score_rollouts (pure, batched) ─> per record: send ScoredRollout | dead-letter
+                                                              ─> sink.flush() (broker acked) ─> source.commit()
+
+Guarantees:
+- An offset is committed only after every output derived from the records before it (scored rollouts and dead
+  letters) was acknowledged by the broker; a crash before the commit redelivers the batch (at-least-once), a
+  restart after it re-reads nothing.
+- Several scorers in one group split the partitions; in steady state (no rebalance) every rollout is scored by
+  exactly one of them. A commit lost to a rebalance means the new owner scores those records again: downstream,
+  the trainer drops duplicates by ``rollout_id`` (scores are deterministic given the models, so either copy is
+  equally good).
+- A dead-lettered rollout carries its reason, source topic/partition/offset, key and original record bytes.
+- Tracing: the batch's compute runs in a ``process score-batch`` span linked to every rollout's trace; each
+  output is sent inside a ``process score`` span that is the child of its own rollout's producer span, so a
+  scored rollout continues the trace of the rollout it came from.
+- Errors other than per-rollout scoring failures (broker not acknowledging, a model that cannot run) propagate
+  and stop the scorer without committing; the consumer and producer are closed on the way out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from consumers.scorer.config import ScorerConfig
+from consumers.scorer.step import Rejected, Scoring, batch_metrics, load_scoring, score_rollouts
+from stream_rl.config import StreamRLConfig
+from stream_rl.tracing import Tracing
+from stream_rl.transport import Consumed, Sink, Source
+from stream_rl.transport.client import Transport
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ScorerStats:
+    """What one scorer process did (returned by :func:`run_scorer`)."""
+
+    batches: int = 0
+    """Non-empty batches scored."""
+    scored: int = 0
+    """ScoredRollouts sent (each acknowledged by the broker before the commit that follows it)."""
+    rejected: int = 0
+    """Rollouts dead-lettered by the step (reward or model failure)."""
+    commits: int = 0
+    """Successful offset commits."""
+    lost_commits: int = 0
+    """Commits lost to a rebalance (those records go to the partition's new owner)."""
+
+
+def scorer_group(cfg: StreamRLConfig) -> str:
+    """The scorers' consumer group of this run: ``{prefix}.{run}.scorers``."""
+    return f"{cfg.topics.prefix}.{cfg.topics.run}.scorers"
+
+
+def run_scorer(cfg: StreamRLConfig, stop_event: threading.Event | None = None, max_batches: int | None = None, *,
+               scorer_cfg: ScorerConfig | None = None, scoring: Scoring | None = None,
+               tracing: Tracing | None = None) -> ScorerStats:
+    """Score rollouts until ``stop_event`` is set or ``max_batches`` non-empty batches were scored.
+
+    ``scorer_cfg`` defaults to ``cfg.scorer``; ``scoring`` (already loaded models) defaults to
+    ``load_scoring(scorer_cfg, scorer_id)``; ``tracing`` defaults to the one built from ``cfg.tracing``.
+    """
+    scfg = scorer_cfg if scorer_cfg is not None else cfg.scorer
+    transport = Transport(cfg, "scorer", tracing=tracing)
+    if scoring is None:
+        scoring = load_scoring(scfg, scfg.scorer_id or transport.instance_id)
+    _ensure_run_topics(transport)
+    sink = transport.sink()
+    source = transport.source([transport.names.rollouts], scorer_group(cfg), "rollout", sink)
+    stats = ScorerStats()
+    log.info("scorer %s subscribed to %s in group %s", scoring.scorer_id, transport.names.rollouts, scorer_group(cfg))
+    try:
+        while not (stop_event is not None and stop_event.is_set()) and \
+                (max_batches is None or stats.batches < max_batches):
+            records = source.poll(scfg.poll_timeout_s, max_records=scfg.batch_size)
+            if records:
+                _score_and_send(records, source, sink, transport.names.scored, scoring, stats)
+                stats.batches += 1
+            if records or sink.pending:  # the transport may have dead-lettered undecodable records
+                sink.flush()
+                if source.commit():
+                    stats.commits += 1
+                else:
+                    stats.lost_commits += 1
+    finally:
+        source.close()
+        sink.close()
+        if tracing is None:
+            transport.tracing.shutdown()
+    return stats
+
+
+def _ensure_run_topics(transport: Transport) -> None:
+    """Create the run's topics if any is missing (a scorer may start before ``stream-rl run`` made them).
+
+    Topics that exist are left alone and not re-described: partition counts are checked by whoever creates the
+    run's topics (``stream-rl run`` / ``stream-rl topics create``)."""
+    admin = transport.admin()
+    try:
+        existing = set(admin.list_topics())
+    finally:
+        admin.close()
+    wanted = {transport.names.rollouts, transport.names.scored, transport.names.dlq}
+    if not wanted <= existing:
+        transport.ensure_topics()
+
+
+def _score_and_send(records: Sequence[Consumed], source: Source, sink: Sink, scored_topic: str,
+                    scoring: Scoring, stats: ScorerStats) -> None:
+    with source.process_span("score-batch", records, {"stream_rl.batch_size": len(records)}):
+        outputs = score_rollouts([record.value for record in records], scoring)
+    for record, result in zip(records, outputs, strict=True):
+        with source.process_span("score", [record]):  # child of this rollout's trace
+            if isinstance(result, Rejected):
+                source.dead_letter(record.topic, record.partition, record.offset, record.key,
+                                   record.raw_value, result.reason, result.error_type)
+                stats.rejected += 1
+            else:
+                sink.send(scored_topic, result, key=result.group_id)
+                stats.scored += 1
+    log.info("scorer batch %s", json.dumps(batch_metrics(outputs), sort_keys=True))

@@ -1,0 +1,215 @@
+"""The scorer's pure step: rollouts in, scored rollouts (or rejections with a reason) out. No Kafka here.
+
+Consumes: a batch of :class:`~schemas.Rollout` and a :class:`Scoring` (reward function, reward model, reference
+model, weights; built once per process by :func:`load_scoring`).
+Produces: one item per rollout, in input order: a validated :class:`~schemas.ScoredRollout`, or a
+:class:`Rejected` ``(rollout, reason, error_type)`` that the loop sends to the dead-letter topic.
+
+Stages (each batched over the rollouts still alive; a rejected rollout skips the later, costlier stages)::
+
+    rule-based reward fn (per rollout)  ->  reward model (batched)  ->  reference log-probs (batched)  ->  assemble
+
+Combination rule (the only one, see :mod:`consumers.scorer.config`)::
+
+    reward            = reward_fn_weight * r_fn + reward_model_weight * r_rm
+    reward_components = {"reward_fn": reward_fn_weight * r_fn, "reward_model": reward_model_weight * r_rm}
+    token_rewards     = reward_fn_weight * fn_token_rewards (or r_fn on the last token)
+                        + reward_model_weight * r_rm on the last token       (only with token_level_rewards)
+
+Guarantees: a rollout is rejected, never scored with a made-up value, when the reward function raises or returns a
+non-finite/malformed value, a model cannot take its tokens, the reward model's score or a reference log-prob is
+non-finite, or the assembled message fails schema validation. Errors that are not about one rollout (a model that
+fails to run at all) propagate. ``timings`` carry each rollout's share of the batch's wall time per stage
+(stage seconds / batch size, so sums over rollouts give the stage's total) and ``created_at``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from consumers.scorer.config import ScorerConfig
+from consumers.scorer.rewards import RewardFn, RewardOutput, RewardValueError, call_reward_fn, load_reward_fn
+from schemas import ID_PATTERN, Rollout, SchemaError, ScoredRollout, validate
+
+if TYPE_CHECKING:
+    from consumers.scorer.reference import ReferenceLogprobs
+    from consumers.scorer.reward_model import RewardModelScorer
+
+
+class Rejected(NamedTuple):
+    """A rollout that could not be scored and why; it goes to the dead-letter topic."""
+
+    rollout: Rollout
+    reason: str
+    error_type: str
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """Everything the step needs, loaded once per process."""
+
+    scorer_id: str
+    reward_fn: RewardFn | None = None
+    reward_fn_weight: float = 1.0
+    reward_model: RewardModelScorer | None = None
+    reward_model_weight: float = 1.0
+    reference: ReferenceLogprobs | None = None
+    token_level_rewards: bool = False
+
+    def __post_init__(self) -> None:
+        if self.reward_fn is None and self.reward_model is None:
+            raise ValueError("Scoring needs a reward function and/or a reward model")
+        if not ID_PATTERN.match(self.scorer_id):
+            raise ValueError(f"scorer_id {self.scorer_id!r} does not match {ID_PATTERN.pattern}")
+        for name in ("reward_fn_weight", "reward_model_weight"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be finite, got {getattr(self, name)}")
+
+
+def load_scoring(cfg: ScorerConfig, scorer_id: str) -> Scoring:
+    """Import the reward function and load the models named by ``cfg`` (strict key checks, frozen)."""
+    reward_model = reference = None
+    if cfg.reward_model_dir is not None:
+        from consumers.scorer.reward_model import RewardModelScorer
+
+        reward_model = RewardModelScorer.from_dir(
+            cfg.reward_model_dir, input_mode=cfg.reward_model_input, half_precision=cfg.half_precision,
+            batch_size=cfg.batch_size, device=cfg.device)
+    if cfg.reference_model_dir is not None:
+        from consumers.scorer.reference import ReferenceLogprobs
+
+        reference = ReferenceLogprobs.from_dir(cfg.reference_model_dir, half_precision=cfg.half_precision,
+                                               batch_size=cfg.batch_size, device=cfg.device)
+    return Scoring(
+        scorer_id=scorer_id, reward_fn=load_reward_fn(cfg.reward_fn) if cfg.reward_fn else None,
+        reward_fn_weight=cfg.reward_fn_weight, reward_model=reward_model,
+        reward_model_weight=cfg.reward_model_weight, reference=reference,
+        token_level_rewards=cfg.token_level_rewards)
+
+
+def score_rollouts(rollouts: Sequence[Rollout], scoring: Scoring, *,
+                   clock: Callable[[], float] = time.perf_counter) -> list[ScoredRollout | Rejected]:
+    """Score ``rollouts``; one ScoredRollout or Rejected per input, in input order."""
+    rejected: dict[int, Rejected] = {}
+    stage_s: dict[str, float] = {}
+
+    def timed(name: str, stage: Callable[..., dict[int, Any]]) -> dict[int, Any]:
+        start = clock()
+        result = stage(rollouts, scoring, rejected)
+        stage_s[name] = clock() - start
+        return result
+
+    rule = timed("reward_fn_s", _rule_rewards) if scoring.reward_fn is not None else {}
+    model = timed("reward_model_s", _model_rewards) if scoring.reward_model is not None else {}
+    ref = timed("ref_logprobs_s", _reference_logprobs) if scoring.reference is not None else {}
+    share = {name: seconds / max(len(rollouts), 1) for name, seconds in stage_s.items()}
+    share["score_s"] = sum(share.values())
+    out: list[ScoredRollout | Rejected] = []
+    for i, rollout in enumerate(rollouts):
+        if i in rejected:
+            out.append(rejected[i])
+            continue
+        try:
+            out.append(validate(_assemble(rollout, scoring, rule.get(i), model.get(i), ref.get(i), share)))
+        except SchemaError as exc:
+            out.append(Rejected(rollout, f"scored rollout is invalid: {exc}", "SchemaError"))
+    return out
+
+
+def _rule_rewards(rollouts: Sequence[Rollout], scoring: Scoring,
+                  rejected: dict[int, Rejected]) -> dict[int, RewardOutput]:
+    out = {}
+    for i, r in enumerate(rollouts):
+        try:
+            out[i] = call_reward_fn(scoring.reward_fn, prompt=r.prompt_text, response=r.response_text,
+                                    answer=r.answer, metadata=r.metadata, response_length=r.response_length)
+        except RewardValueError as exc:
+            cause = exc.__cause__
+            rejected[i] = Rejected(r, str(exc), type(cause).__name__ if cause is not None else "RewardValueError")
+    return out
+
+
+def _model_rewards(rollouts: Sequence[Rollout], scoring: Scoring,
+                   rejected: dict[int, Rejected]) -> dict[int, float]:
+    live, sequences = [], []
+    for i, r in enumerate(rollouts):
+        if i in rejected:
+            continue
+        try:
+            sequences.append(scoring.reward_model.token_ids(r))
+            live.append(i)
+        except ValueError as exc:
+            rejected[i] = Rejected(r, f"reward model cannot score this rollout: {exc}", "ValueError")
+    scores = scoring.reward_model.scores(sequences) if sequences else []
+    out = {}
+    for i, score in zip(live, scores, strict=True):
+        if math.isfinite(score):
+            out[i] = score
+        else:
+            rejected[i] = Rejected(rollouts[i], f"reward model returned a non-finite score {score}", "NonFinite")
+    return out
+
+
+def _reference_logprobs(rollouts: Sequence[Rollout], scoring: Scoring,
+                        rejected: dict[int, Rejected]) -> dict[int, np.ndarray]:
+    live = []
+    for i, r in enumerate(rollouts):
+        if i in rejected:
+            continue
+        try:
+            scoring.reference.check(r)
+            live.append(i)
+        except ValueError as exc:
+            rejected[i] = Rejected(r, f"reference model cannot score this rollout: {exc}", "ValueError")
+    values = scoring.reference.logprobs([rollouts[i] for i in live]) if live else []
+    out = {}
+    for i, logp in zip(live, values, strict=True):
+        if np.isfinite(logp).all():
+            out[i] = logp
+        else:
+            bad = np.flatnonzero(~np.isfinite(logp))[:5].tolist()
+            rejected[i] = Rejected(rollouts[i], f"reference log-probabilities are non-finite at response "
+                                                f"positions {bad}", "NonFinite")
+    return out
+
+
+def _assemble(rollout: Rollout, scoring: Scoring, rule: RewardOutput | None, model: float | None,
+              ref: np.ndarray | None, share: dict[str, float]) -> ScoredRollout:
+    components: dict[str, float] = {}
+    if rule is not None:
+        components["reward_fn"] = scoring.reward_fn_weight * rule.reward
+    if model is not None:
+        components["reward_model"] = scoring.reward_model_weight * model
+    token_rewards = None
+    if scoring.token_level_rewards:
+        dense = np.zeros(rollout.response_length, dtype=np.float64)  # [R]
+        if rule is not None:
+            if rule.token_rewards is not None:
+                dense += scoring.reward_fn_weight * rule.token_rewards.astype(np.float64)
+            else:
+                dense[-1] += components["reward_fn"]
+        if model is not None:
+            dense[-1] += components["reward_model"]
+        token_rewards = dense.astype(np.float32)
+    return ScoredRollout(rollout=rollout, reward=float(sum(components.values())), reward_components=components,
+                         token_rewards=token_rewards, ref_logprobs=ref, scorer_id=scoring.scorer_id,
+                         timings={**share, "created_at": time.time()})
+
+
+def batch_metrics(outputs: Sequence[ScoredRollout | Rejected]) -> dict[str, float]:
+    """Namespaced metrics of one scored batch (logged once per batch by the loop)."""
+    scored = [o for o in outputs if isinstance(o, ScoredRollout)]
+    rewards = np.array([o.reward for o in scored], dtype=np.float64)
+    metrics = {"scorer/rollouts": float(len(outputs)), "scorer/scored": float(len(scored)),
+               "scorer/rejected": float(len(outputs) - len(scored))}
+    if scored:
+        metrics["scorer/reward_mean"] = float(rewards.mean())
+        metrics["scorer/reward_std"] = float(rewards.std())
+        metrics["scorer/score_s"] = float(sum(o.timings.get("score_s", 0.0) for o in scored))
+    return metrics

@@ -1,0 +1,13 @@
+"""The trainer role (``stream-rl train``): whole groups in, policy versions and checkpoints out.
+
+Modules: :mod:`~consumers.trainer.config` (``cfg.trainer``), :mod:`~consumers.trainer.batcher` (pure group
+assembly, dedup, staleness, safe offsets), :mod:`~consumers.trainer.tensors` (pure padding and alignment),
+:mod:`~consumers.trainer.step` (one training step on ``stream_rl.algorithms``), :mod:`~consumers.trainer.engines`
+(torch and DeepSpeed ZeRO), :mod:`~consumers.trainer.checkpoint` (atomic, pickle-free checkpoints) and
+:mod:`~consumers.trainer.loop` (``run_trainer``, the Kafka shell). Importing this package loads neither torch nor
+kafka; import the submodules you need.
+"""
+
+from consumers.trainer.config import KLConfig, LossConfig, TrainerConfig
+
+__all__ = ["KLConfig", "LossConfig", "TrainerConfig"]

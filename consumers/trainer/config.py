@@ -1,0 +1,103 @@
+"""The trainer's configuration section (``cfg.trainer``).
+
+Consumes: values from the config file, ``STREAM_RL_TRAINER__*`` variables and ``--set trainer.x=y`` flags.
+Produces: a validated :class:`TrainerConfig` with the nested :class:`KLConfig` and :class:`LossConfig`.
+Guarantees: every field has a description and bounds; combinations that cannot work (a decaying learning-rate
+schedule without ``max_steps``) are rejected here, not at step 1000.
+
+One trainer *step* consumes one batch of ``groups_per_step`` whole groups. Within a step the batch is split into
+``minibatches`` optimizer updates, repeated for ``epochs`` passes; each update accumulates gradients over micro
+batches of at most ``micro_batch_size`` sequences. Versions, broadcasts, checkpoints and the learning-rate schedule
+count steps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from stream_rl.config_base import Section
+
+ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae")
+
+
+class KLConfig(Section):
+    """KL regularisation towards the frozen reference policy (reference logprobs come from the scorer)."""
+
+    coef: float = Field(0.0, ge=0.0, description="initial KL coefficient beta; 0 switches the penalty off "
+                                                  "(KL to the reference is still reported when available)")
+    kind: Literal["k1", "k2", "k3"] = Field("k3", description="per-token KL estimator (Schulman 2020)")
+    placement: Literal["reward", "loss"] = Field(
+        "loss", description="'reward': subtract beta * KL from the rewards before the advantages (classic PPO); "
+                            "'loss': add beta * KL to the loss (GRPO)")
+    adaptive: bool = Field(False, description="adapt beta towards `target` (Ziegler et al. 2019) instead of fixed")
+    target: float = Field(0.1, gt=0.0, description="adaptive KL: desired mean per-token KL to the reference")
+    horizon: float = Field(10_000.0, gt=0.0, description="adaptive KL: samples over which beta moves <= 20 %")
+
+
+class LossConfig(Section):
+    """The clipped policy loss of ``stream_rl.algorithms.policy_loss`` and its off-policy correction."""
+
+    kind: Literal["ppo", "gspo"] = Field("ppo", description="per-token ratio (PPO) or per-sequence ratio (GSPO)")
+    clip_low: float = Field(0.2, gt=0.0, le=1.0, description="ratio lower clip: 1 - clip_low")
+    clip_high: float = Field(0.2, gt=0.0, description="ratio upper clip: 1 + clip_high (> clip_low: DAPO)")
+    dual_clip: float | None = Field(None, gt=1.0, description="dual-clip constant c > 1 for A < 0; None: off")
+    off_policy_correction: bool = Field(
+        True, description="multiply each token's loss by pi_prox / mu (decoupled PPO / truncated IS), with mu the "
+                          "generator's behaviour logprobs")
+    is_cap: float | None = Field(5.0, gt=0.0, description="cap C on the importance weight; None: uncapped; "
+                                                        "ignored without off_policy_correction")
+    is_mode: Literal["clamp", "mask"] = Field("clamp", description="'clamp': min(w, C); 'mask': w = 0 where w > C")
+    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
+        "token-mean", description="loss aggregation over tokens and sequences (see docs/algorithms.md)")
+
+
+class TrainerConfig(Section):
+    """The ``stream-rl train`` role: batching, staleness, advantages, KL, loss, optimiser, broadcast, checkpoints."""
+
+    model_dir: Path | None = Field(None, description="local Hugging Face directory of the initial policy "
+                                                     "(safetensors); required to train")
+    engine: Literal["torch", "deepspeed"] = Field("torch", description="plain torch or DeepSpeed ZeRO")
+    zero_stage: int = Field(2, ge=1, le=3, description="DeepSpeed ZeRO stage (engine='deepspeed' only)")
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"] = Field(
+        "grpo", description="advantage estimator; 'gae' adds a value head trained with the clipped value loss")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount for reinforce_pp and gae")
+    lam: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda")
+    vf_coef: float = Field(0.5, ge=0.0, description="weight of the value loss (advantage='gae' only)")
+    value_clip: float = Field(0.2, gt=0.0, description="value-loss clip range (advantage='gae' only)")
+    kl: KLConfig = Field(default_factory=KLConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    max_lag: int = Field(4, ge=0, description="staleness bound: a rollout whose oldest token is more than this "
+                                              "many policy versions old is dropped and its prompt re-queued")
+    groups_per_step: int = Field(32, ge=1, description="whole groups (prompts) per trainer step")
+    micro_batch_size: int = Field(64, ge=1, description="sequences per forward/backward (gradient accumulation)")
+    epochs: int = Field(1, ge=1, description="passes over each batch")
+    minibatches: int = Field(1, ge=1, description="optimizer updates per pass over a batch")
+    lr: float = Field(1e-4, gt=0.0, description="peak AdamW learning rate")
+    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW (beta1, beta2), each in [0, 1)")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay")
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up from 0 to lr over this many steps")
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="after warm-up: constant, or linear/cosine decay to 0 at max_steps")
+    grad_clip: float | None = Field(1.0, gt=0.0, description="clip the global gradient norm; None: no clipping")
+    temperature: float = Field(1.0, gt=0.0, description="logits are divided by this before log-softmax; must "
+                                                        "equal the producers' sampling temperature")
+    success_threshold: float = Field(1.0, description="a rollout with reward >= this counts as a success in the "
+                                                      "per-group success-rate metric")
+    broadcast_every: int = Field(1, ge=1, description="publish policy version v+1 every this many steps")
+    checkpoint_every: int = Field(50, ge=1, description="write an atomic checkpoint every this many steps")
+    keep_checkpoints: int = Field(3, ge=1, description="complete checkpoints kept; older ones are pruned")
+    checkpoint_dir: Path | None = Field(None, description="where checkpoints go; default run_dir/checkpoints")
+    max_steps: int | None = Field(None, ge=1, description="stop after this many steps; None: run until stopped")
+    poll_timeout_s: float = Field(1.0, gt=0.0, description="how long one poll of the scored topic waits")
+    seed: int = Field(0, ge=0, description="seeds torch, numpy and python RNGs (minibatch shuffling)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainerConfig:
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas must each be in [0, 1), got {self.betas}")
+        if self.schedule != "constant" and self.max_steps is None:
+            raise ValueError(f"schedule={self.schedule!r} decays to 0 at max_steps: set max_steps")
+        return self

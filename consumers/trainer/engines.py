@@ -1,0 +1,352 @@
+"""Training engines behind one interface: plain torch and DeepSpeed ZeRO (CPU, single process, gloo).
+
+Consumes: a :class:`TrainModule` (the policy plus an optional value head) and the trainer config.
+Produces: ``forward`` (response-aligned logits and values), ``backward``, ``step`` (clip, guard, AdamW update),
+``discard``, ``zero_grad``, ``state_dict`` (full CPU weights), ``optimizer_state``/``load_optimizer_state`` and
+``save``/``load`` of ``model.safetensors`` + ``optimizer.safetensors`` + ``optimizer.json`` in a directory.
+Guarantees:
+- ``step`` applies an update only when the global gradient norm is finite; otherwise the gradients are discarded,
+  the weights and the optimizer state are left untouched and ``StepOutcome.applied`` is False.
+- Gradients accumulate over every ``backward`` until ``step``; callers pre-scale each micro loss, the engines
+  never divide by an accumulation count (DeepSpeed runs with ``scale_wrt_gas=False`` and a manual boundary).
+- The optimizer state is stored per parameter name (``{name}::exp_avg`` ...) in the same neutral format by both
+  engines, with no pickle: tensors in safetensors, scalars (AdamW's step count) and hyper-parameters in JSON.
+  A checkpoint written by one engine loads into the other.
+- Dropout is off (``eval()`` mode throughout): the proximal recomputation and the training forward see the same
+  function, as the sampler did.
+
+DeepSpeed notes: ZeRO stages 1-3 each skip a step whose gradient norm is not finite and clear their internal
+buffers; :meth:`DeepSpeedEngine.discard` routes a non-finite loss through that same path (it back-propagates a
+NaN so the gradients are non-finite) because ZeRO keeps accumulated gradients in private buffers that a plain
+``zero_grad`` does not clear. A ``torch.optim.AdamW`` instance is passed in, so no fused-Adam JIT build happens.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from consumers.trainer.checkpoint import CheckpointError, read_json, read_tensors, write_json, write_tensors
+from consumers.trainer.config import TrainerConfig
+
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.safetensors"
+OPTIMIZER_META = "optimizer.json"
+_SEP = "::"
+
+
+class TrainModule(nn.Module):
+    """The trained module: a causal-LM policy and, for GAE, a linear value head on its last hidden state."""
+
+    def __init__(self, policy: nn.Module, value_head: bool = False) -> None:
+        super().__init__()
+        self.policy = policy
+        self.value_head = None
+        if value_head:
+            self.value_head = nn.Linear(policy.config.hidden_size, 1)
+            nn.init.zeros_(self.value_head.weight)
+            nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
+                response_width: int) -> tuple[Tensor, Tensor | None]:
+        """Logits ``[B, T, V]`` predicting the T response tokens, and values ``[B, T]`` (or None)."""
+        keep = response_width + 1
+        out = self.policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          logits_to_keep=keep, output_hidden_states=self.value_head is not None, use_cache=False)
+        logits = out.logits[:, -keep:-1]  # [B, T, V]: positions P - 1 .. P + T - 2
+        if self.value_head is None:
+            return logits, None
+        hidden = out.hidden_states[-1][:, -keep:-1]  # [B, T, H]
+        return logits, self.value_head(hidden).squeeze(-1).float()  # [B, T]
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    applied: bool
+    grad_norm: float
+
+
+def make_optimizer(module: nn.Module, cfg: TrainerConfig) -> torch.optim.AdamW:
+    return torch.optim.AdamW(module.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
+                             foreach=False)
+
+
+def unique_state(module: nn.Module) -> dict[str, Tensor]:
+    """Full CPU copies of ``module``'s state, one name per group of tied tensors."""
+    from stream_rl.models import tie_groups
+
+    state = module.state_dict()
+    return {g[0]: state[g[0]].detach().to("cpu", copy=True).contiguous() for g in tie_groups(module)}
+
+
+class _EngineBase:
+    module: TrainModule
+
+    def forward(self, batch) -> tuple[Tensor, Tensor | None]:
+        return self._call(batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_width)
+
+    def policy_state_dict(self) -> dict[str, Tensor]:
+        """The policy's weights under their Hugging Face names (for the broadcast)."""
+        prefix = "policy."
+        return {k[len(prefix):]: v for k, v in self.state_dict().items() if k.startswith(prefix)}
+
+    def save(self, directory: str | os.PathLike) -> None:
+        directory = Path(directory)
+        write_tensors(directory / MODEL_FILE, self.state_dict())
+        tensors, meta = self.optimizer_state()
+        write_tensors(directory / OPTIMIZER_FILE, tensors)
+        write_json(directory / OPTIMIZER_META, meta)
+
+    def load(self, directory: str | os.PathLike) -> None:
+        directory = Path(directory)
+        self.load_state_dict(read_tensors(directory / MODEL_FILE))
+        self.load_optimizer_state(read_tensors(directory / OPTIMIZER_FILE), read_json(directory / OPTIMIZER_META))
+
+    def _named_params(self) -> dict[str, nn.Parameter]:
+        return dict(self.module.named_parameters())
+
+
+def _scalar_json(key: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, Tensor) and value.numel() == 1 and value.dim() == 0:
+        return {"value": value.item(), "dtype": str(value.dtype).removeprefix("torch.")}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return {"value": value}
+    raise CheckpointError(f"optimizer state {key!r} of type {type(value).__name__} cannot be stored without "
+                          f"pickle (only tensors and JSON scalars are supported)")
+
+
+def _scalar_value(entry: dict[str, Any]) -> Any:
+    if "dtype" in entry:
+        return torch.tensor(entry["value"], dtype=getattr(torch, entry["dtype"]))
+    return entry["value"]
+
+
+def _group_json(group: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in group.items():
+        if key == "params":
+            continue
+        value = list(value) if isinstance(value, tuple) else value
+        if isinstance(value, Tensor):
+            value = value.item()
+        out[key] = value
+    return out
+
+
+class TorchEngine(_EngineBase):
+    """Plain torch: AdamW, ``clip_grad_norm_``, the finite-norm guard."""
+
+    def __init__(self, module: TrainModule, cfg: TrainerConfig) -> None:
+        self.module = module.eval()
+        self.optimizer = make_optimizer(module, cfg)
+        self.grad_clip = cfg.grad_clip
+
+    def _call(self, *args):
+        return self.module(*args)
+
+    def backward(self, loss: Tensor, *, last_micro: bool = True) -> None:
+        loss.backward()
+
+    def step(self, lr: float) -> StepOutcome:
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        if not params:
+            return StepOutcome(False, 0.0)
+        norm = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip or math.inf))
+        if not math.isfinite(norm):
+            self.zero_grad()
+            return StepOutcome(False, norm)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.zero_grad()
+        return StepOutcome(True, norm)
+
+    def discard(self, loss: Tensor) -> None:
+        self.zero_grad()
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return unique_state(self.module)
+
+    def load_state_dict(self, tensors: dict[str, Tensor]) -> None:
+        from stream_rl.models import load_state_dict_strict
+
+        load_state_dict_strict(self.module, tensors)
+
+    def optimizer_state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        names = {p: n for n, p in self.module.named_parameters()}
+        tensors, scalars = {}, {}
+        for param, state in self.optimizer.state.items():
+            for key, value in state.items():
+                full = f"{names[param]}{_SEP}{key}"
+                if isinstance(value, Tensor) and value.dim() > 0:
+                    tensors[full] = value.detach().to("cpu", copy=True).contiguous()
+                else:
+                    scalars[full] = _scalar_json(full, value)
+        return tensors, {"optimizer": "adamw", "scalars": scalars,
+                         "param_groups": [_group_json(g) for g in self.optimizer.param_groups]}
+
+    def load_optimizer_state(self, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
+        params = self._named_params()
+        states: dict[str, dict[str, Any]] = {}
+        for full, value in tensors.items():
+            name, key = full.rsplit(_SEP, 1)
+            states.setdefault(name, {})[key] = value.clone()
+        for full, entry in meta["scalars"].items():
+            name, key = full.rsplit(_SEP, 1)
+            states.setdefault(name, {})[key] = _scalar_value(entry)
+        unknown = sorted(set(states) - set(params))
+        if unknown:
+            raise CheckpointError(f"optimizer state for unknown parameters: {unknown[:5]}")
+        self.optimizer.state.clear()
+        for name, state in states.items():
+            self.optimizer.state[params[name]] = state
+        for group, saved in zip(self.optimizer.param_groups, meta["param_groups"], strict=True):
+            group.update({k: tuple(v) if k == "betas" else v for k, v in saved.items()})
+
+
+def _dist_env() -> None:
+    """Single-process torch.distributed settings for DeepSpeed, unless the caller set them."""
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                       "LOCAL_WORLD_SIZE": "1"}.items():
+        os.environ.setdefault(key, value)
+
+
+class DeepSpeedEngine(_EngineBase):
+    """DeepSpeed ZeRO (``cfg.zero_stage``) in one CPU process; see the module docstring."""
+
+    def __init__(self, module: TrainModule, cfg: TrainerConfig) -> None:
+        _dist_env()
+        import deepspeed
+
+        self.stage = cfg.zero_stage
+        config = {
+            "train_batch_size": 1, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+            "gradient_clipping": float(cfg.grad_clip or 0.0), "zero_optimization": {"stage": cfg.zero_stage},
+            "steps_per_print": 2**31 - 1, "wall_clock_breakdown": False,
+        }
+        self.optimizer = make_optimizer(module, cfg)
+        self.ds, _, _, _ = deepspeed.initialize(model=module, optimizer=self.optimizer, config=config)
+        self.module = module.eval()
+
+    def _call(self, *args):
+        return self.ds(*args)
+
+    def backward(self, loss: Tensor, *, last_micro: bool = True) -> None:
+        self.ds.set_gradient_accumulation_boundary(last_micro)
+        self.ds.backward(loss, scale_wrt_gas=False)
+
+    def step(self, lr: float) -> StepOutcome:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.ds.set_gradient_accumulation_boundary(True)
+        self.ds.step()
+        norm = self.ds.get_global_grad_norm()
+        norm = math.inf if norm is None else float(norm)
+        applied = bool(self.ds.was_step_applied()) and math.isfinite(norm)
+        return StepOutcome(applied, norm)
+
+    def discard(self, loss: Tensor) -> None:
+        """Drop the accumulated gradients through ZeRO's own non-finite-gradient path (module docstring)."""
+        self.backward(loss * float("nan"), last_micro=True)
+        outcome = self.step(0.0)
+        if outcome.applied:
+            raise RuntimeError("DeepSpeed applied a step with NaN gradients; refusing to continue")
+
+    def zero_grad(self) -> None:
+        self.ds.zero_grad()
+
+    def _gathered(self):
+        import deepspeed
+
+        if self.stage == 3:
+            return deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=0)
+        return _NullContext()
+
+    def state_dict(self) -> dict[str, Tensor]:
+        with self._gathered():
+            return unique_state(self.module)
+
+    def load_state_dict(self, tensors: dict[str, Tensor]) -> None:
+        from deepspeed.utils import safe_set_full_fp32_param
+        from stream_rl.models import load_state_dict_strict
+
+        with self._gathered():
+            load_state_dict_strict(self.module, tensors)
+        params = self._named_params()
+        full = {name: p.detach().clone() for name, p in params.items()} if self.stage != 3 else None
+        for name, param in params.items():  # the fp32 master copy lives in the ZeRO optimizer
+            value = full[name] if full is not None else _tensor_for(name, tensors, self.module)
+            safe_set_full_fp32_param(param, value)
+
+    def optimizer_state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        from deepspeed.utils import safe_get_full_optimizer_state
+
+        tensors, scalars = {}, {}
+        steps = {_scalar_json("step", s["step"])["value"] for s in self.optimizer.state.values() if "step" in s}
+        for name, param in self._named_params().items():
+            for key in ("exp_avg", "exp_avg_sq"):
+                value = safe_get_full_optimizer_state(param, key)
+                if value is not None:
+                    tensors[f"{name}{_SEP}{key}"] = value.detach().to("cpu", copy=True).contiguous()
+            if steps:
+                scalars[f"{name}{_SEP}step"] = {"value": max(steps), "dtype": "float32"}
+        return tensors, {"optimizer": "adamw", "scalars": scalars,
+                         "param_groups": [_group_json(g) for g in self.optimizer.param_groups]}
+
+    def load_optimizer_state(self, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
+        from deepspeed.utils import safe_set_full_optimizer_state
+
+        for group in self.optimizer.param_groups:  # AdamW creates its state lazily, at the first step
+            for flat in group["params"]:
+                self.optimizer.state.setdefault(flat, {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(flat),
+                                                       "exp_avg_sq": torch.zeros_like(flat)})
+        link = getattr(self.ds.optimizer, "_lazy_init_hp_params_optimizer_state", None)
+        if link is not None:  # ZeRO 1/2 link per-parameter views into that state after the first step only
+            link()
+        params = self._named_params()
+        for full, value in tensors.items():
+            name, key = full.rsplit(_SEP, 1)
+            if name not in params:
+                raise CheckpointError(f"optimizer state for unknown parameter {name!r}")
+            safe_set_full_optimizer_state(params[name], value, key)
+        steps = {entry["value"] for full, entry in meta["scalars"].items() if full.endswith(f"{_SEP}step")}
+        for state in self.optimizer.state.values():
+            if steps and "step" in state:
+                state["step"] = torch.tensor(float(max(steps)), dtype=torch.float32)
+
+
+def _tensor_for(name: str, tensors: dict[str, Tensor], module: nn.Module) -> Tensor:
+    from stream_rl.models import tie_groups
+
+    for group in tie_groups(module):
+        if name in group:
+            return tensors[next(n for n in group if n in tensors)]
+    return tensors[name]
+
+
+class _NullContext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def build_engine(module: TrainModule, cfg: TrainerConfig) -> TorchEngine | DeepSpeedEngine:
+    """The engine ``cfg.engine`` names, around ``module``."""
+    engines = {"torch": TorchEngine, "deepspeed": DeepSpeedEngine}
+    return engines[cfg.engine](module, cfg)

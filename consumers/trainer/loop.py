@@ -1,0 +1,286 @@
+"""``stream-rl train``: the trainer role's loop, a thin shell around the batcher and :func:`train_step`.
+
+Consumes: ``ScoredRollout`` records from ``names.scored`` in the consumer group ``{prefix}.{run}.trainer``.
+Produces: ``StaleRollout`` records on ``names.stale`` (key ``group_id``) and re-queued ``Prompt`` records on
+``names.prompts`` (key ``prompt_id``); policy versions through :class:`~stream_rl.weights.WeightsPublisher`;
+one JSON line of metrics per step in ``run_dir/metrics.jsonl``; one line per step in ``run_dir/trained.jsonl``
+naming the rollouts it trained (``{"step", "version", "rollout_ids"}``, ``version`` = the policy version the
+batch was trained at); checkpoints in ``trainer.checkpoint_dir`` (default ``run_dir/checkpoints``).
+
+One iteration::
+
+    poll ─> position check ─> batcher.add (dedup, staleness ─> stale + re-queue sends) ─> take N whole groups
+         ─> train_step (span "train-step" linked to every rollout) ─> mark trained ─> trained.jsonl line
+         ─> every broadcast_every steps: version += 1, publish, expire groups now too old
+         ─> metrics.jsonl row
+         ─> every checkpoint_every steps: sink.flush() ─> checkpoint(safe offsets, ledger) ─> commit safe offsets
+
+Guarantees:
+- The checkpoint is the truth about progress: with ``resume``, each partition is positioned at the checkpoint's
+  offset when it is assigned (the group's committed offset is only a hint for tools that show lag), and the
+  checkpoint's dedup ledger keeps any rollout id from being trained twice. Safe offsets are recorded only after
+  ``sink.flush()``, so every stale record and re-queued prompt below them is on the broker.
+- Versions never go backwards or repeat with different weights: on resume the newest published manifest is read;
+  if it is newer than the checkpoint (weights published after the last checkpoint were lost), the trainer
+  republishes its weights as the next version, and if the checkpoint's version was never published it is.
+- A clean stop (``stop_event`` or ``max_steps``) writes a final checkpoint; a crash loses at most the steps since
+  the last one, whose rollouts are re-read and trained again from the restored weights.
+- The step's ``trained.jsonl`` line and ``metrics.jsonl`` row are appended before its checkpoint, so every step a
+  checkpoint covers has both. ``--resume`` rewrites both files atomically (tmp + rename) keeping only the lines
+  with ``step <=`` the checkpoint's step (none without a checkpoint) and dropping a line torn by a crash: what
+  survives is the history the restored state contains, each step once, no rollout id in two surviving lines.
+  ``time/checkpoint_s`` in a row is therefore the duration of the checkpoint written after the previous row.
+- Errors propagate (a broker that does not acknowledge, a model that cannot load, rollouts without reference
+  logprobs while ``kl.coef > 0``); the consumer and producer are closed on the way out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from consumers.trainer.batcher import Batcher, Group, StaleDrop
+from consumers.trainer.checkpoint import (latest_checkpoint, load_checkpoint, prune_checkpoints, read_json,
+                                          read_tensors, save_checkpoint)
+from consumers.trainer.engines import MODEL_FILE, OPTIMIZER_FILE, OPTIMIZER_META, TrainModule, build_engine
+from consumers.trainer.step import TrainState, rollout_metrics, train_step
+from consumers.trainer.tensors import build_batch
+
+log = logging.getLogger(__name__)
+
+
+def trainer_group(cfg) -> str:
+    """The trainer's consumer group of this run: ``{prefix}.{run}.trainer``."""
+    return f"{cfg.topics.prefix}.{cfg.topics.run}.trainer"
+
+
+class _Positioner:
+    """Seeks each newly assigned partition to where the trainer's own state says reading continues."""
+
+    def __init__(self, start: dict[tuple[str, int], int]):
+        self.start = dict(start)
+        self.assigned: set[tuple[str, int]] = set()
+
+    def reconcile(self, consumer, batcher: Batcher, records: list) -> list:
+        current = {(tp.topic, tp.partition): tp for tp in consumer.assignment()}
+        fresh, self.assigned = set(current) - self.assigned, set(current)
+        moved = set()
+        for key in fresh:
+            position = batcher.position(key)
+            position = self.start.get(key) if position is None else position
+            if position is not None:
+                consumer.seek(current[key], position)
+                moved.add(key)
+        return [r for r in records if (r.topic, r.partition) not in moved
+                and r.offset >= self.start.get((r.topic, r.partition), 0)]
+
+
+def _finite(value: Any) -> Any:
+    return value if not isinstance(value, float) or math.isfinite(value) else None
+
+
+class Trainer:
+    """One trainer process: transport, model, engine, batcher, publisher (see the module docstring)."""
+
+    def __init__(self, cfg, resume: bool = False):
+        from stream_rl.models import load_policy, load_state_dict_strict
+        from stream_rl.transport.client import Transport
+        from stream_rl.weights import WeightsPublisher
+
+        self.cfg, self.tcfg = cfg, cfg.trainer
+        if self.tcfg.model_dir is None:
+            raise ValueError("trainer.model_dir is not set: point it at the initial policy's directory")
+        _seed_everything(self.tcfg.seed)
+        self.transport = Transport(cfg, "trainer")
+        self.transport.ensure_topics()
+        self.names = self.transport.names
+        self.root = Path(self.tcfg.checkpoint_dir or Path(cfg.run_dir) / "checkpoints")
+        self.metrics_path = Path(cfg.run_dir) / "metrics.jsonl"
+        self.trained_path = Path(cfg.run_dir) / "trained.jsonl"
+        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        self.checkpoint_s = 0.0  # duration of the checkpoint written since the last metrics row
+        policy, tokenizer = load_policy(self.tcfg.model_dir)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        module = TrainModule(policy, value_head=self.tcfg.advantage == "gae")
+        path = latest_checkpoint(self.root) if resume else None
+        ckpt = load_checkpoint(path) if path is not None else None
+        if ckpt is not None:
+            load_state_dict_strict(module, read_tensors(path / MODEL_FILE))
+        self.engine = build_engine(module, self.tcfg)
+        if ckpt is not None:
+            self.engine.load_optimizer_state(read_tensors(path / OPTIMIZER_FILE), read_json(path / OPTIMIZER_META))
+            ckpt.restore_rng()
+            log.info("resumed from %s (step %d, version %d)", path, ckpt.step, ckpt.version)
+        elif resume:
+            log.warning("--resume: no complete checkpoint in %s, starting from %s", self.root, self.tcfg.model_dir)
+        if resume:  # the surviving history: what the restored state contains
+            for path in (self.metrics_path, self.trained_path):
+                truncate_steps(path, ckpt.step if ckpt is not None else 0)
+        self.state = TrainState.from_json(ckpt.state) if ckpt else TrainState(kl_coef=self.tcfg.kl.coef)
+        self.batcher = (Batcher.from_state(self.tcfg.max_lag, ckpt.ledger) if ckpt
+                        else Batcher(self.tcfg.max_lag))
+        self.positioner = _Positioner(ckpt.offsets if ckpt else {})
+        self.last_checkpoint_step = self.state.step
+        self.sink = self.transport.sink()
+        self.publisher = WeightsPublisher(self.transport, self.sink, cfg.weights, self.transport.instance_id)
+        if resume:
+            self._reconcile_version()
+        self.source = self.transport.source([self.names.scored], trainer_group(cfg), "scored_rollout", self.sink)
+
+    # -- main loop ----------------------------------------------------------------------------------------------
+
+    def run(self, stop_event: threading.Event | None = None) -> TrainState:
+        waiting_since = time.monotonic()
+        while not (stop_event is not None and stop_event.is_set()) and not self._finished():
+            records = self.source.poll(self.tcfg.poll_timeout_s)
+            records = self.positioner.reconcile(self.source.consumer, self.batcher, records)
+            for record in records:
+                self._send_drops(self.batcher.add(record, self.state.version))
+            groups = self.batcher.take(self.tcfg.groups_per_step)
+            if groups is None:
+                if self.sink.pending:
+                    self.sink.flush()
+                continue
+            self._step(groups, wait_s=time.monotonic() - waiting_since)
+            waiting_since = time.monotonic()
+        if self.state.step > self.last_checkpoint_step:
+            self._checkpoint()
+        return self.state
+
+    def _finished(self) -> bool:
+        return self.tcfg.max_steps is not None and self.state.step >= self.tcfg.max_steps
+
+    def _step(self, groups: list[Group], wait_s: float) -> None:
+        started = time.monotonic()
+        records = [r for g in groups for r in g.records.values()]
+        scored = [r.value for r in records]
+        with self.source.process_span("train-step", records, {"stream_rl.step": self.state.step,
+                                                              "stream_rl.policy_version": self.state.version}):
+            batch = build_batch(scored, self.pad_id)
+            metrics = rollout_metrics(scored, self.state.version, self.tcfg.success_threshold)
+            metrics.update(train_step(self.engine, batch, self.tcfg, self.state))
+        self.batcher.mark_trained(groups)
+        _append_line(self.trained_path, {"step": self.state.step, "version": self.state.version,
+                                         "rollout_ids": [r.rollout_id for r in scored]})
+        broadcast_s = 0.0
+        if self.state.step % self.tcfg.broadcast_every == 0:
+            t0 = time.monotonic()
+            self.state.version += 1
+            self.publisher.publish(self.engine.policy_state_dict(), self.state.version, self.state.step)
+            if self.state.version % self.cfg.weights.keep_last == 0:  # GC lists topics: not every version
+                self.publisher.collect_garbage(self.cfg.weights.keep_last)
+            self._send_drops(self.batcher.expire(self.state.version))
+            broadcast_s = time.monotonic() - t0
+        metrics.update({"time/wait_s": wait_s, "time/broadcast_s": broadcast_s,
+                        "time/checkpoint_s": self.checkpoint_s, "time/step_s": time.monotonic() - started})
+        self._write_metrics(metrics)
+        self.checkpoint_s = 0.0
+        if self.state.step % self.tcfg.checkpoint_every == 0:
+            t0 = time.monotonic()
+            self._checkpoint()
+            self.checkpoint_s = time.monotonic() - t0
+
+    # -- outputs ------------------------------------------------------------------------------------------------
+
+    def _send_drops(self, drops: list[StaleDrop]) -> None:
+        for drop in drops:
+            for stale in drop.stale:
+                self.sink.send(self.names.stale, stale, key=stale.group_id)
+            if drop.requeue is not None:
+                self.sink.send(self.names.prompts, drop.requeue, key=drop.requeue.prompt_id)
+                log.info("re-queued %s epoch %d as attempt %d (%s)", drop.requeue.prompt_id, drop.requeue.epoch,
+                         drop.requeue.attempt, drop.stale[0].reason)
+
+    def _write_metrics(self, metrics: dict[str, float]) -> None:
+        counters = {f"batcher/{k}_total": float(v) for k, v in self.batcher.counters.items()}
+        row = {"step": self.state.step, "policy_version": self.state.version, "time": time.time(),
+               **{k: _finite(v) for k, v in sorted(metrics.items())}, **counters,
+               "batcher/buffered_groups": self.batcher.buffered_groups,
+               "batcher/ready_groups": self.batcher.ready_groups}
+        _append_line(self.metrics_path, row)
+
+    def _checkpoint(self) -> Path:
+        """Flush, checkpoint atomically, prune, then commit the same safe offsets to the consumer group."""
+        self.sink.flush()
+        offsets = {**self.positioner.start, **self.batcher.safe_offsets()}
+        path = save_checkpoint(self.root, step=self.state.step, version=self.state.version, engine=self.engine,
+                               offsets=offsets, ledger=self.batcher.ledger_state(), state=self.state.to_json())
+        prune_checkpoints(self.root, self.tcfg.keep_checkpoints)
+        self.last_checkpoint_step = self.state.step
+        assigned = {(tp.topic, tp.partition): tp for tp in self.source.consumer.assignment()}
+        commit = {assigned[k]: off for k, off in offsets.items() if k in assigned}
+        if commit:
+            self.source.commit(commit)
+        log.info("checkpoint %s (version %d)", path, self.state.version)
+        return path
+
+    def _reconcile_version(self) -> None:
+        from stream_rl.weights import WeightsReceiver
+
+        receiver = WeightsReceiver(self.transport, self.cfg.weights)
+        try:
+            latest = receiver.poll_latest(timeout_s=10.0)
+        finally:
+            receiver.close()
+        published = latest.version if latest is not None else -1
+        if published == self.state.version:
+            return
+        if published > self.state.version:
+            log.warning("versions up to %d were published after the checkpoint (version %d); republishing the "
+                        "checkpoint's weights as version %d", published, self.state.version, published + 1)
+            self.state.version = published + 1
+        self.publisher.publish(self.engine.policy_state_dict(), self.state.version, self.state.step)
+
+    def close(self) -> None:
+        self.source.close()
+        self.sink.close()
+        self.transport.tracing.shutdown()
+
+
+def _append_line(path: Path, row: dict[str, Any]) -> None:
+    with open(path, "a") as fh:
+        fh.write(json.dumps(row, allow_nan=False) + "\n")  # one write: a crash tears at most the last line
+
+
+def truncate_steps(path: Path, last_step: int) -> int:
+    """Rewrite the JSON-lines file ``path`` atomically, keeping the rows with ``step <= last_step``; a torn
+    (undecodable) line is dropped. Returns the number of rows kept (0 if the file does not exist)."""
+    if not path.is_file():
+        return 0
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and row.get("step", 0) <= last_step:
+            kept.append(line + "\n")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
+    return len(kept)
+
+
+def _seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def run_trainer(cfg, stop_event: threading.Event | None = None, resume: bool = False) -> TrainState:
+    """Train until ``stop_event`` is set or ``trainer.max_steps`` steps are done; returns the final state."""
+    trainer = Trainer(cfg, resume=resume)
+    try:
+        return trainer.run(stop_event)
+    finally:
+        trainer.close()

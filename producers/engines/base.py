@@ -1,0 +1,141 @@
+"""The interface every generation engine implements, and the small rules engines share.
+
+Consumes: prompts as token-id lists, sampling settings, and state dicts of new policy weights.
+Produces: for each prompt, ``n`` :class:`Sample` objects (token ids, behaviour logprobs, finish reason).
+
+Guarantees every engine gives (and ``tests/test_producers.py`` / ``tests/test_vllm_engine.py`` check):
+- ``Sample.logprobs[i] = log softmax(logits_i / temperature)[token_ids[i]]``, the log-probability of the token
+  under the exact distribution it was sampled from: temperature only, full softmax, no top-k/top-p/penalties.
+  That is the distribution the trainer recomputes (``stream_rl.algorithms.logprobs_from_logits``).
+- A sample ends at the first stop token, which is kept (``finish_reason="stop"``), or after ``max_new_tokens``
+  tokens (``"length"``); it has at least one token.
+- The same weights, prompts, settings and ``seed`` give the same samples. Prompt ``i`` of a batch samples with
+  :func:`prompt_seed` ``(seed, i)``, so prompts of one batch never share random streams.
+- ``load_weights`` either replaces every weight and moves ``version`` to the new value, or raises
+  :class:`WeightsMismatch` before touching anything (missing, unexpected or wrongly shaped tensors): the engine
+  never runs on a mix of two versions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+FinishReason = Literal["stop", "length"]
+SEED_MODULUS = 2**31 - 1  # vLLM and torch both accept seeds below 2**31
+_SHOW = 5
+
+
+class EngineError(RuntimeError):
+    """The engine cannot do what was asked (bad arguments, an unexpected engine result)."""
+
+
+class WeightsMismatch(EngineError):
+    """A state dict does not fit the engine's model; nothing was loaded and the version did not change."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sampled response: ``token_ids`` [R], ``logprobs`` [R] (behaviour logprobs), why it ended."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+
+
+class GenerationEngine(ABC):
+    """Samples groups of responses from a policy whose weights can be replaced between calls."""
+
+    @property
+    @abstractmethod
+    def version(self) -> int:
+        """Policy version of the weights in use (0 for the weights loaded from the model directory)."""
+
+    @property
+    @abstractmethod
+    def eos_token_id(self) -> int:
+        """The stop token: sampling it ends a response (it is kept as the response's last token)."""
+
+    @property
+    @abstractmethod
+    def tokenizer(self) -> Any:
+        """The policy's Hugging Face tokenizer (for tokenising prompts and decoding responses)."""
+
+    @property
+    @abstractmethod
+    def max_model_len(self) -> int:
+        """Longest prompt + response, in tokens, the engine can run."""
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Number of rows of the output head: token ids must be below it."""
+
+    @abstractmethod
+    def generate(self, prompt_token_ids: list[list[int]], n: int, temperature: float, max_new_tokens: int,
+                 seed: int) -> list[list[Sample]]:
+        """``n`` samples for each prompt, in prompt order then sample order (see the module guarantees)."""
+
+    @abstractmethod
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Replace every weight by ``state_dict`` and set ``version``; raise :class:`WeightsMismatch` first if
+        the tensors do not fit."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the engine's resources (default: nothing to do)."""
+
+
+def check_generate_args(prompt_token_ids: Sequence[Sequence[int]], n: int, temperature: float,
+                        max_new_tokens: int, max_model_len: int, vocab_size: int) -> None:
+    """Raise :class:`EngineError` naming the first bad argument of a ``generate`` call."""
+    if n < 1:
+        raise EngineError(f"n must be >= 1, got {n}")
+    if not temperature > 0.0:
+        raise EngineError(f"temperature must be > 0, got {temperature}")
+    if max_new_tokens < 1:
+        raise EngineError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    for i, ids in enumerate(prompt_token_ids):
+        if len(ids) == 0:
+            raise EngineError(f"prompt {i} is empty")
+        if len(ids) + max_new_tokens > max_model_len:
+            raise EngineError(f"prompt {i}: {len(ids)} tokens + max_new_tokens {max_new_tokens} > "
+                              f"max_model_len {max_model_len}")
+        if min(ids) < 0 or max(ids) >= vocab_size:
+            raise EngineError(f"prompt {i}: token ids must lie in [0, {vocab_size}), got {min(ids)}..{max(ids)}")
+
+
+def prompt_seed(seed: int, index: int) -> int:
+    """Seed of prompt ``index`` of a batch sampled with ``seed``: a hash, so nearby seeds do not overlap."""
+    digest = hashlib.sha256(f"stream-rl/prompt-seed/{seed}/{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") % SEED_MODULUS
+
+
+def cut_at_stop(token_ids: Sequence[int], logprobs: Sequence[float], stop_ids: frozenset[int]) -> Sample:
+    """The sample made of the tokens up to and including the first stop token (``"stop"``), else all of them
+    (``"length"``)."""
+    for i, token in enumerate(token_ids):
+        if token in stop_ids:
+            return Sample([int(t) for t in token_ids[: i + 1]], [float(x) for x in logprobs[: i + 1]], "stop")
+    if not token_ids:
+        raise EngineError("the engine returned an empty response")
+    return Sample([int(t) for t in token_ids], [float(x) for x in logprobs], "length")
+
+
+def check_state_dict(expected: Mapping[str, tuple[int, ...]], state_dict: Mapping[str, Any]) -> None:
+    """Raise :class:`WeightsMismatch` unless ``state_dict`` has exactly the ``expected`` names and shapes."""
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    mismatched = sorted(f"{name} (given {list(state_dict[name].shape)}, model {list(shape)})"
+                        for name, shape in expected.items()
+                        if name in state_dict and tuple(state_dict[name].shape) != tuple(shape))
+    parts = [f"{len(names)} {label}: {', '.join(names[:_SHOW])}{' ...' if len(names) > _SHOW else ''}"
+             for label, names in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", mismatched))
+             if names]
+    if parts:
+        raise WeightsMismatch("state dict does not fit the model: " + "; ".join(parts))

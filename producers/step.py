@@ -1,0 +1,141 @@
+"""The producer's pure step: prompts in, one group of sampled rollouts per prompt out. No Kafka.
+
+Consumes: :class:`~schemas.Prompt` messages, a :class:`~producers.engines.base.GenerationEngine` and the
+sampling settings. Produces: a :class:`StepResult` with the :class:`~schemas.Rollout` messages (prompt order,
+then sample order), the prompts it could not use (with the reason, for the dead-letter topic) and metrics.
+
+Guarantees:
+- Every rollout has ``rollout_id = rollout_id_for(prompt_id, epoch, sample_index)`` and
+  ``group_id = group_id_for(prompt_id, epoch)``: a regenerated sample has the id of the one it replaces.
+- A group is complete: ``group_size`` rollouts with sample indices ``0..group_size-1``, where ``group_size`` is
+  the override given or the prompt's own.
+- ``token_policy_versions`` is the engine's version for every token (weights never change inside a step), and
+  ``behavior_logprobs`` are the engine's sampled-distribution logprobs (``log softmax(logits / T)``).
+- The sampling seed of a batch is derived from ``seed`` and the batch's (group id, attempt) pairs: the same
+  prompts and weights give the same rollouts, a re-queued attempt gets fresh randomness.
+- A prompt that cannot be tokenised, is empty or too long is returned in ``rejected`` with a reason; the other
+  prompts of the batch are still generated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from producers.engines.base import SEED_MODULUS, GenerationEngine, Sample
+from schemas import Prompt, Rollout, group_id_for, rollout_id_for
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A prompt the step could not generate for, and why (``index`` into the step's input)."""
+
+    index: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """The rollouts of one step, the rejected prompts, and metrics under ``producer/`` keys."""
+
+    rollouts: list[Rollout]
+    rejected: list[Rejected] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def batch_seed(seed: int, prompts: Sequence[Prompt]) -> int:
+    """The sampling seed of a batch: a hash of ``seed`` and each prompt's group id and attempt."""
+    text = "|".join([str(seed)] + [f"{p.group_id}@{p.attempt}" for p in prompts])
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") % SEED_MODULUS
+
+
+def prompt_tokens(prompt: Prompt, engine: GenerationEngine, max_new_tokens: int) -> list[int]:
+    """The prompt's token ids (its own, else the tokenised text); ValueError when it cannot be generated for."""
+    if prompt.prompt_token_ids is not None:
+        ids = [int(t) for t in prompt.prompt_token_ids]
+    else:
+        try:
+            ids = list(engine.tokenizer(prompt.text)["input_ids"])
+        except Exception as exc:  # tokenizers raise plain Exception for characters outside the vocabulary
+            raise ValueError(f"cannot tokenise prompt text: {exc}") from exc
+    if not ids:
+        raise ValueError("prompt has no tokens")
+    if len(ids) + max_new_tokens > engine.max_model_len:
+        raise ValueError(f"prompt has {len(ids)} tokens; with max_new_tokens {max_new_tokens} that exceeds the "
+                         f"model's {engine.max_model_len}")
+    if min(ids) < 0 or max(ids) >= engine.vocab_size:
+        raise ValueError(f"prompt token ids must lie in [0, {engine.vocab_size})")
+    return ids
+
+
+def produce_rollouts(prompts: Sequence[Prompt], engine: GenerationEngine, *, producer_id: str,
+                     temperature: float, max_new_tokens: int, seed: int, group_size: int | None = None,
+                     clock: Callable[[], float] = time.time) -> StepResult:
+    """Sample one group per prompt with ``engine`` and wrap every sample as a :class:`Rollout`."""
+    started = clock()
+    version = engine.version
+    accepted: list[tuple[int, Prompt, list[int]]] = []
+    rejected: list[Rejected] = []
+    for index, prompt in enumerate(prompts):
+        try:
+            accepted.append((index, prompt, prompt_tokens(prompt, engine, max_new_tokens)))
+        except ValueError as exc:
+            rejected.append(Rejected(index, str(exc)))
+    by_size: dict[int, list[tuple[int, Prompt, list[int]]]] = {}
+    for item in accepted:
+        by_size.setdefault(group_size or item[1].group_size, []).append(item)
+    groups: dict[int, list[Sample]] = {}  # prompt index -> its samples
+    generate_s = 0.0
+    for n, items in sorted(by_size.items()):
+        t0 = time.perf_counter()
+        generated = engine.generate([ids for _, _, ids in items], n, temperature, max_new_tokens,
+                                    batch_seed(seed, [p for _, p, _ in items]))
+        generate_s += time.perf_counter() - t0
+        groups.update({index: group for (index, _, _), group in zip(items, generated, strict=True)})
+    created_at = clock()
+    rollouts = [
+        _rollout(prompt, ids, sample_index, sample, group_size=len(groups[index]), version=version,
+                 producer_id=producer_id, temperature=temperature, tokenizer=engine.tokenizer,
+                 timings={"generate_s": generate_s, "queue_wait_s": max(0.0, started - prompt.created_at),
+                          "created_at": created_at})
+        for index, prompt, ids in accepted
+        for sample_index, sample in enumerate(groups[index])
+    ]
+    return StepResult(rollouts, rejected, _metrics(rollouts, len(accepted), generate_s, version))
+
+
+def _rollout(prompt: Prompt, prompt_ids: list[int], sample_index: int, sample: Sample, *, group_size: int,
+             version: int, producer_id: str, temperature: float, tokenizer, timings: dict[str, float]) -> Rollout:
+    length = len(sample.token_ids)
+    return Rollout(
+        rollout_id=rollout_id_for(prompt.prompt_id, prompt.epoch, sample_index),
+        prompt_id=prompt.prompt_id, epoch=prompt.epoch, group_id=group_id_for(prompt.prompt_id, prompt.epoch),
+        sample_index=sample_index, group_size=group_size,
+        prompt_token_ids=np.asarray(prompt_ids, dtype=np.int32),
+        response_token_ids=np.asarray(sample.token_ids, dtype=np.int32),
+        # log 1 may round to a tiny positive float; the wire format requires <= 0
+        behavior_logprobs=np.minimum(np.asarray(sample.logprobs, dtype=np.float32), np.float32(0.0)),
+        token_policy_versions=np.full(length, version, dtype=np.int64),
+        finish_reason=sample.finish_reason, producer_id=producer_id, prompt_text=prompt.text,
+        response_text=tokenizer.decode(sample.token_ids, skip_special_tokens=True),
+        answer=prompt.answer, metadata=dict(prompt.metadata), attempt=prompt.attempt, temperature=temperature,
+        timings=dict(timings))
+
+
+def _metrics(rollouts: list[Rollout], prompts: int, generate_s: float, version: int) -> dict[str, float]:
+    tokens = sum(r.response_length for r in rollouts)
+    return {
+        "producer/prompts": float(prompts),
+        "producer/rollouts": float(len(rollouts)),
+        "producer/response_tokens": float(tokens),
+        "producer/generate_s": generate_s,
+        "producer/tokens_per_s": tokens / generate_s if generate_s > 0 else 0.0,
+        "producer/response_length_mean": tokens / len(rollouts) if rollouts else 0.0,
+        "producer/stop_fraction": (sum(r.finish_reason == "stop" for r in rollouts) / len(rollouts)
+                                   if rollouts else 0.0),
+        "producer/policy_version": float(version),
+    }

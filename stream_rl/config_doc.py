@@ -1,0 +1,83 @@
+"""The configuration reference (docs/configuration.md) generated from the pydantic models, so it stays true.
+
+Consumes: the root config model. Produces: Markdown with one table per section (field, type, default, meaning).
+Guarantees: every field of every section appears; a test compares the committed document with this output.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel
+
+HEADER = """# Configuration
+
+Every role reads one configuration, resolved in this order (later wins):
+
+1. the defaults below;
+2. a TOML or YAML file: `--config FILE` or `STREAM_RL_CONFIG=FILE`;
+3. environment variables `STREAM_RL_<SECTION>__<FIELD>` (nested sections joined by `__`, e.g.
+   `STREAM_RL_TRAINER__KL__COEF=0.01`), values parsed as YAML scalars;
+4. `--set section.field=value` flags (repeatable) and each command's named flags (`--bootstrap`, `--run`, ...).
+
+An invalid value stops the command with exit code 2 and one line naming the field and where the value came from.
+`--dry-run` (and `stream-rl config`) prints the resolved configuration with secrets masked. Secrets
+(`kafka.sasl_password`) are read from the environment or from a file named in the config
+(`kafka.sasl_password_file`), never printed, and never written into a run directory.
+
+Shipped example: `configs/demo.toml` (the settings `make run` uses).
+
+This reference is generated from the code (`python -m stream_rl.config_doc > docs/configuration.md`);
+a test fails when it is out of date.
+"""
+
+
+def _type_name(annotation: Any) -> str:
+    text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
+    text = text or str(annotation).replace("typing.", "").replace("pathlib.", "")
+    return text.replace("|", "\\|")
+
+
+def _default(field) -> str:
+    if field.default_factory is not None:
+        value = field.default_factory()
+        if isinstance(value, BaseModel):
+            return "(section)"
+    else:
+        value = field.default
+    try:
+        text = json.dumps(value, default=str)
+    except TypeError:
+        text = str(value)
+    return f"`{text}`".replace("|", "\\|")
+
+
+def _section(model: type[BaseModel], path: str, out: list[str]) -> None:
+    subsections = []
+    rows = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            subsections.append((name, ann))
+            continue
+        desc = (field.description or "").replace("|", "\\|").replace("\n", " ")
+        rows.append(f"| `{name}` | {_type_name(ann)} | {_default(field)} | {desc} |")
+    if rows:
+        doc = (model.__doc__ or "").strip().splitlines()[0] if model.__doc__ else ""
+        out += [f"## `{path or '(root)'}`", "", doc, "", "| field | type | default | meaning |",
+                "|---|---|---|---|", *rows, ""]
+    for name, sub in subsections:
+        _section(sub, f"{path}.{name}" if path else name, out)
+
+
+def config_reference(model: type[BaseModel]) -> str:
+    out: list[str] = [HEADER]
+    _section(model, "", out)
+    return "\n".join(out).rstrip() + "\n"
+
+
+if __name__ == "__main__":
+    from stream_rl.config import StreamRLConfig
+
+    print(config_reference(StreamRLConfig), end="")

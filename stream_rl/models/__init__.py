@@ -1,0 +1,34 @@
+"""Models: strict local loading of policy, reference and reward models, atomic saves, broadcast state dicts.
+
+See `stream_rl.models.loading` for what is checked and guaranteed.
+"""
+
+from stream_rl.models.loading import (
+    ModelLoadError,
+    check_weight_keys,
+    freeze,
+    load_policy,
+    load_reference,
+    load_reward_model,
+    load_state_dict_strict,
+    load_tokenizer,
+    safetensors_shapes,
+    save_model,
+    state_dict_for_broadcast,
+    tie_groups,
+)
+
+__all__ = [
+    "ModelLoadError",
+    "check_weight_keys",
+    "freeze",
+    "load_policy",
+    "load_reference",
+    "load_reward_model",
+    "load_state_dict_strict",
+    "load_tokenizer",
+    "safetensors_shapes",
+    "save_model",
+    "state_dict_for_broadcast",
+    "tie_groups",
+]

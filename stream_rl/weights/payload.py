@@ -1,0 +1,293 @@
+"""Weights payloads: state dict <-> safetensors bytes, tensor index, chunks, digests and checks. Pure: no Kafka.
+
+Consumes: a state dict (``dict[str, torch.Tensor]``) on the publishing side; a :class:`WeightsManifest` with its
+chunks or its safetensors file on the receiving side.
+Produces: a :class:`Payload` (a complete safetensors file in memory, its tensor index and digest), the manifest
+and :class:`WeightsChunk` records that describe and carry it, and decoded, verified state dicts.
+
+Layout (also in docs/weights.md and docs/wire-format.md)::
+
+    safetensors file  = [u64 LE header length N][N bytes JSON header][data section .......................]
+                                                                      ^ payload offset 0
+    payload           = the data section alone: every tensor's raw bytes (little-endian, C order) back to back,
+                        in the order safetensors laid them out (by dtype alignment, then name)
+    TensorEntry       = (name, dtype, shape, offset, nbytes) where offset is the header's ``data_offsets[0]``,
+                        i.e. an offset into the PAYLOAD (data section), not into the file
+    manifest.sha256   = SHA-256 of the payload; total_bytes = len(payload) = sum of nbytes
+    inline chunk i    = payload[i * chunk_size : (i + 1) * chunk_size], with its own SHA-256
+    store file        = the whole safetensors file, header included
+
+An inline receiver rebuilds the header from the manifest's tensor index and has safetensors decode header +
+payload; a store receiver parses the file's own header and requires it to equal the manifest's index.
+
+Guarantees: every receiving-side check raises :class:`WeightsError` (``"weights v{N}: <problem>"``) before any
+tensor is returned, so a caller gets all verified tensors or an exception, never part of a version. Digests are
+checked before safetensors decodes anything, and the decoded tensors are checked against the index (names,
+dtypes, shapes, byte sizes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import struct
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from schemas import SAFETENSORS_ITEMSIZE, TensorEntry, WeightsChunk, WeightsManifest, chunk_count_for
+
+if TYPE_CHECKING:
+    import torch
+
+_U64 = struct.Struct("<Q")
+_HEADER_ALIGN = 8  # safetensors pads its JSON header with spaces to a multiple of 8 bytes
+_SHOW = 8  # how many items an error message lists
+
+
+class WeightsError(RuntimeError):
+    """A weights version cannot be used: missing, incomplete, corrupted or inconsistent with its manifest."""
+
+    def __init__(self, version: int, problem: str):
+        super().__init__(f"weights v{version}: {problem}")
+        self.version = version
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class Payload:
+    """A serialized state dict: a complete safetensors file, and inside it the payload (its data section)."""
+
+    file_bytes: bytes
+    """The safetensors file: header length, JSON header, data section."""
+    data_start: int
+    """Offset of the data section (= payload offset 0) in ``file_bytes``."""
+    tensors: tuple[TensorEntry, ...]
+    """Tensor index, sorted by offset; offsets are relative to the payload."""
+    sha256: str
+    """SHA-256 of the payload (the data section), lowercase hex."""
+
+    @property
+    def data(self) -> memoryview:
+        """The payload: the file's data section, without a copy."""
+        return memoryview(self.file_bytes)[self.data_start:]
+
+    @property
+    def total_bytes(self) -> int:
+        return len(self.file_bytes) - self.data_start
+
+
+def sha256_hex(data: bytes | bytearray | memoryview) -> str:
+    """Lowercase hex SHA-256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def _show(items: list[Any]) -> str:
+    head = ", ".join(map(str, items[:_SHOW]))
+    return f"{head} (+{len(items) - _SHOW} more)" if len(items) > _SHOW else head
+
+
+def serialize(state_dict: Mapping[str, torch.Tensor]) -> Payload:
+    """The payload of ``state_dict``: tensors are detached, moved to CPU and made contiguous (a copy only where
+    needed), then written with ``safetensors.torch.save``. Dtypes are kept as they are (bf16 stays bf16).
+
+    Raises ValueError for an empty dict or a dtype a manifest cannot carry; safetensors raises for tensors that
+    share memory (send one name per tied group, as ``stream_rl.models.loading.state_dict_for_broadcast`` does).
+    """
+    import safetensors.torch
+
+    if not state_dict:
+        raise ValueError("cannot serialize an empty state dict")
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in state_dict.items()}
+    file_bytes = safetensors.torch.save(tensors)
+    entries, data_start = parse_header(file_bytes)
+    return Payload(file_bytes, data_start, entries, sha256_hex(memoryview(file_bytes)[data_start:]))
+
+
+def parse_header(file_bytes: bytes) -> tuple[tuple[TensorEntry, ...], int]:
+    """The tensor index (payload-relative offsets, sorted) and data-section start of a safetensors file.
+
+    Raises ValueError when the header is malformed, names a dtype a manifest cannot carry, or its entries do not
+    tile the data section exactly.
+    """
+    if len(file_bytes) < _U64.size:
+        raise ValueError(f"safetensors file too short ({len(file_bytes)} bytes)")
+    (header_len,) = _U64.unpack_from(file_bytes)
+    data_start = _U64.size + header_len
+    if data_start > len(file_bytes):
+        raise ValueError(f"safetensors header length {header_len} runs past the end ({len(file_bytes)} bytes)")
+    try:
+        header = json.loads(bytes(file_bytes[_U64.size:data_start]))
+        entries = sorted((_entry(name, spec) for name, spec in header.items() if name != "__metadata__"),
+                         key=lambda e: e.offset)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f"malformed safetensors header: {exc!r}") from None
+    _check_tiling(entries, len(file_bytes) - data_start)
+    return tuple(entries), data_start
+
+
+def _entry(name: str, spec: dict[str, Any]) -> TensorEntry:
+    dtype, shape, (start, end) = spec["dtype"], spec["shape"], spec["data_offsets"]
+    if dtype not in SAFETENSORS_ITEMSIZE:
+        raise ValueError(f"tensor {name!r} has dtype {dtype}, which a manifest cannot carry")
+    if not all(isinstance(d, int) and d >= 0 for d in shape) or not isinstance(start, int) or end < start:
+        raise ValueError(f"tensor {name!r}: bad shape {shape} or data_offsets [{start}, {end}]")
+    nbytes = math.prod(shape) * SAFETENSORS_ITEMSIZE[dtype]
+    if end - start != nbytes:
+        raise ValueError(f"tensor {name!r}: data_offsets span {end - start} bytes, shape x dtype needs {nbytes}")
+    return TensorEntry(name=name, dtype=dtype, shape=tuple(shape), offset=start, nbytes=nbytes)
+
+
+def _check_tiling(entries: list[TensorEntry], data_len: int) -> None:
+    end = 0
+    for entry in entries:
+        if entry.offset != end:
+            raise ValueError(f"tensor {entry.name!r} starts at {entry.offset}, expected {end} (gap or overlap)")
+        end = entry.end
+    if end != data_len:
+        raise ValueError(f"tensors cover {end} bytes but the data section has {data_len}")
+
+
+def build_header(entries: Iterable[TensorEntry]) -> bytes:
+    """The safetensors header (length prefix + padded JSON) describing ``entries`` at their offsets."""
+    header = {e.name: {"dtype": e.dtype, "shape": list(e.shape), "data_offsets": [e.offset, e.end]}
+              for e in entries}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % _HEADER_ALIGN)
+    return _U64.pack(len(text)) + text
+
+
+def build_manifest(payload: Payload, *, version: int, step: int, mode: str, chunk_size: int, trainer_id: str,
+                   chunks_topic: str | None = None, store_uri: str | None = None) -> WeightsManifest:
+    """The manifest announcing ``payload`` as ``version`` (not validated here; ``schemas.validate`` does that)."""
+    return WeightsManifest(
+        version=version, step=step, mode=mode, tensors=list(payload.tensors), total_bytes=payload.total_bytes,
+        sha256=payload.sha256, chunk_size=chunk_size, chunk_count=chunk_count_for(payload.total_bytes, chunk_size),
+        chunks_topic=chunks_topic, store_uri=store_uri, trainer_id=trainer_id)
+
+
+def split(data: bytes | memoryview, chunk_size: int) -> Iterator[bytes]:
+    """``data`` in pieces of ``chunk_size`` bytes (the last may be shorter); nothing for empty ``data``."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    view = memoryview(data)
+    for start in range(0, len(view), chunk_size):
+        yield bytes(view[start:start + chunk_size])
+
+
+def make_chunks(payload: Payload, version: int, chunk_size: int) -> Iterator[WeightsChunk]:
+    """The inline chunk records of ``payload``, each with its own digest."""
+    count = chunk_count_for(payload.total_bytes, chunk_size)
+    for index, piece in enumerate(split(payload.data, chunk_size)):
+        yield WeightsChunk.from_data(version=version, index=index, count=count, data=piece)
+
+
+def check_chunk(manifest: WeightsManifest, chunk: WeightsChunk) -> None:
+    """Raise WeightsError unless ``chunk`` is a well-formed, intact piece of ``manifest``'s payload."""
+    version, index = manifest.version, chunk.index
+    if chunk.version != version:
+        raise WeightsError(version, f"chunk {index} on the version's topic belongs to version {chunk.version}")
+    if chunk.count != manifest.chunk_count:
+        raise WeightsError(version, f"chunk {index} says count {chunk.count}, manifest says {manifest.chunk_count}")
+    if not 0 <= index < manifest.chunk_count:
+        raise WeightsError(version, f"chunk index {index} outside 0..{manifest.chunk_count - 1}")
+    start, end = manifest.chunk_range(index)
+    if len(chunk.data) != end - start:
+        raise WeightsError(version, f"chunk {index} has {len(chunk.data)} bytes, expected {end - start}")
+    digest = sha256_hex(chunk.data)
+    if digest != chunk.sha256:
+        raise WeightsError(version, f"chunk {index} sha256 mismatch: record says {chunk.sha256}, data hashes to "
+                                    f"{digest}")
+
+
+def assemble(manifest: WeightsManifest, chunks: Iterable[WeightsChunk]) -> bytes:
+    """The payload from ``chunks`` (in read order), after checking every chunk, index coverage and the digest.
+
+    When an index occurs more than once (a version re-published after a crash), the last copy read wins; the
+    payload digest then decides whether the result is the manifest's version.
+    """
+    by_index: dict[int, bytes] = {}
+    for chunk in chunks:
+        check_chunk(manifest, chunk)
+        by_index[chunk.index] = chunk.data
+    missing = [i for i in range(manifest.chunk_count) if i not in by_index]
+    if missing:
+        raise WeightsError(manifest.version, f"missing {len(missing)} of {manifest.chunk_count} chunks: "
+                                             f"{_show(missing)}")
+    data = b"".join(by_index[i] for i in range(manifest.chunk_count))
+    check_payload(manifest, data)
+    return data
+
+
+def check_payload(manifest: WeightsManifest, data: bytes | memoryview) -> None:
+    """Raise WeightsError unless ``data`` has the manifest's size and SHA-256."""
+    if len(data) != manifest.total_bytes:
+        raise WeightsError(manifest.version, f"payload has {len(data)} bytes, manifest says {manifest.total_bytes}")
+    digest = sha256_hex(data)
+    if digest != manifest.sha256:
+        raise WeightsError(manifest.version, f"payload sha256 {digest} does not match the manifest's "
+                                             f"{manifest.sha256}")
+
+
+def decode_payload(manifest: WeightsManifest, data: bytes) -> dict[str, torch.Tensor]:
+    """The tensors of a verified inline payload: header rebuilt from the manifest index, decoded by safetensors."""
+    check_payload(manifest, data)
+    return _load_checked(manifest, build_header(manifest.tensors) + bytes(data))
+
+
+def tensors_from_file(manifest: WeightsManifest, file_bytes: bytes) -> dict[str, torch.Tensor]:
+    """The tensors of a store-mode safetensors file, after checking its header equals the manifest index and its
+    data section has the manifest's size and SHA-256."""
+    try:
+        entries, data_start = parse_header(file_bytes)
+    except ValueError as exc:
+        raise WeightsError(manifest.version, f"store file: {exc}") from None
+    _compare_index(manifest, entries)
+    check_payload(manifest, memoryview(file_bytes)[data_start:])
+    return _load_checked(manifest, file_bytes)
+
+
+def _compare_index(manifest: WeightsManifest, entries: tuple[TensorEntry, ...]) -> None:
+    if len(entries) != len(manifest.tensors):
+        raise WeightsError(manifest.version, f"file has {len(entries)} tensors, manifest lists "
+                                             f"{len(manifest.tensors)}")
+    for got, want in zip(entries, manifest.tensors):
+        if got != want:
+            raise WeightsError(manifest.version, f"file index entry {got} differs from manifest entry {want}")
+
+
+def torch_dtype_names() -> dict[Any, str]:
+    """torch dtype -> safetensors dtype name, for every dtype a manifest may carry."""
+    import torch
+
+    by_name = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+               "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+               "U16": torch.uint16, "U32": torch.uint32, "U64": torch.uint64, "BOOL": torch.bool,
+               "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+    return {dtype: name for name, dtype in by_name.items()}
+
+
+def _load_checked(manifest: WeightsManifest, file_bytes: bytes) -> dict[str, torch.Tensor]:
+    """safetensors-decode ``file_bytes``, then require the tensors to match the manifest index exactly."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    version = manifest.version
+    try:
+        tensors = safetensors.torch.load(file_bytes)
+    except SafetensorError as exc:
+        raise WeightsError(version, f"safetensors cannot decode the payload: {exc}") from None
+    names = torch_dtype_names()
+    wanted = {e.name: e for e in manifest.tensors}
+    if set(tensors) != set(wanted):
+        odd = sorted(set(tensors) ^ set(wanted))
+        raise WeightsError(version, f"decoded tensor names differ from the manifest: {_show(odd)}")
+    for name, tensor in tensors.items():
+        entry = wanted[name]
+        got = (names.get(tensor.dtype, str(tensor.dtype)), tuple(tensor.shape),
+               tensor.numel() * tensor.element_size())
+        if got != (entry.dtype, entry.shape, entry.nbytes):
+            raise WeightsError(version, f"tensor {name!r} decoded as dtype/shape/bytes {got}, manifest says "
+                                        f"{(entry.dtype, entry.shape, entry.nbytes)}")
+    return tensors

@@ -1,0 +1,202 @@
+"""The producer side of the weight broadcast: learn of new versions, fetch and verify one.
+
+Consumes: the run's weights topic (manifests, read group-less from offset 0, never from ``latest``), the chunk
+topic of the version being fetched (group-less, offset 0 up to the high-water mark taken from a fetch response),
+or the version's safetensors file in the weights store.
+Produces: the newest :class:`WeightsManifest` seen so far (``poll_latest``) and a verified state dict (``fetch``).
+Guarantees:
+- A manifest is published only after its whole payload is acknowledged or durable, so the newest manifest seen is
+  the newest complete version: a late joiner starts there without waiting for anything in flight.
+- ``fetch`` returns every tensor of the version, verified (each chunk's SHA-256, count, length and index coverage;
+  the whole payload's size and SHA-256; the decoded tensors against the manifest's index), or raises
+  :class:`WeightsError` ``"weights v{N}: <problem>"``. It never returns part of a version, and it gives up after
+  ``weights.fetch_timeout_s`` instead of waiting forever for a missing or stalled chunk.
+- Invalid records on the weights topic are skipped with a warning and counted (``invalid_manifests``); this
+  reader does not own the topic and has no dead-letter sink.
+- Readers are created per fetch and closed after it, so no client keeps a garbage-collected chunk topic in its
+  metadata (a consumer refreshing metadata for a deleted topic can re-create it on brokers that auto-create).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from schemas import SchemaError, WeightsChunk, WeightsManifest, decode
+from stream_rl.transport.client import highwaters, partitions_of
+from stream_rl.weights.config import WeightsConfig
+from stream_rl.weights.payload import WeightsError, assemble, decode_payload, tensors_from_file
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["WeightsError", "WeightsReceiver", "path_from_uri"]
+
+log = logging.getLogger(__name__)
+
+TOPIC_WAIT_S = 5.0
+"""How long a fetch waits for the chunk topic to appear in metadata (it exists before its manifest does)."""
+_POLL_S = 0.2
+
+
+class WeightsReceiver:
+    """Follows the weights topic for one producer process; fetches versions on request."""
+
+    def __init__(self, transport, weights_cfg: WeightsConfig):
+        self._transport = transport
+        self.cfg = weights_cfg
+        self._topic = transport.names.weights
+        self._reader = transport.reader()
+        self._parts: list[Any] = []
+        self._latest: WeightsManifest | None = None
+        self.invalid_manifests = 0
+
+    @property
+    def latest(self) -> WeightsManifest | None:
+        """The newest manifest seen so far, without polling."""
+        return self._latest
+
+    def poll_latest(self, timeout_s: float = 0.0, newer_than: int | None = None) -> WeightsManifest | None:
+        """Read new manifests; return the newest seen so far (``None`` before the first one).
+
+        With ``timeout_s=0`` it makes one non-blocking pass. Otherwise it returns as soon as it has caught up with
+        the topic's high-water mark (or, with ``newer_than``, once a version above it was seen), and at the
+        latest after ``timeout_s``. Equal versions: the later record wins (a re-published version).
+        """
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            self._poll_once(deadline)
+            if self._satisfied(newer_than) or time.monotonic() >= deadline:
+                return self._latest
+
+    def _poll_once(self, deadline: float) -> None:
+        remaining = max(0.0, deadline - time.monotonic())
+        if not self._parts and not self._assign():
+            time.sleep(min(remaining, _POLL_S))  # the weights topic does not exist yet
+            return
+        batches = self._reader.poll(timeout_ms=int(min(remaining, _POLL_S) * 1000))
+        for records in batches.values():
+            for rec in records:
+                self._take(rec)
+
+    def _assign(self) -> bool:
+        if not self._reader.partitions_for_topic(self._topic):
+            return False
+        self._parts = partitions_of(self._reader, self._topic)
+        self._reader.assign(self._parts)
+        self._reader.seek_to_beginning(*self._parts)
+        return True
+
+    def _satisfied(self, newer_than: int | None) -> bool:
+        if newer_than is not None:
+            return self._latest is not None and self._latest.version > newer_than
+        if not self._parts:
+            return False
+        marks = [self._reader.highwater(tp) for tp in self._parts]
+        return all(mark is not None and self._reader.position(tp) >= mark for tp, mark in zip(self._parts, marks))
+
+    def _take(self, rec: Any) -> None:
+        try:
+            manifest = decode(rec.value, "weights_manifest")
+        except SchemaError as exc:
+            self.invalid_manifests += 1
+            log.warning("skipping invalid record %s[%d]@%d: %s", rec.topic, rec.partition, rec.offset, exc)
+            return
+        if self._latest is None or manifest.version >= self._latest.version:
+            self._latest = manifest
+
+    def fetch(self, manifest: WeightsManifest) -> dict[str, torch.Tensor]:
+        """Every tensor of ``manifest``'s version, verified; raises WeightsError instead of returning a part."""
+        started = time.monotonic()
+        if manifest.mode == "inline":
+            tensors = decode_payload(manifest, self._read_payload(manifest))
+        elif manifest.mode == "store":
+            tensors = self._read_file(manifest)
+        else:
+            raise WeightsError(manifest.version, f"unknown mode {manifest.mode!r}")
+        log.info("fetched weights v%d (%s, %d bytes) in %.3fs", manifest.version, manifest.mode,
+                 manifest.total_bytes, time.monotonic() - started)
+        return tensors
+
+    def _read_payload(self, manifest: WeightsManifest) -> bytes:
+        deadline = time.monotonic() + self.cfg.fetch_timeout_s
+        reader = self._transport.reader()
+        try:
+            try:
+                parts = partitions_of(reader, manifest.chunks_topic, timeout_s=min(TOPIC_WAIT_S, _left(deadline)))
+            except KeyError:
+                raise WeightsError(manifest.version, f"chunk topic {manifest.chunks_topic} does not exist "
+                                                     f"(garbage-collected, or never created)") from None
+            chunks: list[WeightsChunk] = []
+            for tp in parts:
+                chunks.extend(self._read_chunks(reader, tp, manifest, deadline))
+        finally:
+            reader.close()
+        return assemble(manifest, chunks)
+
+    def _read_chunks(self, reader, tp, manifest: WeightsManifest, deadline: float) -> list[WeightsChunk]:
+        """Chunk records of one partition from offset 0 up to the high-water mark known when the read began."""
+        version = manifest.version
+        try:
+            end = highwaters(reader, [tp], timeout_s=_left(deadline))[tp]
+        except TimeoutError as exc:
+            raise WeightsError(version, f"no fetch response from {tp.topic}: {exc}") from None
+        reader.assign([tp])
+        reader.seek(tp, 0)
+        chunks: list[WeightsChunk] = []
+        while reader.position(tp) < end:
+            if time.monotonic() >= deadline:
+                raise WeightsError(version, f"gave up after {self.cfg.fetch_timeout_s}s reading {tp.topic}"
+                                            f"[{tp.partition}] at offset {reader.position(tp)} of {end}")
+            for rec in reader.poll(timeout_ms=int(_POLL_S * 1000)).get(tp, []):
+                if rec.offset < end:
+                    chunks.append(_decode_chunk(version, rec))
+        return chunks
+
+    def _read_file(self, manifest: WeightsManifest) -> dict[str, torch.Tensor]:
+        path = path_from_uri(manifest.version, manifest.store_uri or "")
+        try:
+            file_bytes = path.read_bytes()
+        except FileNotFoundError:
+            raise WeightsError(manifest.version, f"store file {path} not found (garbage-collected?)") from None
+        except OSError as exc:
+            raise WeightsError(manifest.version, f"cannot read store file {path}: {exc}") from None
+        return tensors_from_file(manifest, file_bytes)
+
+    def close(self) -> None:
+        self._reader.close()
+
+    def __enter__(self) -> WeightsReceiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _left(deadline: float) -> float:
+    return max(0.1, deadline - time.monotonic())
+
+
+def _decode_chunk(version: int, rec: Any) -> WeightsChunk:
+    try:
+        return decode(rec.value, "weights_chunk")
+    except SchemaError as exc:
+        raise WeightsError(version, f"chunk record {rec.topic}[{rec.partition}]@{rec.offset} rejected: "
+                                    f"{exc}") from None
+
+
+def path_from_uri(version: int, uri: str) -> Path:
+    """The local path of a ``store_uri``: an absolute path or a ``file://`` URI (host empty or localhost)."""
+    if uri.startswith("file:"):
+        parsed = urllib.parse.urlparse(uri)
+        if parsed.netloc not in ("", "localhost"):
+            raise WeightsError(version, f"store_uri {uri!r} names host {parsed.netloc!r}; only local paths work")
+        return Path(urllib.request.url2pathname(parsed.path))
+    if os.path.isabs(uri):
+        return Path(uri)
+    raise WeightsError(version, f"unsupported store_uri {uri!r} (expected an absolute path or a file:// URI)")

@@ -1,0 +1,402 @@
+"""Producers: the hf engine's exact behaviour logprobs, the pure step, and the Kafka loop on the real broker."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from producers.config import ProducerConfig
+from producers.engines.base import EngineError, GenerationEngine, Sample, WeightsMismatch, cut_at_stop, prompt_seed
+from producers.engines.hf import HFEngine
+from producers.step import batch_seed, produce_rollouts
+from schemas import Prompt, Rollout, encode, group_id_for, rollout_id_for
+
+torch.set_num_threads(1)
+
+TEMPERATURE = 0.7
+
+
+# ----------------------------------------------------------------------------------------------- shared helpers
+def build_tiny_model_dir(path: Path, seed: int = 0) -> Path:
+    """A tiny LlamaForCausalLM (hidden 64, 2 layers, 2 heads of dim 32) + the demo char tokenizer, saved."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from stream_rl.demo.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, head_dim=32, intermediate_size=128, max_position_embeddings=64,
+        tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # a sharper output head than the default init, so samples are far from uniform
+        model.lm_head.weight.mul_(8.0)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def perturbed_state_dict(model_dir: Path, scale: float = 0.5, seed: int = 1) -> dict[str, torch.Tensor]:
+    """The model's weights plus Gaussian noise: a different, valid policy version."""
+    from safetensors.torch import load_file
+
+    gen = torch.Generator().manual_seed(seed)
+    tensors = load_file(str(model_dir / "model.safetensors"))
+    return {name: t + scale * torch.randn(t.shape, generator=gen) * t.std().clamp_min(1e-3)
+            for name, t in tensors.items()}
+
+
+def recompute_logprobs(model, prompts: list[list[int]], groups: list[list[Sample]], temperature: float,
+                       pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Trainer-style recomputation: one full forward over left-padded prompt+response rows, position ids
+    ``cumsum(mask) - 1``, ``log softmax(logits / T)`` at each response token. Returns (recomputed, engine)
+    logprobs, flattened over every response token."""
+    from stream_rl.algorithms import logprobs_from_logits
+
+    rows = [(p, s) for p, group in zip(prompts, groups, strict=True) for s in group]
+    width = max(len(p) + len(s.token_ids) for p, s in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, (p, s) in enumerate(rows):
+        seq = p + s.token_ids
+        ids[r, width - len(seq):] = torch.tensor(seq)
+        mask[r, width - len(seq):] = 1
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)  # (B, T)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits.float()  # (B, T, V)
+    logp = logprobs_from_logits(logits[:, :-1] / temperature, ids[:, 1:])  # (B, T-1): token t+1 given <= t
+    recomputed, engine = [], []
+    for r, (_, s) in enumerate(rows):
+        length = len(s.token_ids)
+        recomputed.append(logp[r, width - 1 - length:].numpy())
+        engine.append(np.asarray(s.logprobs, dtype=np.float32))
+    return np.concatenate(recomputed), np.concatenate(engine)
+
+
+def reference_model(model_dir: Path, state_dict: dict[str, torch.Tensor] | None = None):
+    """The policy loaded independently of any engine (as the trainer would), optionally with other weights."""
+    from stream_rl.models.loading import load_policy, load_state_dict_strict
+
+    model, _ = load_policy(model_dir)
+    model.eval()
+    if state_dict is not None:
+        load_state_dict_strict(model, state_dict)
+    return model
+
+
+PROMPTS = [[1, 4, 13, 5, 14], [1, 9, 9, 13, 3, 12, 14], [1, 14]]  # "1+2=", "66+09=", "=": different lengths
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "policy")
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir) -> HFEngine:
+    return HFEngine.from_dir(model_dir)
+
+
+# ----------------------------------------------------------------------------------------------- hf engine
+def test_behaviour_logprobs_equal_a_full_forward_recomputation_with_left_padding(engine, model_dir):
+    groups = engine.generate(PROMPTS, n=4, temperature=TEMPERATURE, max_new_tokens=10, seed=3)
+    assert [len(g) for g in groups] == [4, 4, 4]
+    model = reference_model(model_dir)
+    recomputed, behaviour = recompute_logprobs(model, PROMPTS, groups, TEMPERATURE, engine.tokenizer.pad_token_id)
+    assert np.abs(recomputed - behaviour).mean() < 1e-4
+    assert np.abs(recomputed - behaviour).max() < 1e-3
+    # the check can fail: the same tokens at temperature 1 (the raw distribution) give clearly different values
+    raw, _ = recompute_logprobs(model, PROMPTS, groups, 1.0, engine.tokenizer.pad_token_id)
+    assert np.abs(raw - behaviour).mean() > 1e-2
+
+
+def test_samples_end_at_eos_with_stop_or_run_to_the_budget_with_length(engine):
+    groups = engine.generate(PROMPTS, n=16, temperature=1.0, max_new_tokens=6, seed=0)
+    samples = [s for g in groups for s in g]
+    eos = engine.eos_token_id
+    for s in samples:
+        assert len(s.token_ids) == len(s.logprobs) >= 1
+        assert all(lp <= 0.0 for lp in s.logprobs)
+        if s.finish_reason == "stop":
+            assert s.token_ids[-1] == eos and eos not in s.token_ids[:-1]
+        else:
+            assert s.finish_reason == "length" and len(s.token_ids) == 6 and eos not in s.token_ids
+    assert {s.finish_reason for s in samples} == {"stop", "length"}
+
+
+def test_same_seed_same_samples_other_seed_other_samples(engine):
+    torch.manual_seed(123)
+    before = torch.rand(1)
+    torch.manual_seed(123)
+    a = engine.generate(PROMPTS, n=4, temperature=1.0, max_new_tokens=6, seed=7)
+    assert torch.equal(torch.rand(1), before)  # the caller's RNG stream is left as it was
+    b = engine.generate(PROMPTS, n=4, temperature=1.0, max_new_tokens=6, seed=7)
+    c = engine.generate(PROMPTS, n=4, temperature=1.0, max_new_tokens=6, seed=8)
+    assert a == b
+    assert a != c
+
+
+def test_load_weights_changes_samples_and_version_and_logprobs_follow_the_new_weights(model_dir):
+    engine = HFEngine.from_dir(model_dir)
+    before = engine.generate(PROMPTS, n=4, temperature=TEMPERATURE, max_new_tokens=8, seed=5)
+    assert engine.version == 0
+    new_weights = perturbed_state_dict(model_dir)
+    engine.load_weights(new_weights, version=3)
+    assert engine.version == 3
+    after = engine.generate(PROMPTS, n=4, temperature=TEMPERATURE, max_new_tokens=8, seed=5)
+    assert after != before
+    recomputed, behaviour = recompute_logprobs(reference_model(model_dir, new_weights), PROMPTS, after,
+                                               TEMPERATURE, engine.tokenizer.pad_token_id)
+    assert np.abs(recomputed - behaviour).mean() < 1e-4
+
+
+def test_a_state_dict_that_does_not_fit_changes_nothing(model_dir):
+    engine = HFEngine.from_dir(model_dir)
+    before = engine.generate(PROMPTS, n=2, temperature=1.0, max_new_tokens=6, seed=1)
+    broken = perturbed_state_dict(model_dir)
+    broken.pop("model.norm.weight")
+    with pytest.raises(WeightsMismatch, match="model.norm.weight"):
+        engine.load_weights(broken, version=1)
+    assert engine.version == 0
+    assert engine.generate(PROMPTS, n=2, temperature=1.0, max_new_tokens=6, seed=1) == before
+
+
+def test_generate_refuses_prompts_that_do_not_fit(engine):
+    with pytest.raises(EngineError, match="max_model_len"):
+        engine.generate([[1] * 60], n=1, temperature=1.0, max_new_tokens=8, seed=0)
+    with pytest.raises(EngineError, match="token ids"):
+        engine.generate([[1, 99]], n=1, temperature=1.0, max_new_tokens=2, seed=0)
+
+
+def test_cut_at_stop_and_prompt_seeds():
+    assert cut_at_stop([5, 2, 0, 0], [-1.0, -2.0, -3.0, -4.0], frozenset({2})) == Sample([5, 2], [-1.0, -2.0], "stop")
+    assert cut_at_stop([5, 6], [-1.0, -2.0], frozenset({2})) == Sample([5, 6], [-1.0, -2.0], "length")
+    seeds = {prompt_seed(s, i) for s in range(10) for i in range(10)}
+    assert len(seeds) == 100 and all(0 <= x < 2**31 for x in seeds)
+
+
+# ----------------------------------------------------------------------------------------------- step
+class FakeEngine(GenerationEngine):
+    """Sample j of a prompt = [10 + j, eos] with logprobs [-0.5, -0.25]; records the calls it gets."""
+
+    def __init__(self, tokenizer, version: int = 4):
+        self._tokenizer, self._version, self.calls = tokenizer, version, []
+
+    version = property(lambda self: self._version)
+    eos_token_id = property(lambda self: 2)
+    tokenizer = property(lambda self: self._tokenizer)
+    max_model_len = property(lambda self: 16)
+    vocab_size = property(lambda self: 15)
+
+    def generate(self, prompt_token_ids, n, temperature, max_new_tokens, seed):
+        self.calls.append((prompt_token_ids, n, temperature, max_new_tokens, seed))
+        return [[Sample([10 + j, 2], [-0.5, -0.25], "stop") for j in range(n)] for _ in prompt_token_ids]
+
+    def load_weights(self, state_dict, version):
+        raise NotImplementedError
+
+
+def _untimed(rollouts: list[Rollout]) -> list[Rollout]:
+    return [dataclasses.replace(r, timings={}) for r in rollouts]
+
+
+def _prompt(i: int, epoch: int = 0, group_size: int = 3, text: str | None = None, attempt: int = 0) -> Prompt:
+    return Prompt(prompt_id=f"p{i}", epoch=epoch, text=text or f"{i}+1=", answer=str(i + 1), group_size=group_size,
+                  metadata={"task": "add"}, attempt=attempt, created_at=1000.0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from stream_rl.demo.tokenizer import build_tokenizer
+
+    return build_tokenizer()
+
+
+def test_step_builds_complete_groups_with_deterministic_ids_and_versions(tokenizer):
+    engine = FakeEngine(tokenizer, version=4)
+    prompts = [_prompt(1), _prompt(2, epoch=3, group_size=2)]
+    result = produce_rollouts(prompts, engine, producer_id="producer-a", temperature=0.9, max_new_tokens=4, seed=0,
+                              clock=lambda: 1001.0)
+    got = [(r.rollout_id, r.group_id, r.sample_index, r.group_size) for r in result.rollouts]
+    assert got == [(rollout_id_for("p1", 0, j), group_id_for("p1", 0), j, 3) for j in range(3)] + \
+                  [(rollout_id_for("p2", 3, j), group_id_for("p2", 3), j, 2) for j in range(2)]
+    assert [c[1] for c in engine.calls] == [2, 3]  # one generate call per group size
+    for r in result.rollouts:
+        encode(r)  # validates every wire rule
+        assert r.token_policy_versions.tolist() == [4, 4] and r.token_policy_versions.dtype == np.int64
+        assert r.response_token_ids.tolist() == [10 + r.sample_index, 2]
+        assert r.behavior_logprobs.tolist() == [-0.5, -0.25] and r.temperature == 0.9
+        assert r.prompt_token_ids.tolist() == tokenizer(r.prompt_text)["input_ids"]
+        assert r.response_text == tokenizer.decode([10 + r.sample_index], skip_special_tokens=True)
+        assert r.producer_id == "producer-a" and r.metadata == {"task": "add"} and r.finish_reason == "stop"
+        assert r.timings["queue_wait_s"] == 1.0 and r.timings["created_at"] == 1001.0
+    assert result.metrics["producer/rollouts"] == 5 and result.metrics["producer/policy_version"] == 4
+    again = produce_rollouts(prompts, FakeEngine(tokenizer, 4), producer_id="producer-a", temperature=0.9,
+                             max_new_tokens=4, seed=0, clock=lambda: 1001.0)
+    assert _untimed(again.rollouts) == _untimed(result.rollouts)
+
+
+def test_step_group_size_override_and_seed_derivation(tokenizer):
+    engine = FakeEngine(tokenizer)
+    prompts = [_prompt(1, group_size=3), _prompt(2, group_size=5)]
+    result = produce_rollouts(prompts, engine, producer_id="p", temperature=1.0, max_new_tokens=4, seed=9,
+                              group_size=2)
+    assert len(engine.calls) == 1 and engine.calls[0][1] == 2
+    assert [r.group_size for r in result.rollouts] == [2] * 4
+    assert engine.calls[0][4] == batch_seed(9, prompts)
+    assert batch_seed(9, prompts) != batch_seed(10, prompts)
+    assert batch_seed(9, prompts) != batch_seed(9, [_prompt(1, group_size=3, attempt=1), prompts[1]])
+
+
+def test_step_rejects_unusable_prompts_and_keeps_the_rest(tokenizer):
+    engine = FakeEngine(tokenizer)
+    prompts = [_prompt(1), _prompt(2, text="hello"), _prompt(3, text="1" * 20), _prompt(4)]
+    result = produce_rollouts(prompts, engine, producer_id="p", temperature=1.0, max_new_tokens=4, seed=0)
+    assert [(r.index, "tokenise" in r.reason or "exceeds" in r.reason) for r in result.rejected] == \
+        [(1, True), (2, True)]
+    assert "exceeds the model's 16" in result.rejected[1].reason
+    assert sorted({r.prompt_id for r in result.rollouts}) == ["p1", "p4"]
+
+
+def test_step_with_the_hf_engine_is_reproducible_and_valid(engine):
+    prompts = [_prompt(1), _prompt(23, group_size=2)]
+    kwargs = dict(producer_id="p", temperature=1.0, max_new_tokens=6, seed=4)
+    first = produce_rollouts(prompts, engine, **kwargs).rollouts
+    second = produce_rollouts(prompts, engine, **kwargs).rollouts
+    assert _untimed(first) == _untimed(second)
+    for r in first:
+        encode(r)
+        assert r.response_text == engine.tokenizer.decode(r.response_token_ids.tolist(), skip_special_tokens=True)
+
+
+# ----------------------------------------------------------------------------------------------- loop (broker)
+def _collect(transport, topic: str, want: int, timeout_s: float = 40.0) -> list:
+    """Every record of ``topic`` until ``want`` arrived (or the timeout), with a private consumer group."""
+    source = transport.source([topic], f"collector-{time.monotonic_ns()}", "rollout", transport.sink())
+    got, deadline = [], time.monotonic() + timeout_s
+    try:
+        while len(got) < want and time.monotonic() < deadline:
+            got.extend(source.poll(0.5))
+    finally:
+        source.close()
+    return got
+
+
+def _start(cfg, pcfg, engine, **kwargs):
+    from producers.loop import ProducerStats, run_producer
+
+    stop, stats, out = threading.Event(), ProducerStats(), {}
+
+    def target():
+        try:
+            out["stats"] = run_producer(cfg, stop, producer_cfg=pcfg, engine=engine, stats=stats, **kwargs)
+        except BaseException as exc:  # surfaced by the test after join
+            out["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, stop, stats, out
+
+
+def _stop(thread, stop, out):
+    stop.set()
+    thread.join(60)
+    assert not thread.is_alive()
+    if "error" in out:
+        raise out["error"]
+    return out["stats"]
+
+
+def _send_prompts(transport, prompts: list[Prompt]) -> None:
+    sink = transport.sink()
+    for p in prompts:
+        sink.send(transport.names.prompts, p, key=p.prompt_id)
+    sink.flush()
+    sink.close()
+
+
+def _wait(predicate, out: dict, timeout_s: float = 30.0) -> None:
+    """Wait for ``predicate``; re-raise at once if the producer thread died."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if "error" in out:
+            raise out["error"]
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.1)
+
+
+@pytest.mark.broker
+def test_loop_turns_prompts_into_keyed_groups_and_commits(make_config, engine):
+    from stream_rl.transport.client import Transport
+
+    cfg = make_config(**{"topics.partitions": {"prompts": 2, "rollouts": 2}})
+    transport = Transport(cfg, "test")
+    transport.ensure_topics()
+    pcfg = ProducerConfig(follow_weights=False, prompts_per_batch=3, max_new_tokens=6, poll_timeout_s=0.5)
+    _send_prompts(transport, [_prompt(i, group_size=2) for i in range(5)] + [_prompt(9, text="bad!")])
+    thread, stop, stats, out = _start(cfg, pcfg, engine)
+    first = _collect(transport, transport.names.rollouts, want=10)
+    _wait(lambda: stats.prompts + stats.rejected_prompts == 6, out)
+    assert _stop(thread, stop, out).rollouts == 10
+    rollouts = [c.value for c in first]
+    assert sorted(r.rollout_id for r in rollouts) == sorted(rollout_id_for(f"p{i}", 0, j) for i in range(5)
+                                                           for j in range(2))
+    assert all(c.key == c.value.group_id.encode() for c in first)
+    partition_of = {}
+    for c in first:  # a group stays on one partition
+        assert partition_of.setdefault(c.value.group_id, c.partition) == c.partition
+    assert stats.rejected_prompts == 1
+
+    # a restart in the same group reads only what is new: nothing of the first run is generated again
+    _send_prompts(transport, [_prompt(7, epoch=1, group_size=2)])
+    thread, stop, stats2, out = _start(cfg, pcfg, engine)
+    _wait(lambda: stats2.prompts == 1, out)
+    time.sleep(1.5)  # a few more polls: nothing else may arrive
+    assert _stop(thread, stop, out).prompts == 1
+    every = [c.value.rollout_id for c in _collect(transport, transport.names.rollouts, want=13, timeout_s=8)]
+    assert sorted(every) == sorted([r.rollout_id for r in rollouts] + [rollout_id_for("p7", 1, j) for j in range(2)])
+
+
+@pytest.mark.broker
+def test_loop_follows_verified_weights_and_keeps_its_version_on_a_corrupt_one(make_config, model_dir):
+    from stream_rl.transport.client import Transport
+    from stream_rl.weights import WeightsConfig
+    from stream_rl.weights.publisher import WeightsPublisher
+
+    cfg = make_config(**{"topics.partitions": {"prompts": 1, "rollouts": 1}})
+    transport = Transport(cfg, "test")
+    transport.ensure_topics()
+    wcfg = WeightsConfig(mode="inline", chunk_size=200_000)
+    sink = transport.sink()
+    publisher = WeightsPublisher(transport, sink, wcfg, "trainer-0")
+    v1 = publisher.publish(perturbed_state_dict(model_dir, seed=1), version=1, step=1)
+    engine = HFEngine.from_dir(model_dir)
+    pcfg = ProducerConfig(prompts_per_batch=4, max_new_tokens=4, poll_timeout_s=0.3, weights_startup_wait_s=10)
+    thread, stop, stats, out = _start(cfg, pcfg, engine, weights_cfg=wcfg)
+    try:
+        _send_prompts(transport, [_prompt(1, group_size=2)])
+        assert {int(v) for c in _collect(transport, transport.names.rollouts, 2)
+                for v in c.value.token_policy_versions} == {1}  # caught up before the first batch
+        sink.send(transport.names.weights, dataclasses.replace(v1, version=2, sha256="0" * 64), key="2")
+        sink.flush()
+        _wait(lambda: stats.rejected_versions == [2], out)
+        _send_prompts(transport, [_prompt(2, group_size=2)])
+        _wait(lambda: stats.rollouts == 4, out)
+        assert engine.version == 1
+        publisher.publish(perturbed_state_dict(model_dir, seed=3), version=3, step=3)
+        _wait(lambda: engine.version == 3, out)
+        _send_prompts(transport, [_prompt(3, group_size=2)])
+        rollouts: list[Rollout] = [c.value for c in _collect(transport, transport.names.rollouts, 6)]
+    finally:
+        final = _stop(thread, stop, out)
+    versions = {r.prompt_id: set(r.token_policy_versions.tolist()) for r in rollouts}
+    assert versions == {"p1": {1}, "p2": {1}, "p3": {3}}
+    assert final.weight_updates == [1, 3] and final.rejected_versions == [2]

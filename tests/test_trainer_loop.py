@@ -1,0 +1,162 @@
+"""The trainer loop against the real local broker: steps, stale drops with re-queue, weights, checkpoint, resume."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from consumers.trainer.checkpoint import complete_checkpoints, load_checkpoint
+from consumers.trainer.loop import run_trainer, trainer_group
+from schemas import decode, group_id_for, rollout_id_for
+from stream_rl.transport.client import Transport, partitions_of, read_range
+from test_trainer_support import scored, tiny_policy
+
+torch.set_num_threads(1)
+pytestmark = pytest.mark.broker
+
+
+@pytest.fixture
+def model_dir(tmp_path) -> Path:
+    from stream_rl.demo.tokenizer import build_tokenizer
+    from stream_rl.models import save_model
+
+    return save_model(tiny_policy(seed=0), build_tokenizer(), tmp_path / "policy")
+
+
+def send_groups(transport, sink, prompts, version: int, duplicate_of: int | None = None) -> None:
+    for p in prompts:
+        for s in range(2):
+            rec = scored(p, s, version=version, reward=float(s == 0), response_ids=[6 + s, 7])
+            sink.send(transport.names.scored, rec, key=rec.group_id)
+    if duplicate_of is not None:
+        rec = scored(duplicate_of, 0, version=0, reward=1.0, response_ids=[6, 7])
+        sink.send(transport.names.scored, rec, key=rec.group_id)
+    sink.flush()
+
+
+def read_all(transport, topic: str, kind: str) -> list:
+    reader = transport.reader()
+    try:
+        return [decode(r.value, kind) for tp in partitions_of(reader, topic)
+                for r in read_range(reader, tp, 0, None)]
+    finally:
+        reader.close()
+
+
+def metric_rows(cfg) -> list[dict]:
+    path = Path(cfg.run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def wait_for(predicate, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def start(cfg, resume: bool = False):
+    stop, result, errors = threading.Event(), {}, []
+
+    def target():
+        try:
+            result["state"] = run_trainer(cfg, stop_event=stop, resume=resume)
+        except BaseException as exc:  # surfaced by finish()
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, stop, result, errors
+
+
+def finish(thread, stop, result, errors, timeout_s: float = 90.0):
+    thread.join(timeout_s)
+    if thread.is_alive():
+        stop.set()
+        thread.join(30)
+        raise AssertionError("trainer did not reach max_steps in time")
+    if errors:
+        raise errors[0]
+    return result["state"]
+
+
+def test_trainer_loop_trains_drops_stale_groups_broadcasts_checkpoints_and_resumes(make_config, model_dir):
+    cfg = make_config(**{"trainer.model_dir": str(model_dir), "trainer.groups_per_step": 2,
+                         "trainer.max_steps": 3, "trainer.checkpoint_every": 2, "trainer.max_lag": 0,
+                         "trainer.micro_batch_size": 2, "trainer.poll_timeout_s": 0.2, "trainer.lr": 1e-3,
+                         "topics.partitions.scored": 1, "tracing.exporter": "jsonl"})
+    transport = Transport(cfg, "test")
+    transport.ensure_topics()
+    sink = transport.sink()
+    # phase 1: A, B train at step 1 (version 0 -> 1); C, D, E become stale (max_lag 0); a duplicate of A
+    send_groups(transport, sink, [0, 1, 2, 3, 4], version=0, duplicate_of=0)
+    run = start(cfg)
+    wait_for(lambda: len(metric_rows(cfg)) >= 1, "step 1")
+    send_groups(transport, sink, [5, 6], version=1)  # phase 2: step 2, checkpoint
+    wait_for(lambda: len(metric_rows(cfg)) >= 2, "step 2")
+    send_groups(transport, sink, [7, 8], version=2)  # phase 3: step 3, final checkpoint
+    state = finish(*run)
+    assert (state.step, state.version) == (3, 3)
+
+    rows = metric_rows(cfg)
+    assert [(r["step"], r["policy_version"]) for r in rows] == [(1, 1), (2, 2), (3, 3)]
+    for key in ("reward/mean", "reward/group_success_rate", "advantage/std", "loss/total", "policy/clipfrac",
+                "policy/approx_kl", "policy/is_weight_mean", "kl/ref_mean", "policy/entropy",
+                "response/length_mean", "staleness/mean_lag", "staleness/max_lag", "mismatch/logp_abs_diff",
+                "mismatch/kl_mu_prox", "optim/grad_norm", "optim/lr", "throughput/train_tokens_per_s",
+                "throughput/generate_tokens_per_s", "time/generate_s_mean", "time/score_s_mean", "time/wait_s",
+                "time/broadcast_s", "time/step_s"):
+        assert key in rows[-1], key
+    assert rows[0]["reward/mean"] == 0.5 and rows[-1]["batcher/duplicates_total"] == 1.0
+
+    spans = [json.loads(line) for line in (Path(cfg.run_dir) / "spans.jsonl").read_text().splitlines()]
+    sent = {sp["span_id"] for sp in spans if sp["service"] == "test" and sp["kind"] == "PRODUCER"}
+    steps = [sp for sp in spans if sp["service"] == "trainer" and sp["name"] == "process train-step"]
+    assert len(steps) == 3 and all(len(sp["links"]) == 4 for sp in steps)  # one link per trained rollout
+    assert all(link["span_id"] in sent for sp in steps for link in sp["links"])
+
+    stale = read_all(transport, transport.names.stale, "stale_rollout")
+    assert sorted(s.rollout_id for s in stale) == sorted(rollout_id_for(f"p{p}", 0, s) for p in (2, 3, 4)
+                                                         for s in range(2))
+    assert all(s.requeued and s.max_lag == 0 and s.lag == 1 for s in stale)
+    prompts = read_all(transport, transport.names.prompts, "prompt")
+    assert sorted((p.prompt_id, p.attempt) for p in prompts) == [("p2", 1), ("p3", 1), ("p4", 1)]
+    manifests = read_all(transport, transport.names.weights, "weights_manifest")
+    assert [m.version for m in manifests] == [1, 2, 3] and [m.step for m in manifests] == [1, 2, 3]
+
+    root = Path(cfg.run_dir) / "checkpoints"
+    assert [p.name for p in complete_checkpoints(root)] == ["step-00000002", "step-00000003"]
+    last = load_checkpoint(root / "step-00000003")
+    topic = transport.names.scored
+    assert last.offsets == {(topic, 0): 19} and last.version == 3
+    trained = {rollout_id_for(f"p{p}", 0, s) for p in (0, 1, 5, 6, 7, 8) for s in range(2)}
+    assert set(last.ledger["trained"]) == trained
+    assert last.ledger["requeued"] == {group_id_for(f"p{p}", 0): 0 for p in (2, 3, 4)}
+    admin = transport.admin()
+    try:
+        committed = admin.list_group_offsets(trainer_group(cfg))[trainer_group(cfg)]
+    finally:
+        admin.close()
+    assert {(tp.topic, tp.partition): meta.offset for tp, meta in committed.items()} == {(topic, 0): 19}
+
+    # resume from the step-2 checkpoint as if the trainer died after publishing v3 but before checkpointing:
+    # the committed offset (19) is past H, I, but the checkpoint (15) is the truth, and v3 must not be reused
+    shutil.rmtree(root / "step-00000003")
+    cfg2 = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"max_lag": 4})})
+    state = finish(*start(cfg2, resume=True))
+    assert (state.step, state.version) == (3, 5)
+    rows = metric_rows(cfg)
+    assert [(r["step"], r["policy_version"]) for r in rows][3:] == [(3, 5)]
+    assert rows[-1]["staleness/max_lag"] == 2.0  # H, I (version 2) trained at version 4
+    assert [m.version for m in read_all(transport, transport.names.weights, "weights_manifest")] == [1, 2, 3, 4, 5]
+    assert len(read_all(transport, transport.names.stale, "stale_rollout")) == 6  # nothing re-read before 15
+    resumed = load_checkpoint(root / "step-00000003")
+    assert set(resumed.ledger["trained"]) == trained and resumed.step == 3
+    sink.close()

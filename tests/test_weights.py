@@ -1,0 +1,374 @@
+"""Versioned weight broadcast: pure payload functions without Kafka, then publish/fetch on the real local broker."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+
+import msgpack
+import pytest
+import torch
+
+from schemas import WeightsChunk, validate
+from schemas.validation import message_to_wire
+from stream_rl.config import load_config
+from stream_rl.transport.client import Transport, highwaters, partitions_of
+from stream_rl.weights import WeightsConfig
+from stream_rl.weights.payload import (
+    WeightsError, _load_checked, assemble, build_manifest, decode_payload, make_chunks, serialize, sha256_hex, split,
+    tensors_from_file,
+)
+from stream_rl.weights.publisher import WeightsPublisher, choose_mode
+from stream_rl.weights.receiver import WeightsReceiver, path_from_uri
+
+torch.set_num_threads(1)
+
+
+def tiny_llama(dtype: torch.dtype = torch.float32):
+    """A real transformers Llama (hidden 64, 2 layers, 2 heads of dim 32) built from a config: ~95k parameters."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
+                      tie_word_embeddings=False)
+    return LlamaForCausalLM(cfg).to(dtype)
+
+
+def mixed_state() -> dict[str, torch.Tensor]:
+    """Every common dtype, a scalar, an empty tensor and a non-contiguous view."""
+    torch.manual_seed(1)
+    return {
+        "w.f32": torch.randn(5, 7),
+        "w.bf16": torch.randn(3, 11).to(torch.bfloat16),
+        "w.f16": torch.randn(13).to(torch.float16),
+        "step.i64": torch.tensor(12345678901, dtype=torch.int64),
+        "mask.bool": torch.tensor([True, False, True]),
+        "empty": torch.zeros(0, 4),
+        "transposed": torch.arange(12, dtype=torch.float32).reshape(3, 4).t(),
+    }
+
+
+def assert_same_tensors(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert set(got) == set(want)
+    for name, tensor in want.items():
+        assert got[name].dtype == tensor.dtype, name
+        assert got[name].shape == tensor.shape, name
+        assert torch.equal(got[name], tensor), name
+
+
+def manifest_for(payload, version: int = 7, chunk_size: int = 40, **where):
+    where = where or {"chunks_topic": f"stream-rl.x.weights.v{version}"}
+    return validate(build_manifest(payload, version=version, step=3, mode="inline" if "chunks_topic" in where
+                                   else "store", chunk_size=chunk_size, trainer_id="trainer-0", **where))
+
+
+# ---------------------------------------------------------------- pure: no Kafka
+
+
+def test_payload_is_the_data_section_with_payload_relative_offsets():
+    state = mixed_state()
+    payload = serialize(state)
+    data = bytes(payload.data)
+    assert payload.sha256 == hashlib.sha256(data).hexdigest()
+    assert payload.total_bytes == len(data) == sum(e.nbytes for e in payload.tensors)
+    assert payload.file_bytes[payload.data_start:] == data
+    end = 0
+    for entry in payload.tensors:  # sorted, contiguous from 0
+        assert entry.offset == end
+        end = entry.end
+        raw = state[entry.name].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        assert data[entry.offset:entry.end] == raw, entry.name
+    by_name = {e.name: e for e in payload.tensors}
+    assert (by_name["w.bf16"].dtype, by_name["w.bf16"].shape, by_name["w.bf16"].nbytes) == ("BF16", (3, 11), 66)
+    assert (by_name["empty"].nbytes, by_name["step.i64"].shape) == (0, ())
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 64, 149, 10_000])
+def test_chunk_unchunk_identity_in_any_read_order(chunk_size):
+    payload = serialize(mixed_state())
+    manifest = manifest_for(payload, chunk_size=chunk_size)
+    chunks = list(make_chunks(payload, manifest.version, chunk_size))
+    assert len(chunks) == manifest.chunk_count == -(-payload.total_bytes // chunk_size)
+    assert all(c.sha256 == sha256_hex(c.data) and c.count == len(chunks) for c in chunks)
+    assert b"".join(split(payload.data, chunk_size)) == bytes(payload.data)
+    assert assemble(manifest, chunks[::-1]) == bytes(payload.data)
+
+
+def test_a_republished_version_uses_the_last_copy_of_each_chunk():
+    payload = serialize({"w": torch.arange(100, dtype=torch.float32)})
+    crashed = serialize({"w": torch.zeros(100)})  # an earlier attempt at the same version, other weights
+    manifest = manifest_for(payload, chunk_size=64)
+    first_try = list(make_chunks(crashed, manifest.version, 64))[:4]
+    retry = list(make_chunks(payload, manifest.version, 64))
+    assert assemble(manifest, first_try + retry) == bytes(payload.data)
+    with pytest.raises(WeightsError, match="weights v7: payload sha256"):  # the stale copies last: rejected
+        assemble(manifest, retry + first_try)
+
+
+def test_decode_round_trip_keeps_values_and_dtypes():
+    state = mixed_state()
+    payload = serialize(state)
+    manifest = manifest_for(payload)
+    assert_same_tensors(decode_payload(manifest, bytes(payload.data)), state)
+    store_manifest = manifest_for(payload, store_uri="/w/v00000007.safetensors")
+    assert_same_tensors(tensors_from_file(store_manifest, payload.file_bytes), state)
+
+
+def _flip(data: bytes, at: int) -> bytes:
+    return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:]
+
+
+def test_assemble_rejects_every_kind_of_bad_chunk_naming_the_version():
+    payload = serialize(mixed_state())
+    manifest = manifest_for(payload, version=7, chunk_size=64)
+    good = list(make_chunks(payload, 7, 64))
+    flipped = WeightsChunk.from_data(version=7, index=1, count=good[1].count, data=_flip(good[1].data, 5))
+    cases = {
+        "payload sha256": good[:1] + [flipped] + good[2:],  # chunk digest fine, payload digest not
+        "chunk 1 sha256 mismatch": good[:1] + [dataclasses.replace(good[1], data=flipped.data)] + good[2:],
+        "missing 1 of": good[:2] + good[3:],
+        "belongs to version 8": good[:1] + [dataclasses.replace(good[1], version=8)] + good[2:],
+        "says count": good[:1] + [dataclasses.replace(good[1], count=99)] + good[2:],
+        "expected 64": good[:1] + [WeightsChunk.from_data(version=7, index=1, count=good[1].count,
+                                                          data=good[1].data[:-1])] + good[2:],
+    }
+    for needle, chunks in cases.items():
+        with pytest.raises(WeightsError, match=needle) as err:
+            assemble(manifest, chunks)
+        assert str(err.value).startswith("weights v7: ") and err.value.version == 7
+
+
+def test_store_file_checks_header_and_data():
+    payload = serialize(mixed_state())
+    manifest = manifest_for(payload, store_uri="/w/v00000007.safetensors")
+    with pytest.raises(WeightsError, match="weights v7: payload sha256"):
+        tensors_from_file(manifest, _flip(payload.file_bytes, len(payload.file_bytes) - 3))
+    other = serialize({**mixed_state(), "w.f32": torch.randn(5, 6)})  # same names, different index
+    with pytest.raises(WeightsError, match="weights v7: file index entry"):
+        tensors_from_file(manifest, other.file_bytes)
+    with pytest.raises(WeightsError, match="weights v7: store file: .*too short"):
+        tensors_from_file(manifest, b"\x01")
+
+
+def test_decoded_tensors_must_match_the_index():
+    payload = serialize({"a": torch.ones(2, 2)})
+    manifest = manifest_for(payload, store_uri="/w/v00000007.safetensors")
+    lying = dataclasses.replace(manifest, tensors=[dataclasses.replace(manifest.tensors[0], dtype="I32")])
+    with pytest.raises(WeightsError, match="weights v7: file index entry .*F32"):  # store: file header vs index
+        tensors_from_file(lying, payload.file_bytes)
+    with pytest.raises(WeightsError, match=r"weights v7: tensor 'a' decoded as .*F32"):  # the last guard of both
+        _load_checked(lying, payload.file_bytes)
+
+
+def test_mode_choice_and_store_uri_parsing(tmp_path):
+    auto = WeightsConfig(inline_max_bytes=100)
+    assert (choose_mode(auto, 100), choose_mode(auto, 101)) == ("inline", "store")
+    assert choose_mode(WeightsConfig(mode="inline", inline_max_bytes=0), 10**9) == "inline"
+    assert choose_mode(WeightsConfig(mode="store"), 1) == "store"
+    target = tmp_path / "a b" / "v00000001.safetensors"
+    assert path_from_uri(1, target.as_uri()) == target
+    assert path_from_uri(1, str(target)) == target
+    with pytest.raises(WeightsError, match="weights v1: unsupported store_uri"):
+        path_from_uri(1, "s3://bucket/v1")
+
+
+# ---------------------------------------------------------------- real broker
+
+
+def _chunk_topics(transport, expect: list[str] | None = None, timeout_s: float = 10.0) -> list[str]:
+    """The run's chunk topics; with ``expect``, polled until they equal it (topic deletion may lag a little)."""
+    admin = transport.admin()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            now = sorted(t for t in admin.list_topics() if t.startswith(transport.names.weights + ".v"))
+            if expect is None or now == expect or time.monotonic() > deadline:
+                return now
+            time.sleep(0.2)
+    finally:
+        admin.close()
+
+
+@pytest.fixture
+def bus(make_config):
+    transport = Transport(make_config(), "test-weights")
+    sink = transport.sink()
+    yield transport, sink
+    sink.close()
+
+
+@pytest.mark.broker
+def test_inline_round_trip_of_a_real_model_fp32_and_bf16(bus):
+    transport, sink = bus
+    cfg = WeightsConfig(mode="inline", chunk_size=64_000)
+    publisher = WeightsPublisher(transport, sink, cfg, "trainer-0")
+    states = {1: tiny_llama().state_dict(), 2: tiny_llama(torch.bfloat16).state_dict()}
+    manifests = {v: publisher.publish(state, version=v, step=10 * v) for v, state in states.items()}
+    assert manifests[1].mode == "inline" and manifests[1].chunk_count > 3
+    assert manifests[1].chunks_topic == transport.names.weights_chunks(1)
+    reader = transport.reader()
+    assert list(highwaters(reader, partitions_of(reader, manifests[1].chunks_topic)).values()) == \
+        [manifests[1].chunk_count]
+    reader.close()
+    with WeightsReceiver(transport, cfg) as receiver:
+        latest = receiver.poll_latest(timeout_s=10)
+        assert latest is not None and (latest.version, latest.step) == (2, 20)
+        for version, state in states.items():
+            fetched = receiver.fetch(manifests[version])
+            assert_same_tensors(fetched, state)
+    assert {t.dtype for t in fetched.values()} == {torch.bfloat16}
+    model = tiny_llama()
+    model.load_state_dict({k: v.float() for k, v in fetched.items()}, strict=True)
+
+
+@pytest.mark.broker
+def test_store_round_trip_writes_the_file_before_the_manifest(bus):
+    transport, sink = bus
+    cfg = WeightsConfig(mode="store")
+    state = tiny_llama().state_dict()
+    manifest = WeightsPublisher(transport, sink, cfg, "trainer-0").publish(state, version=4, step=9)
+    path = transport.cfg.run_dir / "weights" / "v00000004.safetensors"
+    assert manifest.mode == "store" and manifest.chunks_topic is None
+    assert path_from_uri(4, manifest.store_uri) == path.resolve() and path.is_file()
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left
+    assert _chunk_topics(transport) == []
+    admin = transport.admin()
+    assert [len(d["partitions"]) for d in admin.describe_topics([transport.names.weights])] == [1]  # not auto-made
+    admin.close()
+    with WeightsReceiver(transport, cfg) as receiver:
+        latest = receiver.poll_latest(timeout_s=10)
+        assert latest is not None and latest.sha256 == manifest.sha256
+        assert_same_tensors(receiver.fetch(latest), state)
+
+
+@pytest.mark.broker
+def test_auto_mode_switches_to_the_store_above_inline_max_bytes(bus, tmp_path):
+    transport, sink = bus
+    cfg = WeightsConfig(mode="auto", inline_max_bytes=1000, store_dir=tmp_path / "store")
+    publisher = WeightsPublisher(transport, sink, cfg, "trainer-0")
+    small = publisher.publish({"w": torch.ones(250)}, version=1, step=1)  # 1000 bytes: not above the limit
+    big = publisher.publish({"w": torch.ones(251)}, version=2, step=2)
+    assert (small.mode, big.mode) == ("inline", "store")
+    assert path_from_uri(2, big.store_uri) == (tmp_path / "store" / "v00000002.safetensors").resolve()
+    with WeightsReceiver(transport, cfg) as receiver:
+        assert torch.equal(receiver.fetch(small)["w"], torch.ones(250))
+        assert torch.equal(receiver.fetch(big)["w"], torch.ones(251))
+
+
+def _send_version(transport, sink, payload, version: int, chunks) -> object:
+    """Publish by hand (for tampering): chunk topic, the given chunk records or raw values, acks, manifest."""
+    topic = transport.names.weights_chunks(version)
+    manifest = manifest_for(payload, version=version, chunk_size=1000, chunks_topic=topic)
+    transport.ensure_topics(extra={topic: 1})
+    for chunk in chunks(manifest):
+        if isinstance(chunk, bytes):
+            sink.send_raw(topic, chunk, key=str(version))
+        else:
+            sink.send(topic, chunk, key=str(version))
+    sink.flush()
+    sink.send(transport.names.weights, manifest, key=str(version))
+    sink.flush()
+    return manifest
+
+
+@pytest.mark.broker
+def test_corrupted_chunks_are_rejected_naming_the_version(bus):
+    transport, sink = bus
+    payload = serialize({"w": torch.randn(1000)})  # 4000 bytes: 4 chunks of 1000
+
+    def flipped(manifest):  # chunk 2's own digest matches its (corrupted) bytes; the payload digest does not
+        good = list(make_chunks(payload, manifest.version, 1000))
+        good[2] = WeightsChunk.from_data(version=manifest.version, index=2, count=4, data=_flip(good[2].data, 9))
+        return good
+
+    def bad_digest(manifest):  # chunk 1 arrives with a digest of other bytes (sent raw: encode would refuse it)
+        good = list(make_chunks(payload, manifest.version, 1000))
+        wrong = dataclasses.replace(good[1], sha256=sha256_hex(b"other"))
+        return good[:1] + [msgpack.packb(message_to_wire(wrong), use_bin_type=True)] + good[2:]
+
+    m3 = _send_version(transport, sink, payload, 3, flipped)
+    m5 = _send_version(transport, sink, payload, 5, bad_digest)
+    with WeightsReceiver(transport, WeightsConfig(fetch_timeout_s=20)) as receiver:
+        with pytest.raises(WeightsError, match=r"^weights v3: payload sha256"):
+            receiver.fetch(m3)
+        with pytest.raises(WeightsError, match=r"^weights v5: chunk record .*@1 rejected: .*sha256"):
+            receiver.fetch(m5)
+
+
+@pytest.mark.broker
+def test_missing_chunk_or_topic_fails_within_fetch_timeout(bus):
+    transport, sink = bus
+    payload = serialize({"w": torch.randn(750)})  # 3000 bytes: 3 chunks
+    manifest = _send_version(transport, sink, payload, 6,
+                             lambda m: [c for c in make_chunks(payload, 6, 1000) if c.index != 1])
+    gone = dataclasses.replace(manifest, version=9, chunks_topic=transport.names.weights_chunks(9))
+    with WeightsReceiver(transport, WeightsConfig(fetch_timeout_s=3)) as receiver:
+        for bad, needle in ((manifest, r"^weights v6: missing 1 of 3 chunks: 1$"), (gone, r"^weights v9: chunk topic")):
+            started = time.monotonic()
+            with pytest.raises(WeightsError, match=needle):
+                receiver.fetch(bad)
+            assert time.monotonic() - started < 3 + 5  # fetch_timeout_s plus client start-up, not forever
+
+
+@pytest.mark.broker
+def test_late_joiner_starts_from_the_newest_version(bus):
+    transport, sink = bus
+    cfg = WeightsConfig(mode="inline", chunk_size=5000)
+    publisher = WeightsPublisher(transport, sink, cfg, "trainer-0")
+    early = WeightsReceiver(transport, cfg)
+    assert early.poll_latest(timeout_s=0.0) is None
+    states = {v: {"w": torch.full((3000,), float(v)), "b": torch.tensor([v])} for v in (1, 2, 3)}
+    for version, state in states.items():
+        publisher.publish(state, version=version, step=version)
+    with WeightsReceiver(transport, cfg) as late:
+        latest = late.poll_latest(timeout_s=10)
+        assert latest is not None and latest.version == 3
+        assert_same_tensors(late.fetch(latest), states[3])
+        started = time.monotonic()
+        assert late.poll_latest(timeout_s=0.5, newer_than=3).version == 3  # waits for v4, which never comes
+        assert time.monotonic() - started >= 0.5
+    assert early.poll_latest(timeout_s=10, newer_than=2).version == 3
+    early.close()
+
+
+@pytest.mark.broker
+def test_garbage_collection_keeps_the_newest_versions_across_modes(bus, tmp_path):
+    transport, sink = bus
+    cfg = WeightsConfig(mode="auto", inline_max_bytes=100, store_dir=tmp_path / "store", keep_last=2)
+    publisher = WeightsPublisher(transport, sink, cfg, "trainer-0")
+    sizes = {1: 10, 2: 50, 3: 10, 4: 50, 5: 10}  # 40-byte payloads go inline, 200-byte ones to the store
+    manifests = {v: publisher.publish({"w": torch.full((n,), float(v))}, version=v, step=v)
+                 for v, n in sizes.items()}
+    assert [m.mode for m in manifests.values()] == ["inline", "store", "inline", "store", "inline"]
+    (tmp_path / "store" / ".v00000002.safetensors.0123abcd.tmp").write_bytes(b"left by a crashed write")
+    names = transport.names
+    assert _chunk_topics(transport) == [names.weights_chunks(v) for v in (1, 3, 5)]
+
+    assert publisher.collect_garbage() == [1, 2, 3]
+    assert _chunk_topics(transport, expect=[names.weights_chunks(5)]) == [names.weights_chunks(5)]
+    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == ["v00000004.safetensors"]
+    assert publisher.collect_garbage() == []  # nothing more to remove, no error
+    admin = transport.admin()
+    publisher._delete_topics(admin, [names.weights_chunks(1)])  # already deleted: tolerated
+    admin.close()
+    assert publisher.collect_garbage(keep_last=1) == [4]
+    assert list((tmp_path / "store").iterdir()) == []
+    with WeightsReceiver(transport, WeightsConfig(fetch_timeout_s=3)) as receiver:
+        with pytest.raises(WeightsError, match="^weights v3: chunk topic .* does not exist"):
+            receiver.fetch(manifests[3])
+        with pytest.raises(WeightsError, match="^weights v4: store file .* not found"):
+            receiver.fetch(manifests[4])
+        assert torch.equal(receiver.fetch(manifests[5])["w"], torch.full((10,), 5.0))
+    with pytest.raises(ValueError, match="keep_last must be >= 1"):
+        publisher.collect_garbage(keep_last=0)
+
+
+def test_chunk_size_must_fit_the_request_limit():
+    cfg = load_config(None, env={}, overrides={"kafka.bootstrap_servers": "127.0.0.1:9", "run_dir": "/nonexistent",
+                                               "kafka.max_request_size": 500_000})
+    transport = Transport(cfg, "test-weights")  # connects to nothing until a client is made
+    with pytest.raises(ValueError, match="exceeds kafka.max_request_size 500000"):
+        WeightsPublisher(transport, None, WeightsConfig(), "trainer-0")
+    WeightsPublisher(transport, None, WeightsConfig(mode="store"), "trainer-0")  # no chunks in store mode

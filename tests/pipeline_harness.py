@@ -46,6 +46,7 @@ def tiny_policy_dir(path: Path, seed: int = 0) -> Path:
     from stream_rl.demo.tokenizer import build_tokenizer
     from stream_rl.models import save_model
 
+    torch.set_num_threads(1)  # the roles run as their own processes; the test process only builds the model
     tokenizer = build_tokenizer()
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,

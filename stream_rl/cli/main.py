@@ -12,6 +12,8 @@ from typing import Annotated
 
 import typer
 
+from stream_rl.cli import ops_cmds
+from stream_rl.cli import plan as plan_cmd
 from stream_rl.cli import roles
 from stream_rl.cli import run as run_cmd
 from stream_rl.cli.common import BootstrapOpt, ConfigOpt, DryRunOpt, RunOpt, SetOpt, fail, resolve
@@ -28,6 +30,9 @@ app.command("produce")(roles.produce)
 app.command("score")(roles.score)
 app.command("train")(roles.train)
 app.command("run")(run_cmd.run)
+app.command("plan")(plan_cmd.plan)
+app.command("doctor")(ops_cmds.doctor)
+app.command("report")(ops_cmds.report)
 
 
 @broker_app.command("up")

@@ -1,4 +1,4 @@
-"""CLI commands that start the pipeline roles: produce, score, train, and `prompts load`, `demo init`.
+"""CLI commands that start the pipeline roles: produce, score, train, and `prompts validate|load`, `demo init`.
 
 Each role command resolves the config, installs SIGTERM/SIGINT handlers that ask the loop to stop after its
 current batch (outputs flushed and committed), and runs the role's thin loop. Heavy imports happen here, after
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -18,7 +19,8 @@ from stream_rl.cli.common import BootstrapOpt, ConfigOpt, DryRunOpt, RunOpt, Set
 
 InstanceOpt = Annotated[int | None, typer.Option("--instance", help="index of this process within its role "
                                                  "(used in its id)")]
-prompts_app = typer.Typer(help="Prompt data: load a JSON-lines file onto the prompts topic.", no_args_is_help=True)
+prompts_app = typer.Typer(help="Prompt data: check a JSON-lines or Parquet file, load it onto the prompts topic.",
+                          no_args_is_help=True)
 demo_app = typer.Typer(help="The built-in demo (tiny model, 2-digit addition, verifier).", no_args_is_help=True)
 
 
@@ -92,25 +94,94 @@ def train(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt
     run_trainer(cfg, stop_event=stop_on_signals(), resume=resume)
 
 
+class Dedup(str, Enum):
+    exact = "exact"
+    normalized = "normalized"
+    none = "none"
+
+
+PromptFileArg = Annotated[Path, typer.Argument(help="JSON lines (.jsonl/.json) or Parquet (.parquet) with text, "
+                                               "prompt_id?, answer?, metadata? (docs/prompts.md)")]
+DedupOpt = Annotated[Dedup, typer.Option(help="drop later rows with the same prompt_id or text (exact), also the "
+                                         "same NFKC/casefold/whitespace-normalized text (normalized), or none")]
+MinCharsOpt = Annotated[int, typer.Option(min=0, help="drop texts shorter than this (code points)")]
+MaxCharsOpt = Annotated[int | None, typer.Option(min=1, help="drop texts longer than this (code points)")]
+MaxTokensOpt = Annotated[int | None, typer.Option(min=1, help="drop texts with more tokens (needs --tokenizer)")]
+TokenizerOpt = Annotated[Path | None, typer.Option(help="tokenizer directory used to count tokens")]
+StrictOpt = Annotated[bool, typer.Option(help="unknown fields are errors, not warnings")]
+
+
+def _check_prompts(file: Path, dedup: Dedup, min_chars: int, max_chars: int | None, max_tokens: int | None,
+                   tokenizer: Path | None, strict: bool):
+    """The report on ``file`` with these options; exit 2 for bad options or a missing or unknown file."""
+    from stream_rl.prompts import CheckOptions, PromptFileError, check_prompt_file, token_counter
+
+    counter = None
+    if tokenizer is not None:
+        from stream_rl.models.loading import ModelLoadError
+
+        try:
+            counter = token_counter(tokenizer)
+        except ModelLoadError as exc:
+            fail(f"prompts: {exc}", 2)
+    try:
+        options = CheckOptions(dedup=dedup.value, min_chars=min_chars, max_chars=max_chars, max_tokens=max_tokens,
+                               count_tokens=counter, strict=strict)
+        return check_prompt_file(file, options)
+    except (PromptFileError, ValueError) as exc:  # bad options, a missing file or an unknown format
+        fail(f"prompts: {exc}", 2)
+
+
+@prompts_app.command("validate")
+def prompts_validate(file: PromptFileArg, dedup: DedupOpt = Dedup.exact, min_chars: MinCharsOpt = 1,
+                     max_chars: MaxCharsOpt = None, max_tokens: MaxTokensOpt = None, tokenizer: TokenizerOpt = None,
+                     strict: StrictOpt = False,
+                     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+                     show: Annotated[int, typer.Option(min=1, help="entries listed per section (text)")] = 20) -> None:
+    """Check a prompt file as `prompts load` would: stats, dropped rows, errors by line. Exit 0 valid, 2 not."""
+    import json
+
+    from stream_rl.prompts import render_report
+
+    report = _check_prompts(file, dedup, min_chars, max_chars, max_tokens, tokenizer, strict)
+    typer.echo(json.dumps(report.to_dict(), indent=2) if json_out else render_report(report, show))
+    raise typer.Exit(0 if report.valid else 2)
+
+
 @prompts_app.command("load")
-def prompts_load(file: Annotated[Path, typer.Argument(help="JSON lines: {prompt_id?, text, answer?, metadata?}")],
+def prompts_load(file: PromptFileArg,
                  epochs: Annotated[int, typer.Option(help="passes over the file")] = 1,
                  group_size: Annotated[int, typer.Option(help="samples per prompt")] = 8,
-                 seed: Annotated[int, typer.Option(help="shuffle seed (per epoch: seed + epoch)")] = 0,
+                 seed: Annotated[int, typer.Option(help="shuffle seed (epoch e uses seed + e)")] = 0,
+                 shuffle: Annotated[bool, typer.Option(help="shuffle each epoch (else file order)")] = True,
+                 dedup: DedupOpt = Dedup.exact, min_chars: MinCharsOpt = 1, max_chars: MaxCharsOpt = None,
+                 max_tokens: MaxTokensOpt = None, tokenizer: TokenizerOpt = None, strict: StrictOpt = False,
                  config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt = None,
                  run: RunOpt = None, dry_run: DryRunOpt = False) -> None:
-    """Validate a prompt file, then publish one record per (prompt, epoch); nothing is sent if it is invalid."""
-    from stream_rl.prompts import PromptFileError, prompt_messages, publish_prompts, read_prompt_file
+    """Check the whole file, filter and dedup, then publish one record per (prompt, epoch).
+
+    Nothing is published when the file has an error: exit 2 naming the first errors with their line numbers.
+    """
+    from stream_rl.prompts import PromptFileError, prompt_messages, publish_prompts
     from stream_rl.transport.client import Transport
 
     cfg = resolve(config, set_, _role_flags(bootstrap, run), dry_run)
+    report = _check_prompts(file, dedup, min_chars, max_chars, max_tokens, tokenizer, strict)
+    if not report.valid:
+        fail(f"prompts load: {file} is invalid, nothing published:\n{report.error_summary()}", 2)
     try:
-        messages = prompt_messages(read_prompt_file(file), epochs, group_size, seed)
+        messages = prompt_messages(report.rows, epochs, group_size, seed, shuffle)
     except PromptFileError as exc:
-        fail(str(exc), 2)
+        fail(f"prompts load: {exc}, nothing published", 2)
+    st = report.stats
+    dropped = ", ".join(f"{reason} {n}" for reason, n in sorted(st.dropped.items())) or "none"
+    typer.echo(f"{file}: {st.rows} {report.unit}s, {st.valid} valid, {st.kept} kept (dropped: {dropped}); "
+               f"{len(report.warnings)} warnings")
     transport = Transport(cfg, "prompts")
     transport.ensure_topics()
-    typer.echo(f"published {publish_prompts(transport, messages)} prompts to {transport.names.prompts}")
+    sent = publish_prompts(transport, messages)
+    typer.echo(f"published {sent} prompts ({st.kept} x {epochs} epochs, group size {group_size}) to "
+               f"{transport.names.prompts}")
 
 
 @demo_app.command("init")

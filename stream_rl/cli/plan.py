@@ -1,0 +1,85 @@
+"""``stream-rl plan``: estimate per-GPU memory of every role and recommend colocated or separate placement.
+
+The model comes from a Hugging Face ``config.json`` (``--config-json``) or a parameter count (``--params 7e9``;
+activations, logits and KV cache then stay out of the totals). Invalid options exit 2 with one line naming the
+option. The planner is pure Python: no torch import, no GPU needed. Formulas: ``docs/planner.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from stream_rl.cli.common import fail
+
+# PlanInputs fields whose option name is not "--" + field.replace("_", "-").
+_OPTION_OF_FIELD = {"model": "--config-json", "master_weights": "--master-weights"}
+
+
+def _option_error(exc: ValidationError) -> str:
+    """The first validation error as one line, led by the option it concerns."""
+    err = exc.errors()[0]
+    message = str(err["msg"]).removeprefix("Value error, ")
+    if not err["loc"]:
+        return message
+    field = str(err["loc"][0])
+    return f"{_OPTION_OF_FIELD.get(field, '--' + field.replace('_', '-'))}: {message}"
+
+
+def _load_shape(path: Path):
+    from stream_rl.planner import shape_from_hf_config
+
+    try:
+        return shape_from_hf_config(json.loads(path.read_text()))
+    except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
+        fail(f"--config-json: {path}: {exc}", 2)
+
+
+def plan(
+    config_json: Annotated[Path | None, typer.Option("--config-json", help="the model's Hugging Face config.json "
+                                                     "(Llama, Mistral, Qwen2/3, GPT-2)")] = None,
+    params: Annotated[float | None, typer.Option(help="parameter count instead of a config, e.g. 7e9")] = None,
+    dtype: Annotated[str, typer.Option(help="training and inference dtype: fp32, bf16, fp16")] = "bf16",
+    optimizer: Annotated[str, typer.Option(help="adamw or sgd (with momentum)")] = "adamw",
+    master_weights: Annotated[bool | None, typer.Option(
+        "--master-weights/--no-master-weights", help="fp32 master weights (default: on for 16-bit dtypes)")] = None,
+    zero_stage: Annotated[int, typer.Option(help="ZeRO stage 0-3 (0: plain data parallel)")] = 0,
+    gpus: Annotated[int, typer.Option(help="GPUs available")] = 1,
+    gpu_memory_gib: Annotated[float, typer.Option(help="memory of one GPU in GiB")] = 80.0,
+    micro_batch: Annotated[int, typer.Option(help="trainer sequences per forward/backward per GPU")] = 1,
+    seq_len: Annotated[int | None, typer.Option(help="trainer sequence length (default: prompt + new)")] = None,
+    gen_batch: Annotated[int, typer.Option(help="sequences one generator holds at once")] = 64,
+    prompt_len: Annotated[int, typer.Option(help="prompt tokens")] = 512,
+    max_new_tokens: Annotated[int, typer.Option(help="response token budget")] = 1024,
+    grad_checkpointing: Annotated[bool, typer.Option(help="full activation recomputation")] = True,
+    flash_attention: Annotated[bool, typer.Option(help="fused attention (no s^2 scores kept)")] = True,
+    reference: Annotated[bool, typer.Option(help="a frozen reference model for the KL term")] = True,
+    reward_model_params: Annotated[float, typer.Option(help="parameters of a reward model (0: rule-based)")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+) -> None:
+    """Estimate per-GPU memory (weights, gradients, optimizer, activations, KV cache, reference/reward models) with
+    20% headroom, and recommend colocated or separate placement of trainer, generator and scorer."""
+    from stream_rl.planner import PlanInputs, make_plan, render_table
+
+    if (config_json is None) == (params is None):
+        fail("give exactly one of --config-json and --params", 2)
+    for option, value in (("--params", params), ("--reward-model-params", reward_model_params)):
+        if value is not None and not math.isfinite(value):
+            fail(f"{option}: must be a finite number, got {value}", 2)
+    shape = _load_shape(config_json) if config_json is not None else None
+    try:
+        inputs = PlanInputs(
+            model=shape, params=None if params is None else round(params), dtype=dtype, optimizer=optimizer,
+            master_weights=master_weights, zero_stage=zero_stage, gpus=gpus, gpu_memory_gib=gpu_memory_gib,
+            micro_batch=micro_batch, seq_len=seq_len, gen_batch=gen_batch, prompt_len=prompt_len,
+            max_new_tokens=max_new_tokens, grad_checkpointing=grad_checkpointing, flash_attention=flash_attention,
+            reference=reference, reward_model_params=round(reward_model_params))
+    except ValidationError as exc:
+        fail(_option_error(exc), 2)
+    result = make_plan(inputs)
+    typer.echo(json.dumps(result.to_dict(), indent=2) if as_json else render_table(result))

@@ -1,0 +1,13 @@
+"""Memory and placement planner for ``stream-rl plan`` (formulas and sources in ``docs/planner.md``).
+
+- :mod:`~stream_rl.planner.model_size`: parameter counts from a Hugging Face ``config.json``.
+- :mod:`~stream_rl.planner.memory`: one pure function per memory formula, in bytes.
+- :mod:`~stream_rl.planner.plan`: :class:`PlanInputs` -> :func:`make_plan` -> :class:`Plan`, and the table renderer.
+
+Pure Python: importing the planner imports neither torch nor transformers.
+"""
+
+from stream_rl.planner.model_size import ModelShape, count_params, shape_from_hf_config
+from stream_rl.planner.plan import Plan, PlanInputs, make_plan, render_table
+
+__all__ = ["ModelShape", "Plan", "PlanInputs", "count_params", "make_plan", "render_table", "shape_from_hf_config"]

@@ -1,0 +1,53 @@
+"""Turning checked prompt rows into Prompt records, epoch by epoch, and publishing them.
+
+Consumes: :class:`~stream_rl.prompts.schema.PromptRow` lists (already checked), epochs, group size and a seed.
+Produces: :class:`schemas.Prompt` messages, one per (prompt, epoch), and their records on the run's prompts topic,
+keyed by ``prompt_id`` (so every epoch and attempt of a prompt shares one partition).
+Guarantees: all records are built and validated (``schemas.validate``) before the first one is sent; epoch ``e``
+is shuffled with ``random.Random(seed + e)`` (or kept in file order with ``shuffle=False``), so the same rows,
+seed and epochs always give the same sequence; :func:`publish_prompts` returns only after the broker
+acknowledged every record (a failed send raises).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from schemas import Prompt, SchemaError, validate
+from stream_rl.prompts.schema import PromptFileError, PromptRow
+
+
+def prompt_messages(rows: Sequence[PromptRow], epochs: int, group_size: int, seed: int = 0,
+                    shuffle: bool = True) -> list[Prompt]:
+    """Prompt records for ``epochs`` passes over ``rows``: epoch 0 first, each epoch in its own shuffled order."""
+    if epochs < 1:
+        raise PromptFileError(f"epochs must be >= 1, got {epochs}")
+    if group_size < 1:
+        raise PromptFileError(f"group_size must be >= 1, got {group_size}")
+    for row in rows:
+        try:
+            validate(Prompt(prompt_id=row.prompt_id, epoch=0, text=row.text, answer=row.answer,
+                            metadata=row.metadata, group_size=group_size))
+        except SchemaError as exc:
+            raise PromptFileError(f"line {row.line}: {exc}") from None
+    out = []
+    for epoch in range(epochs):
+        order = list(rows)
+        if shuffle:
+            random.Random(seed + epoch).shuffle(order)
+        out.extend(Prompt(prompt_id=r.prompt_id, epoch=epoch, text=r.text, answer=r.answer, metadata=dict(r.metadata),
+                          group_size=group_size) for r in order)
+    return out
+
+
+def publish_prompts(transport, messages: Sequence[Prompt]) -> int:
+    """Send ``messages`` keyed by prompt_id and wait for the broker's acknowledgements; returns how many."""
+    sink = transport.sink()
+    try:
+        for msg in messages:
+            sink.send(transport.names.prompts, msg, key=msg.prompt_id)
+        sink.flush()
+    finally:
+        sink.close()
+    return len(messages)

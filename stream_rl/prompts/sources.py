@@ -1,0 +1,114 @@
+"""Prompt-file formats: JSON lines and Parquet, read record by record with their line or row numbers.
+
+Consumes: a path whose suffix names the format (``.jsonl``/``.json``/``.ndjson``: JSON lines; ``.parquet``/
+``.pq``: Parquet, read with pyarrow).
+Produces: ``(number, record)`` pairs in file order, where ``number`` is the 1-based physical line (JSON lines;
+blank lines are skipped but still counted) or the 1-based row (Parquet), and ``record`` is the decoded object or
+a :class:`~stream_rl.prompts.schema.Problem` when the line cannot be decoded (number 0: the whole file).
+Guarantees: reading streams (a JSON-lines file is never held in memory whole; Parquet is read in batches); a
+line that is not UTF-8, not JSON, or repeats a key is a problem of that line and reading goes on; Parquet
+``map`` and ``struct`` values of ``metadata`` become plain dicts (a struct's null members are dropped, since a
+struct column carries every key seen in any row).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from stream_rl.prompts.schema import Problem, PromptFileError
+
+FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+"""File suffix -> format; a ``.json`` file must hold JSON lines (one object per line), not one array."""
+
+Record = tuple[int, object]
+
+_PARQUET_BATCH_ROWS = 4096
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def file_format(path: Path) -> str:
+    """``"jsonl"`` or ``"parquet"`` from the suffix; :class:`PromptFileError` for a missing file or other suffix."""
+    path = Path(path)
+    if not path.is_file():
+        raise PromptFileError(f"prompt file not found: {path}")
+    fmt = FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise PromptFileError(f"{path}: unknown prompt file format {path.suffix!r} "
+                              f"(expected one of {', '.join(sorted(FORMATS))})")
+    return fmt
+
+
+def iter_records(path: Path, fmt: str) -> Iterator[Record]:
+    """Every record of the file with its line (JSON lines) or row (Parquet) number, in order."""
+    return _jsonl_records(Path(path)) if fmt == "jsonl" else _parquet_records(Path(path))
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def _decode_line(raw: bytes, lineno: int) -> object:
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return Problem(lineno, None, f"not UTF-8 (byte {exc.start + 1})")
+    if not line.strip():
+        return None
+    try:
+        return json.loads(line, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        return Problem(lineno, exc.key, "appears twice in the object")
+    except json.JSONDecodeError as exc:
+        hint = " (a JSON array is not supported: write one object per line)" if line.lstrip().startswith("[") \
+            and lineno == 1 else ""
+        return Problem(lineno, None, f"not JSON: {exc.msg} at column {exc.colno}{hint}")
+
+
+def _jsonl_records(path: Path) -> Iterator[Record]:
+    with path.open("rb") as handle:
+        for lineno, raw in enumerate(handle, start=1):
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]  # UTF-8 byte order mark
+            record = _decode_line(raw, lineno)
+            if record is not None:
+                yield lineno, record
+
+
+def _parquet_records(path: Path) -> Iterator[Record]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+        metadata_type = next((f.type for f in parquet.schema_arrow if f.name == "metadata"), None)
+        row = 0
+        for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS):
+            for record in batch.to_pylist():
+                row += 1
+                if metadata_type is not None and record.get("metadata") is not None:
+                    record["metadata"] = _plain_metadata(record["metadata"], metadata_type)
+                yield row, record
+    except (pa.ArrowException, OSError) as exc:
+        yield 0, Problem(0, None, f"not a readable Parquet file: {type(exc).__name__}: {str(exc)[:200]}")
+
+
+def _plain_metadata(value: object, arrow_type) -> object:
+    import pyarrow as pa
+
+    if pa.types.is_map(arrow_type):
+        return dict(value)  # a map value arrives as a list of (key, value) pairs
+    if pa.types.is_struct(arrow_type):
+        return {key: item for key, item in value.items() if item is not None}
+    return value

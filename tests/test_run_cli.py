@@ -1,0 +1,57 @@
+"""`stream-rl run` supervision: a role that dies stops the run, which exits non-zero naming the role."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.broker
+
+
+def test_run_names_the_role_that_died_and_stops_the_others(broker, tmp_path, run_name):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt_id": f"p{i}", "text": f"{i}+1=", "answer": str(i + 1)}) + "\n"
+                               for i in range(4)))
+    missing = tmp_path / "no-such-model"
+    cmd = [sys.executable, "-m", "stream_rl.cli.main", "run", "--bootstrap", broker.bootstrap, "--run", run_name,
+           "--max-steps", "3", "--set", "run.demo_dir=null", "--set", f"run.prompts_file={prompts}", "--set", "run.epochs=10",
+           "--set", f"run_dir={tmp_path / 'run'}", "--set", f"trainer.model_dir={missing}",
+           "--set", f"producer.model_dir={missing}", "--set", "scorer.reward_fn=stream_rl.demo.task:addition_reward"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "run failed: role " in result.stderr
+    died = result.stderr.split("run failed: role ")[1].split()[0]
+    assert died in {"train-0", "produce-0"}
+    log = (tmp_path / "run" / "logs" / f"{died}.log").read_text()
+    assert str(missing) in log  # the role's own error names the missing directory
+    assert ": 40 prompts loaded" in result.stdout  # 4 prompts x run.epochs (10)
+
+
+def test_run_dry_run_fills_demo_paths(tmp_path):
+    from typer.testing import CliRunner
+
+    from stream_rl.cli.main import app
+
+    out = CliRunner().invoke(app, ["run", "--dry-run", "--set", f"run.demo_dir={tmp_path / 'demo'}",
+                                   "--set", "producer.temperature=0.7"])
+    assert out.exit_code == 0, out.output
+    cfg = json.loads(out.output)
+    assert cfg["producer"]["model_dir"] == str(tmp_path / "demo" / "policy")
+    assert cfg["scorer"]["reference_model_dir"] == str(tmp_path / "demo" / "reference")
+    assert cfg["run"]["prompts_file"] == str(tmp_path / "demo" / "prompts.jsonl")
+    assert cfg["producer"]["temperature"] == 0.7
+    assert cfg["topics"]["run"].startswith("demo-")  # every run gets its own topics
+
+
+def test_run_without_a_step_budget_is_refused():
+    from typer.testing import CliRunner
+
+    from stream_rl.cli.main import app
+
+    out = CliRunner().invoke(app, ["run", "--set", "run.demo_dir=null", "--set", "run.prompts_file=x.jsonl"])
+    assert out.exit_code == 2 and "trainer.max_steps" in out.output

@@ -31,3 +31,8 @@ broker-down:
 
 clean:
 	rm -rf runs .stream-rl .pytest_cache
+
+# The benchmark suite (bench/): starts its own local broker, writes bench/results.json and regenerates
+# docs/benchmarks.md. NAMES=weights runs one benchmark; BENCH_ARGS=--quick the small sizes.
+bench: install
+	$(PY) -m bench.run $(NAMES) $(BENCH_ARGS)

@@ -20,7 +20,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -100,12 +99,6 @@ def bad_figures(figures: Mapping[str, Any]) -> list[str]:
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0]
 
 
-def timed(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 # ---------------------------------------------------------------- the machine
 
 
@@ -164,6 +157,10 @@ def _gpu() -> str:
     if torch.cuda.is_available():
         return ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
     return "none"
+
+
+MACHINE_KEYS = ("cpu", "cores", "memory", "gpu", "os", "python", "torch", "transformers", "vllm", "kafka-python",
+                "msgpack", "safetensors", "broker")
 
 
 def machine_info() -> dict[str, str]:
@@ -259,9 +256,11 @@ def _machine_section(results: Mapping[str, Any]) -> str:
     if not measured:
         return "## Machine\n\nNothing measured yet.\n"
     newest = max(measured, key=lambda r: r.get("measured_at", ""))
-    rows = [[key, value] for key, value in newest["machine"].items()]
-    return ("## Machine\n\n" + md_table(["", "measured on"], rows) + "\n\nThe machine is shared: other jobs ran "
-            "on its cores during the measurements, which is why only same-run ratios are reported.\n")
+    machine = newest["machine"]
+    order = [key for key in MACHINE_KEYS if key in machine] + sorted(set(machine) - set(MACHINE_KEYS))
+    rows = [[key, machine[key]] for key in order]
+    return ("## Machine\n\n" + md_table(["", "measured on"], rows) + "\n\nThe machine is shared: other jobs may run "
+            "on its cores during a measurement, which is why only same-run ratios are reported.\n")
 
 
 def _summary(results: Mapping[str, Any], specs: Sequence[BenchSpec]) -> str:
@@ -272,9 +271,8 @@ def _summary(results: Mapping[str, Any], specs: Sequence[BenchSpec]) -> str:
             rows.append([str(spec.number), spec.title, "not yet measured", "–"])
             continue
         module = importlib.import_module(spec.module)
-        mode = "quick" if result.get("mode") != "full" else "full"
         rows.append([str(spec.number), f"[{spec.title}](#{spec.number}-{_anchor(spec.title)})",
-                     module.headline(result), f"{result.get('measured_at', '?')} ({mode})"])
+                     module.headline(result), f"{result.get('measured_at', '?')} ({result.get('mode', '?')})"])
     return "## Summary\n\n" + md_table(["#", "benchmark", "headline", "measured"], rows) + "\n"
 
 

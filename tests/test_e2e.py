@@ -63,3 +63,16 @@ def test_run_trains_the_demo_and_reward_rises(demo_build, broker, tmp_path, run_
     assert sorted(p.name for p in (run_dir / "logs").iterdir()) == ["produce-0.log", "score-0.log", "train-0.log"]
     assert [pid for pid in _children_of_run(run_dir) if _alive(pid)] == []
     assert (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir())
+    # `stream-rl report` on this real run directory: one non-empty PNG per panel plus the overview, all inlined
+    from typer.testing import CliRunner
+
+    from stream_rl.cli.main import app
+
+    report = CliRunner().invoke(app, ["report", str(run_dir)])
+    assert report.exit_code == 0, report.output
+    pngs = sorted((run_dir / "report").glob("*.png"))
+    assert len(pngs) == 11, [p.name for p in pngs]  # 10 panels (every metric group is present) + overview
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1024 for p in pngs)
+    page = (run_dir / "report" / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == len(pngs) and "<script" not in page
+    assert f"steps: {STEPS} (step 1 .. {STEPS})" in report.stdout

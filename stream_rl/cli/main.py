@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from stream_rl.cli import bench_cmd
 from stream_rl.cli import ops_cmds
 from stream_rl.cli import plan as plan_cmd
 from stream_rl.cli import roles
@@ -33,6 +34,7 @@ app.command("run")(run_cmd.run)
 app.command("plan")(plan_cmd.plan)
 app.command("doctor")(ops_cmds.doctor)
 app.command("report")(ops_cmds.report)
+app.command("bench")(bench_cmd.bench)
 
 
 @broker_app.command("up")

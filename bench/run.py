@@ -1,0 +1,165 @@
+"""Entry point of the benchmark suite: ``python -m bench.run [NAMES...] [--quick] [--out FILE] [--json FILE]``.
+
+Consumes: benchmark names (default: every implemented one), a size mode, and optionally ``--bootstrap`` to use a
+running broker instead of starting one.
+Produces: the benchmarks' results merged into the JSON file (a benchmark run now replaces its earlier entry, the
+others are kept) and ``docs/benchmarks.md`` regenerated from it; a one-line headline per benchmark on stdout.
+Guarantees: unknown names (and names of benchmarks not implemented yet) exit 2 before anything starts; the local
+broker it starts lives in a temporary state directory and is stopped by its recorded PID even when a benchmark
+fails; ``--quick`` writes ``bench/results.quick.json`` and no Markdown unless ``--out`` is given, so a quick run
+never replaces the full figures in the docs; ``--render`` regenerates the Markdown from the JSON without measuring.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    MIN_REPEATS, BenchContext, BenchSpec, bad_figures, load_results, machine_info, render_doc, write_results,
+    write_text,
+)
+
+BENCHMARKS: tuple[BenchSpec, ...] = (
+    BenchSpec("transport", 1, "Transport capacity", "bench.transport",
+              "Scored rollouts of 1,024 response tokens per second through the project's codec, Sink, the local "
+              "broker and a Source that decodes and validates them, against raw kafka-python records of the same "
+              "bytes on the same broker; plus the codec alone against plain msgpack."),
+    BenchSpec("pipeline", 2, "Pipeline efficiency", None,
+              "Each stage alone (generate, score, train; tokens/s) on the demo model against the streaming "
+              "pipeline's trained tokens/s: ratio of pipeline throughput to the slowest stage."),
+    BenchSpec("async", 3, "Asynchronous vs synchronous", None,
+              "Lock-step (`max_lag=0`) against streaming with `max_lag` 1, 2, 4: wall time to a fixed number of "
+              "trained samples and the reward reached; speed-up against its ideal on this machine."),
+    BenchSpec("weights", 4, "Weight broadcast", "bench.weights",
+              "From the trainer starting to publish version v+1 to a producer holding the verified tensors, for "
+              "10 MB, 100 MB and 1 GB state dicts, inline and store modes, against safetensors save + load of the "
+              "same tensors to local disk."),
+    BenchSpec("offpolicy", 5, "Off-policy robustness", None,
+              "Final reward on the demo task at `max_lag` 0, 2, 4, 8 with the off-policy correction on and off "
+              "(three seeds each, fixed sample budget)."),
+    BenchSpec("scorers", 6, "Scorer scale-out", None,
+              "Scorer-bound throughput with 1 and 2 scorer processes in one consumer group (reward model on, "
+              "producers faster than scorers)."),
+)
+BY_NAME = {spec.name: spec for spec in BENCHMARKS}
+ROOT = Path(__file__).resolve().parent.parent
+"""The repository root (bench/ is installed editable, so this holds from any working directory)."""
+DEFAULT_JSON = ROOT / "bench" / "results.json"
+QUICK_JSON = ROOT / "bench" / "results.quick.json"
+DEFAULT_OUT = ROOT / "docs" / "benchmarks.md"
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", metavar="NAME",
+                        help=f"benchmarks to run (default: every implemented one): {', '.join(BY_NAME)}")
+    parser.add_argument("--quick", action="store_true", help="small sizes (under a minute for each benchmark)")
+    parser.add_argument("--tiny", action="store_true", help="smallest sizes, for the test suite: figures mean nothing")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"Markdown report to regenerate (default: {DEFAULT_OUT}; none with --quick/--tiny)")
+    parser.add_argument("--json", type=Path, default=None,
+                        help=f"raw results to merge into (default: {DEFAULT_JSON}; {QUICK_JSON} with --quick)")
+    parser.add_argument("--repeats", type=int, default=MIN_REPEATS, help=f"rounds per figure (>= {MIN_REPEATS})")
+    parser.add_argument("--bootstrap", default=None, help="use this running broker instead of starting one")
+    parser.add_argument("--render", action="store_true",
+                        help="only regenerate the Markdown from the JSON results (after editing a reading)")
+    return parser.parse_args(list(argv))
+
+
+def select(names: Sequence[str]) -> list[BenchSpec] | str:
+    """The specs to run, or the reason the names are refused."""
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown:
+        return f"unknown benchmark(s): {', '.join(unknown)} (known: {', '.join(BY_NAME)})"
+    pending = [n for n in names if BY_NAME[n].module is None]
+    if pending:
+        return f"benchmark(s) not implemented yet: {', '.join(pending)}"
+    wanted = set(names) or {s.name for s in BENCHMARKS if s.module is not None}
+    return [spec for spec in BENCHMARKS if spec.name in wanted]
+
+
+def _run_one(spec: BenchSpec, ctx: BenchContext, command: str, machine: dict[str, str]) -> dict[str, Any]:
+    module = importlib.import_module(spec.module)
+    started = time.monotonic()
+    result = module.run(ctx)
+    bad = bad_figures(result["figures"])
+    if bad:
+        raise RuntimeError(f"benchmark {spec.name} produced figures that are not finite and positive: {bad}")
+    result.update(title=spec.title, number=spec.number, mode=ctx.mode, command=command, machine=machine,
+                  wall_s=time.monotonic() - started,
+                  measured_at=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+    return result
+
+
+def _with_broker(args: argparse.Namespace, workdir: Path, body) -> None:
+    """Call ``body(bootstrap, pid)`` with ``--bootstrap`` or a broker of our own, stopped by PID afterwards."""
+    if args.bootstrap:
+        body(args.bootstrap, None)
+        return
+    from stream_rl import broker
+    from stream_rl.config import BrokerConfig
+
+    cfg = BrokerConfig(state_dir=workdir / "broker")
+    state = broker.up(cfg)
+    try:
+        body(state.bootstrap, state.pid)
+    finally:
+        broker.down(cfg)
+
+
+def run(args: argparse.Namespace, specs: list[BenchSpec], command: str) -> dict[str, Any]:
+    """Run ``specs`` and merge them into the results file; return the merged results."""
+    mode = "tiny" if args.tiny else "quick" if args.quick else "full"
+    json_path = args.json or (DEFAULT_JSON if mode == "full" else QUICK_JSON)
+    results = load_results(json_path)
+    machine = machine_info()
+
+    def body(bootstrap: str, pid: int | None) -> None:
+        for spec in specs:
+            ctx = BenchContext(bootstrap=bootstrap, mode=mode, workdir=workdir, broker_pid=pid,
+                               repeats=args.repeats)
+            ctx.log(f"== {spec.number}. {spec.title} ({mode})")
+            results["benchmarks"][spec.name] = _run_one(spec, ctx, command, machine)
+            write_results(json_path, results)  # keep what is done even if a later benchmark fails
+            module = importlib.import_module(spec.module)
+            print(f"{spec.number}. {spec.title}: {module.headline(results['benchmarks'][spec.name])}", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="stream-rl-bench-") as tmp:
+        workdir = Path(tmp)
+        _with_broker(args, workdir, body)
+    out = args.out or (DEFAULT_OUT if mode == "full" else None)
+    if out is not None:
+        write_text(out, render_doc(results, BENCHMARKS))
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    if args.repeats < MIN_REPEATS:
+        print(f"--repeats must be >= {MIN_REPEATS} (a median needs them)", file=sys.stderr)
+        return 2
+    specs = select(args.names)
+    if isinstance(specs, str):
+        print(specs, file=sys.stderr)
+        return 2
+    if args.render:
+        out = args.out or DEFAULT_OUT
+        write_text(out, render_doc(load_results(args.json or DEFAULT_JSON), BENCHMARKS))
+        print(f"regenerated {out}")
+        return 0
+    run(args, specs, "python -m bench.run " + shlex.join(argv) if argv else "python -m bench.run")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

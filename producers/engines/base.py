@@ -52,20 +52,25 @@ class Sample:
 class GenerationEngine(ABC):
     """Samples groups of responses from a policy whose weights can be replaced between calls."""
 
+    # Engines set these three in __init__ (and ``_version`` in ``load_weights``).
+    _version: int
+    _eos: int
+    _tokenizer: Any
+
     @property
-    @abstractmethod
     def version(self) -> int:
         """Policy version of the weights in use (0 for the weights loaded from the model directory)."""
+        return self._version
 
     @property
-    @abstractmethod
     def eos_token_id(self) -> int:
         """The stop token: sampling it ends a response (it is kept as the response's last token)."""
+        return self._eos
 
     @property
-    @abstractmethod
     def tokenizer(self) -> Any:
         """The policy's Hugging Face tokenizer (for tokenising prompts and decoding responses)."""
+        return self._tokenizer
 
     @property
     @abstractmethod

@@ -104,18 +104,6 @@ class HFEngine(GenerationEngine):
         return cls(model, tokenizer, version=version)
 
     @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def eos_token_id(self) -> int:
-        return self._eos
-
-    @property
-    def tokenizer(self):
-        return self._tokenizer
-
-    @property
     def max_model_len(self) -> int:
         return int(self.model.config.max_position_embeddings)
 

@@ -78,18 +78,6 @@ class VLLMEngine(GenerationEngine):
         self._version = version
 
     @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def eos_token_id(self) -> int:
-        return self._eos
-
-    @property
-    def tokenizer(self):
-        return self._tokenizer
-
-    @property
     def max_model_len(self) -> int:
         return self._max_model_len
 

@@ -1,4 +1,5 @@
-"""The ``stream-rl`` command line: broker lifecycle, topics, replay, config.
+"""The ``stream-rl`` command line: the roles, `run`, the local broker, topics, prompts, replay, config and tools
+(plan, doctor, report, bench).
 
 Each command resolves the config (defaults < file < ``STREAM_RL_*`` env < ``--set`` < named flags), exits 2 with
 one line naming the field when it is invalid, and prints the resolved config with ``--dry-run``. Heavy imports

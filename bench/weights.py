@@ -248,7 +248,8 @@ def reading(result: Mapping[str, Any]) -> str:
             f"in SHA-256: seven passes over every byte, since each chunk digest is computed twice when publishing "
             f"(by `WeightsChunk.from_data` and again by the codec's validation) and twice when fetching (codec "
             f"decode, then `check_chunk`), and the payload digest once when publishing and twice when fetching "
-            f"(`assemble`, then `decode_payload`). The rest is copies (joining the chunks, header + payload "
+            f"(`assemble`, then `decode_payload`; since this measurement the fetch hashes the payload once, in "
+            f"`assemble`). The rest is copies (joining the chunks, header + payload "
             f"concatenation) and safetensors decoding. The "
             f"memory store holds the whole version in the broker's RAM until its topic is deleted "
             f"(broker RSS {fmt(figures.get(f'{big}.inline_broker_rss_mb'))} MB while holding {big}).")
@@ -263,8 +264,8 @@ def reading(result: Mapping[str, Any]) -> str:
     paragraphs.append(
         "Inline broadcasts suit small policies (no shared filesystem needed) and the store suits large ones, "
         "which is what `weights.mode = \"auto\"` does by switching at 64 MiB. What would make broadcasts "
-        "cheaper: computing each digest once (the codec's chunk check and `check_chunk` repeat each other, as do "
-        "`assemble` and `decode_payload`), assembling chunks into one preallocated buffer, mapping the store file "
+        "cheaper: computing each chunk digest once (the codec's chunk check and `check_chunk` repeat each other), "
+        "assembling chunks into one preallocated buffer, mapping the store file "
         "instead of reading it, and bf16 or delta payloads (there are no delta updates yet: every version moves "
         "the full state dict). Not included in the figures: the producer's wait until its next poll of the "
         "weights topic, and loading the tensors into the engine.")

@@ -230,10 +230,10 @@ def check_payload(manifest: WeightsManifest, data: bytes | memoryview) -> None:
                                              f"{manifest.sha256}")
 
 
-def decode_payload(manifest: WeightsManifest, data: bytes) -> dict[str, torch.Tensor]:
-    """The tensors of a verified inline payload: header rebuilt from the manifest index, decoded by safetensors."""
-    check_payload(manifest, data)
-    return _load_checked(manifest, build_header(manifest.tensors) + bytes(data))
+def tensors_from_chunks(manifest: WeightsManifest, chunks: Iterable[WeightsChunk]) -> dict[str, torch.Tensor]:
+    """The tensors of an inline version: the chunks checked and assembled (which verifies the payload's size and
+    SHA-256), then decoded with the header rebuilt from the manifest index. The payload is hashed once."""
+    return _load_checked(manifest, build_header(manifest.tensors) + assemble(manifest, chunks))
 
 
 def tensors_from_file(manifest: WeightsManifest, file_bytes: bytes) -> dict[str, torch.Tensor]:

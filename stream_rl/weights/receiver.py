@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from schemas import SchemaError, WeightsChunk, WeightsManifest, decode
 from stream_rl.transport.client import highwaters, partitions_of
 from stream_rl.weights.config import WeightsConfig
-from stream_rl.weights.payload import WeightsError, assemble, decode_payload, tensors_from_file
+from stream_rl.weights.payload import WeightsError, tensors_from_chunks, tensors_from_file
 
 if TYPE_CHECKING:
     import torch
@@ -114,7 +114,7 @@ class WeightsReceiver:
         """Every tensor of ``manifest``'s version, verified; raises WeightsError instead of returning a part."""
         started = time.monotonic()
         if manifest.mode == "inline":
-            tensors = decode_payload(manifest, self._read_payload(manifest))
+            tensors = tensors_from_chunks(manifest, self._read_chunks_of(manifest))
         elif manifest.mode == "store":
             tensors = self._read_file(manifest)
         else:
@@ -123,7 +123,8 @@ class WeightsReceiver:
                  manifest.total_bytes, time.monotonic() - started)
         return tensors
 
-    def _read_payload(self, manifest: WeightsManifest) -> bytes:
+    def _read_chunks_of(self, manifest: WeightsManifest) -> list[WeightsChunk]:
+        """Every chunk record of ``manifest``'s version topic, bounded by ``fetch_timeout_s``."""
         deadline = time.monotonic() + self.cfg.fetch_timeout_s
         reader = self._transport.reader()
         try:
@@ -137,7 +138,7 @@ class WeightsReceiver:
                 chunks.extend(self._read_chunks(reader, tp, manifest, deadline))
         finally:
             reader.close()
-        return assemble(manifest, chunks)
+        return chunks
 
     def _read_chunks(self, reader, tp, manifest: WeightsManifest, deadline: float) -> list[WeightsChunk]:
         """Chunk records of one partition from offset 0 up to the high-water mark known when the read began."""

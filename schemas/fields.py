@@ -174,6 +174,20 @@ class Shape(FieldType):
         return [int(d) for d in value]
 
 
+class StrList(FieldType):
+    """A list of non-empty strings."""
+
+    def check(self, value: Any) -> None:
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+            raise _bad(f"expected an array of non-empty strings, got {value!r:.80}")
+
+    def to_wire(self, value: Any) -> list[str]:
+        return [str(v) for v in value]
+
+    def from_wire(self, raw: Any) -> Any:
+        return list(raw) if isinstance(raw, (list, tuple)) else raw
+
+
 class Optional(FieldType):
     """``inner`` or nil."""
 

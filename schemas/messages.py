@@ -346,8 +346,79 @@ class StaleRollout(Message):
     """Unix time of the drop."""
 
 
+ROLES = ("producer", "scorer", "trainer")
+"""The roles that publish heartbeats and alerts."""
+ROLE_STATES = ("starting", "ready", "paused", "stopping")
+"""A role's state in its heartbeat: ``ready`` = ``/readyz`` answers 200; ``paused`` = an alert paused consuming."""
+ALERT_STATES = ("firing", "resolved")
+ALERT_ACTIONS = ("log", "pause", "stop")
+"""What a firing alert does besides its record and log line: nothing more, stop consuming until it resolves, or
+exit non-zero after a final checkpoint."""
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Heartbeat(Message):
+    """One role process saying it is alive, every ``telemetry.heartbeat_interval_s``. The run's status topic,
+    key ``instance_id``. ``stream-rl status`` builds its view from these (the newest per instance)."""
+
+    KIND: ClassVar[str] = "heartbeat"
+
+    role: str
+    """One of :data:`ROLES`."""
+    instance_id: str
+    """The process's transport instance id, e.g. ``trainer-1a2b3c4d`` (``ID_PATTERN``)."""
+    host: str
+    """Host name (non-empty)."""
+    pid: int
+    """Process id (>= 0)."""
+    state: str
+    """One of :data:`ROLE_STATES`."""
+    policy_version: int
+    """The weights version the process holds (trainer: trains at; producer: generates with); -1 = none yet."""
+    step: int
+    """Trainer: optimizer steps done; producer and scorer: batches done (>= 0)."""
+    rates: dict[str, float] = field(default_factory=dict)
+    """Per-second rates over the last interval, e.g. ``records_in``, ``records_out``, ``tokens`` (finite)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Latest values worth showing: the trainer's last step metrics, ``lag/total``, ``process/rss_bytes`` (finite;
+    non-finite values are left out)."""
+    open_alerts: list[str] = field(default_factory=list)
+    """Names of this process's alerts that are firing."""
+    interval_s: float = 5.0
+    """Seconds until the next heartbeat; a reader treats an instance as gone after a few missed intervals."""
+    created_at: float = field(default_factory=_now)
+    """Unix time the heartbeat was sent."""
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Alert(Message):
+    """An alert firing or resolving. The run's alerts topic, key ``name``; also a log line."""
+
+    KIND: ClassVar[str] = "alert"
+
+    name: str
+    """Alert rule name, e.g. ``loss_nonfinite``, ``consumer_lag`` (non-empty)."""
+    state: str
+    """One of :data:`ALERT_STATES`."""
+    action: str
+    """One of :data:`ALERT_ACTIONS`: what the process does while it fires."""
+    role: str
+    """One of :data:`ROLES`."""
+    instance_id: str
+    """The process that raised it (``ID_PATTERN``)."""
+    message: str
+    """Human-readable: what was seen against which threshold (non-empty, never sample text)."""
+    value: float | None = None
+    """The observed value when finite (None for NaN/Inf or when not a number)."""
+    threshold: float | None = None
+    """The configured bound it crossed, when there is one."""
+    created_at: float = field(default_factory=_now)
+    """Unix time of the transition."""
+
+
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.KIND: cls
-    for cls in (Prompt, Rollout, ScoredRollout, WeightsManifest, WeightsChunk, DeadLetter, StaleRollout)
+    for cls in (Prompt, Rollout, ScoredRollout, WeightsManifest, WeightsChunk, DeadLetter, StaleRollout,
+                Heartbeat, Alert)
 }
 """Registry: wire ``kind`` -> message class."""

@@ -23,13 +23,14 @@ import numpy as np
 
 from schemas.errors import ROOT, SchemaError, wire_type_name
 from schemas.fields import (
-    Array, Bool, Bytes, Enum, FieldType, Float, Id, Int, Optional, Pattern, Shape, Spec, Str, StrMap,
+    Array, Bool, Bytes, Enum, FieldType, Float, Id, Int, Optional, Pattern, Shape, Spec, Str, StrList, StrMap,
     check_fields, fields_from_wire, fields_to_wire,
 )
 from schemas.ids import PROMPT_ID_MAX_LEN, SHA256_PATTERN, TOPIC_PATTERN, group_id_for, rollout_id_for
 from schemas.messages import (
-    MESSAGE_TYPES, SAFETENSORS_ITEMSIZE, DeadLetter, Message, Prompt, Rollout, ScoredRollout, StaleRollout,
-    TensorEntry, WeightsChunk, WeightsManifest, chunk_count_for,
+    ALERT_ACTIONS, ALERT_STATES, MESSAGE_TYPES, ROLE_STATES, ROLES, SAFETENSORS_ITEMSIZE, Alert, DeadLetter,
+    Heartbeat, Message, Prompt, Rollout, ScoredRollout, StaleRollout, TensorEntry, WeightsChunk, WeightsManifest,
+    chunk_count_for,
 )
 
 FINISH_REASONS = ("stop", "length", "abort")
@@ -188,6 +189,17 @@ SPECS: dict[type[Message], Spec] = {
         ("reason", Str(nonempty=True)), ("lag", _COUNT), ("max_lag", _COUNT), ("trainer_version", _COUNT),
         ("requeued", Bool()), ("created_at", _TIME),
     ),
+    Heartbeat: (
+        ("role", Enum(ROLES)), ("instance_id", _ID), ("host", Str(nonempty=True)), ("pid", _COUNT),
+        ("state", Enum(ROLE_STATES)), ("policy_version", Int(-1)), ("step", _COUNT), ("rates", StrMap(Float())),
+        ("metrics", StrMap(Float())), ("open_alerts", StrList()), ("interval_s", Float(greater_than=0.0)),
+        ("created_at", _TIME),
+    ),
+    Alert: (
+        ("name", Str(nonempty=True)), ("state", Enum(ALERT_STATES)), ("action", Enum(ALERT_ACTIONS)),
+        ("role", Enum(ROLES)), ("instance_id", _ID), ("message", Str(nonempty=True)),
+        ("value", Optional(Float())), ("threshold", Optional(Float())), ("created_at", _TIME),
+    ),
 }
 """Field specs by message class, in dataclass field order (= wire order after ``kind``, ``schema_version``)."""
 
@@ -270,6 +282,7 @@ def _no_rule(msg: Message) -> None:
 
 RULES: dict[type[Message], Callable[[Any], None]] = {
     Prompt: _no_rule, Rollout: _rollout_rule, ScoredRollout: _scored_rule, WeightsManifest: _manifest_rule,
-    WeightsChunk: _chunk_rule, DeadLetter: _no_rule, StaleRollout: _stale_rule,
+    WeightsChunk: _chunk_rule, DeadLetter: _no_rule, StaleRollout: _stale_rule, Heartbeat: _no_rule,
+    Alert: _no_rule,
 }
 """Cross-field rule by message class, run after every field passed its own checks."""

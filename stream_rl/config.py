@@ -34,7 +34,9 @@ class ConfigError(ValueError):
 from consumers.scorer.config import ScorerConfig  # noqa: E402
 from consumers.trainer.config import TrainerConfig  # noqa: E402
 from producers.config import ProducerConfig  # noqa: E402
+from stream_rl.alerts.config import AlertsConfig  # noqa: E402
 from stream_rl.config_base import Section as _Section  # noqa: E402
+from stream_rl.telemetry.config import TelemetryConfig  # noqa: E402
 from stream_rl.weights.config import WeightsConfig  # noqa: E402
 
 
@@ -126,6 +128,8 @@ class StreamRLConfig(_Section):
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     topics: TopicsConfig = Field(default_factory=TopicsConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
     producer: ProducerConfig = Field(default_factory=ProducerConfig)
     scorer: ScorerConfig = Field(default_factory=ScorerConfig)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from schemas import (
+    Alert, Heartbeat,
     ID_PATTERN, MESSAGE_TYPES, DeadLetter, Prompt, Rollout, SchemaError, ScoredRollout, StaleRollout, TensorEntry,
     WeightsChunk, WeightsManifest, chunk_count_for, decode, decode_array, encode, encode_array, group_id_for,
     message_kind, rollout_id_for, to_jsonable, validate, wire_dtype,
@@ -82,9 +83,34 @@ def make_stale() -> StaleRollout:
                         trainer_version=9, requeued=True, created_at=1.7e9)
 
 
+def make_heartbeat() -> Heartbeat:
+    return Heartbeat(role="trainer", instance_id="trainer-1a2b3c4d", host="node-1", pid=4242, state="ready",
+                     policy_version=7, step=14, rates={"records_in": 12.5, "tokens": 880.0},
+                     metrics={"loss/policy": -0.03, "lag/total": 3.0}, open_alerts=["consumer_lag"],
+                     interval_s=5.0, created_at=1.7e9)
+
+
+def make_alert() -> Alert:
+    return Alert(name="loss_nonfinite", state="firing", action="stop", role="trainer",
+                 instance_id="trainer-1a2b3c4d", message="loss/total is nan", value=None, threshold=None,
+                 created_at=1.7e9)
+
+
 MAKERS = {"prompt": make_prompt, "rollout": make_rollout, "scored_rollout": make_scored,
           "weights_manifest": lambda: make_manifest()[1], "weights_chunk": make_chunk,
-          "dead_letter": make_dead_letter, "stale_rollout": make_stale}
+          "dead_letter": make_dead_letter, "stale_rollout": make_stale, "heartbeat": make_heartbeat,
+          "alert": make_alert}
+
+
+def test_heartbeat_and_alert_reject_unknown_role_state_and_action():
+    import dataclasses as dc
+    for bad, field in ((dc.replace(make_heartbeat(), role="worker"), "heartbeat.role"),
+                       (dc.replace(make_heartbeat(), policy_version=-2), "heartbeat.policy_version"),
+                       (dc.replace(make_heartbeat(), open_alerts=[""]), "heartbeat.open_alerts"),
+                       (dc.replace(make_alert(), action="page"), "alert.action"),
+                       (dc.replace(make_alert(), value=float("nan")), "alert.value")):
+        with pytest.raises(SchemaError, match=field.replace(".", r"\.")):
+            encode(bad)
 
 
 def assert_same_value(got, want, where: str) -> None:

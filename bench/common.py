@@ -294,21 +294,30 @@ def _section(spec: BenchSpec, result: Mapping[str, Any] | None) -> str:
             + "**Reading.** " + module.reading(result).strip() + "\n")
 
 
-def _gpu_section(results: Mapping[str, Any]) -> str:
+GPU_JSON = Path(__file__).with_name("gpu_results.json")
+"""Where ``python -m bench.gpu --out DIR`` results go to be rendered (copy ``DIR/gpu_results.json`` here)."""
+
+
+def _gpu_section(results: Mapping[str, Any], gpu_json: Path | None) -> str:
+    if gpu_json is not None and gpu_json.is_file():
+        from bench.gpu import section
+
+        return "## GPU\n\n" + section(json.loads(gpu_json.read_text()))
     gpus = {r["machine"].get("gpu", "none") for r in results["benchmarks"].values() if r.get("machine")}
     named = sorted(g for g in gpus if not g.startswith("none"))
     if named:
         return f"## GPU\n\nMeasured with GPU(s): {', '.join(named)}.\n"
     return ("## GPU\n\nNo GPU was available in the sessions that produced these figures: everything above ran on "
-            "CPU. The GPU script (generation and trainer tokens/s with the HF engine, weight-broadcast time) has "
-            "not been run yet; its figures will be added here with the GPU named.\n")
+            "CPU. The GPU script (`python -m bench.gpu`: generation and trainer tokens/s with the HF engine, "
+            "weight-broadcast time) has not been run yet; its figures will be added here with the GPU named.\n")
 
 
-def render_doc(results: Mapping[str, Any], specs: Sequence[BenchSpec]) -> str:
-    """The whole of docs/benchmarks.md, from the results JSON and the benchmark modules' tables and readings."""
+def render_doc(results: Mapping[str, Any], specs: Sequence[BenchSpec], gpu_json: Path | None = GPU_JSON) -> str:
+    """The whole of docs/benchmarks.md, from the results JSON and the benchmark modules' tables and readings, and
+    the GPU section from ``gpu_json`` (``bench/gpu_results.json``) when that file exists."""
     parts = [_INTRO, _how_to_run(specs), _machine_section(results), _summary(results, specs)]
     parts += [_section(spec, results["benchmarks"].get(spec.name)) for spec in specs]
-    parts.append(_gpu_section(results))
+    parts.append(_gpu_section(results, gpu_json))
     return "\n".join(parts)
 
 

@@ -33,20 +33,20 @@ BENCHMARKS: tuple[BenchSpec, ...] = (
               "Scored rollouts of 1,024 response tokens per second through the project's codec, Sink, the local "
               "broker and a Source that decodes and validates them, against raw kafka-python records of the same "
               "bytes on the same broker; plus the codec alone against plain msgpack."),
-    BenchSpec("pipeline", 2, "Pipeline efficiency", None,
+    BenchSpec("pipeline", 2, "Pipeline efficiency", "bench.pipeline",
               "Each stage alone (generate, score, train; tokens/s) on the demo model against the streaming "
               "pipeline's trained tokens/s: ratio of pipeline throughput to the slowest stage."),
-    BenchSpec("async", 3, "Asynchronous vs synchronous", None,
+    BenchSpec("async", 3, "Asynchronous vs synchronous", "bench.async_sync",
               "Lock-step (`max_lag=0`) against streaming with `max_lag` 1, 2, 4: wall time to a fixed number of "
               "trained samples and the reward reached; speed-up against its ideal on this machine."),
     BenchSpec("weights", 4, "Weight broadcast", "bench.weights",
               "From the trainer starting to publish version v+1 to a producer holding the verified tensors, for "
               "10 MB, 100 MB and 1 GB state dicts, inline and store modes, against safetensors save + load of the "
               "same tensors to local disk."),
-    BenchSpec("offpolicy", 5, "Off-policy robustness", None,
+    BenchSpec("offpolicy", 5, "Off-policy robustness", "bench.offpolicy",
               "Final reward on the demo task at `max_lag` 0, 2, 4, 8 with the off-policy correction on and off "
               "(three seeds each, fixed sample budget)."),
-    BenchSpec("scorers", 6, "Scorer scale-out", None,
+    BenchSpec("scorers", 6, "Scorer scale-out", "bench.scorers",
               "Scorer-bound throughput with 1 and 2 scorer processes in one consumer group (reward model on, "
               "producers faster than scorers)."),
 )

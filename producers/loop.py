@@ -66,12 +66,15 @@ class _WeightsFollower:
         self.engine = engine
         self.stats = stats
         self._rejected: set[tuple[int, str]] = set()  # (version, sha256): a re-published fix is tried again
+        self.newest_seen = -1  # newest manifest version seen (staleness of the weights this producer holds)
 
     def update(self, timeout_s: float = 0.0, wait_for_newer: bool = False) -> None:
         """Load the newest verified version; with ``wait_for_newer``, wait up to ``timeout_s`` for one."""
         from stream_rl.weights.receiver import WeightsError
 
         manifest = self.receiver.poll_latest(timeout_s, newer_than=self.engine.version if wait_for_newer else None)
+        if manifest is not None:
+            self.newest_seen = max(self.newest_seen, manifest.version)
         if (manifest is None or manifest.version <= self.engine.version
                 or (manifest.version, manifest.sha256) in self._rejected):
             return
@@ -98,6 +101,7 @@ def run_producer(cfg, stop_event: threading.Event | None = None, max_batches: in
     engine built here is closed on return. ``stats`` is updated live (progress display) and returned.
     """
     from producers.engines import build_engine
+    from stream_rl.telemetry.role import RoleTelemetry
     from stream_rl.transport.client import Transport
 
     pcfg = producer_cfg if producer_cfg is not None else cfg.producer
@@ -115,10 +119,16 @@ def run_producer(cfg, stop_event: threading.Event | None = None, max_batches: in
     follower = _follower(transport, weights_cfg if weights_cfg is not None else getattr(cfg, "weights", None),
                          pcfg, engine, stats)
     stats.start_version = engine.version  # after the start-up catch-up: the backpressure budget counts from here
+    telemetry = RoleTelemetry(cfg, "producer", transport, group=group, topics=[transport.names.prompts])
+    telemetry.attach(source, sink).set_ready(model_loaded=True, version=engine.version)
     try:
         while not stop_event.is_set() and (max_batches is None or stats.batches < max_batches):
+            telemetry.tick()  # alerts: "stop" ends here, after the previous batch was committed
+            telemetry.check_stop()
+            source.paused = telemetry.paused
             if follower is not None and stats.batches % pcfg.weights_check_every_batches == 0:
                 follower.update()
+                telemetry.set_version(engine.version)
             if follower is not None and _over_budget(stats, engine, pcfg):
                 follower.update(timeout_s=pcfg.poll_timeout_s, wait_for_newer=True)  # backpressure
                 continue
@@ -132,14 +142,28 @@ def run_producer(cfg, stop_event: threading.Event | None = None, max_batches: in
                 _publish(result, records, source, sink, transport.names.rollouts)
             if not source.commit():
                 log.warning("lost the prompts' partitions before committing: the batch will be regenerated")
+                telemetry.error("CommitLost")
             _account(stats, result, engine)
+            _observe(telemetry, result, follower, engine)
+    except Exception as exc:
+        telemetry.error(type(exc).__name__)
+        raise
     finally:
-        for closable in (follower.receiver if follower else None, source, sink):
+        for closable in (telemetry, follower.receiver if follower else None, source, sink):
             if closable is not None:
                 closable.close()
         if own_engine:
             engine.close()
     return stats
+
+
+def _observe(telemetry, result: StepResult, follower: _WeightsFollower | None, engine: GenerationEngine) -> None:
+    """Per batch: generated tokens, generation time, and how many versions the weights held are behind."""
+    telemetry.tokens(int(result.metrics.get("producer/response_tokens", 0)))
+    telemetry.observe_seconds("generate", float(result.metrics.get("producer/generate_s", 0.0)))
+    telemetry.set_version(engine.version)
+    if follower is not None and follower.newest_seen >= 0:
+        telemetry.observe_staleness([max(0, follower.newest_seen - engine.version)])
 
 
 def _follower(transport, weights_cfg, pcfg: ProducerConfig, engine: GenerationEngine,

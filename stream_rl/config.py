@@ -18,7 +18,7 @@ import os
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
@@ -66,8 +66,21 @@ class KafkaConfig(_Section):
     acks: Literal["all", "1", "0"] = Field("all", description="producer acks; 'all' enables idempotence")
 
 
+_HOUR_MS = 3_600_000
+DEFAULT_RETENTION_MS = {
+    "prompts": -1,                  # the run's input: unconsumed prompts must not expire
+    "rollouts": 7 * 24 * _HOUR_MS,  # generated, not yet scored
+    "scored": 7 * 24 * _HOUR_MS,    # a resumed trainer re-reads from its checkpoint's offsets
+    "weights": -1,                  # manifests (small): a late joiner starts from the newest one
+    "weights_chunks": 24 * _HOUR_MS,  # inline payloads; old versions are also deleted by garbage collection
+    "dlq": 30 * 24 * _HOUR_MS, "stale": 30 * 24 * _HOUR_MS, "alerts": 30 * 24 * _HOUR_MS,
+    "status": 24 * _HOUR_MS,        # heartbeats: only the recent ones matter
+}
+"""Default ``topics.retention_ms`` (milliseconds; -1 keeps forever)."""
+
+
 class TopicsConfig(_Section):
-    """Topic names are ``{prefix}.{run}.{logical}``; partition counts per logical topic."""
+    """Topic names are ``{prefix}.{run}.{logical}``; partition counts and retention per logical topic."""
 
     prefix: str = Field("stream-rl", pattern=r"^[A-Za-z0-9._-]+$", description="first part of every topic name")
     run: str = Field("demo", pattern=r"^[A-Za-z0-9._-]+$", description="run name, part of every topic name")
@@ -75,6 +88,9 @@ class TopicsConfig(_Section):
         "prompts": 4, "rollouts": 4, "scored": 4, "weights": 1, "dlq": 1, "stale": 1, "status": 1, "alerts": 1},
         description="partitions per logical topic (used when the topic is created)")
     replication_factor: int = Field(1, ge=1, description="replicas per partition (1 on the local broker)")
+    retention_ms: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_RETENTION_MS), description=(
+        "topic config retention.ms per logical topic, set when the topic is created (-1: keep forever; a topic "
+        "not listed gets the broker default); weights_chunks applies to the per-version inline chunk topics"))
 
     @field_validator("partitions")
     @classmethod
@@ -82,6 +98,14 @@ class TopicsConfig(_Section):
         for name, count in value.items():
             if count < 1:
                 raise ValueError(f"partitions[{name}] must be >= 1, got {count}")
+        return value
+
+    @field_validator("retention_ms")
+    @classmethod
+    def _retention(cls, value: dict[str, int]) -> dict[str, int]:
+        for name, ms in value.items():
+            if ms != -1 and ms < 1:
+                raise ValueError(f"retention_ms[{name}] must be -1 (forever) or >= 1 ms, got {ms}")
         return value
 
 
@@ -209,16 +233,29 @@ def load_config(
         path = Path(env[ENV_CONFIG_FILE])
     tree: dict[str, Any] = read_config_file(path) if path is not None else {}
     sources: dict[str, str] = {}
+    secrets = secret_fields(model)  # kept verbatim: a password "123456" or "null" is text, not YAML
     for key, raw in env_overrides(env).items():
-        _set_path(tree, key, _parse_scalar(raw))
+        _set_path(tree, key, raw if key in secrets else _parse_scalar(raw))
         sources[key] = f"env {ENV_PREFIX}{key.upper().replace('.', '__')}"
     for key, value in (overrides or {}).items():
-        _set_path(tree, key, _parse_scalar(value) if isinstance(value, str) else value)
+        _set_path(tree, key, _parse_scalar(value) if isinstance(value, str) and key not in secrets else value)
         sources[key] = "flag"
     try:
         return model.model_validate(tree)
     except ValidationError as exc:
         raise _one_line(exc, sources, path) from None
+
+
+def secret_fields(model: type[BaseModel], prefix: str = "") -> set[str]:
+    """Dotted names of every ``SecretStr`` field of ``model`` and its sections."""
+    found = set()
+    for name, field in model.model_fields.items():
+        for kind in get_args(field.annotation) or (field.annotation,):
+            if kind is SecretStr:
+                found.add(prefix + name)
+            elif isinstance(kind, type) and issubclass(kind, BaseModel):
+                found |= secret_fields(kind, f"{prefix}{name}.")
+    return found
 
 
 def _one_line(exc: ValidationError, sources: Mapping[str, str], path: Path | None) -> ConfigError:

@@ -109,7 +109,16 @@ def _die_with_parent() -> None:
 def write_run_config(cfg, run_dir: Path) -> Path:
     """The resolved config as YAML for the children, with secret fields left out (they stay in the env)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    data = cfg.model_dump(mode="json", exclude={"kafka": {"sasl_password"}})
+    from stream_rl.config import secret_fields
+
+    exclude: dict = {}
+    for dotted in secret_fields(type(cfg)):
+        *sections, name = dotted.split(".")
+        node = exclude
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[name] = True
+    data = cfg.model_dump(mode="json", exclude=exclude)
     path = run_dir / "config.yaml"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(yaml.safe_dump(data, sort_keys=True))

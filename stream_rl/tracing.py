@@ -21,7 +21,7 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor, SpanExporter, SpanExportResult)
 from opentelemetry.trace import Link, SpanKind
@@ -32,6 +32,8 @@ from stream_rl.config import TracingConfig
 Headers = list[tuple[str, bytes]]
 _PROPAGATOR = TraceContextTextMapPropagator()
 _TRACE_HEADERS = ("traceparent", "tracestate")
+MAX_LINKS = 16_384
+"""Links kept per span (the SDK's default, 128, would drop most of a training step's rollouts)."""
 
 
 class JsonlSpanExporter(SpanExporter):
@@ -85,7 +87,8 @@ class Tracing:
 
     def __init__(self, service_name: str, exporter: SpanExporter | None = None, *, batch: bool = False,
                  instrument_kafka_python: bool = False):
-        self.provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+        self.provider = TracerProvider(resource=Resource.create({"service.name": service_name}),
+                                       span_limits=SpanLimits(max_links=MAX_LINKS))
         if exporter is not None:
             processor = BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter)
             self.provider.add_span_processor(processor)

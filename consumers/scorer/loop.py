@@ -31,12 +31,14 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from consumers.scorer.config import ScorerConfig
 from consumers.scorer.step import Rejected, Scoring, batch_metrics, load_scoring, score_rollouts
 from stream_rl.config import StreamRLConfig
+from stream_rl.telemetry.role import RoleTelemetry
 from stream_rl.tracing import Tracing
 from stream_rl.transport import Consumed, Sink, Source
 from stream_rl.transport.client import Transport
@@ -80,14 +82,22 @@ def run_scorer(cfg: StreamRLConfig, stop_event: threading.Event | None = None, m
     _ensure_run_topics(transport)
     sink = transport.sink()
     source = transport.source([transport.names.rollouts], scorer_group(cfg), "rollout", sink)
+    telemetry = RoleTelemetry(cfg, "scorer", transport, group=scorer_group(cfg), topics=[transport.names.rollouts])
+    telemetry.attach(source, sink).set_ready(model_loaded=True, version=0)  # scores do not depend on the policy
     stats = ScorerStats()
     log.info("scorer %s subscribed to %s in group %s", scoring.scorer_id, transport.names.rollouts, scorer_group(cfg))
     try:
         while not (stop_event is not None and stop_event.is_set()) and \
                 (max_batches is None or stats.batches < max_batches):
+            telemetry.tick()  # alerts: "stop" ends here, after the previous batch was committed
+            telemetry.check_stop()
+            source.paused = telemetry.paused
             records = source.poll(scfg.poll_timeout_s, max_records=scfg.batch_size)
             if records:
+                started = time.monotonic()
                 _score_and_send(records, source, sink, transport.names.scored, scoring, stats)
+                telemetry.observe_seconds("score", time.monotonic() - started)
+                telemetry.tokens(sum(r.value.response_length for r in records))
                 stats.batches += 1
             if records or sink.pending:  # the transport may have dead-lettered undecodable records
                 sink.flush()
@@ -95,7 +105,12 @@ def run_scorer(cfg: StreamRLConfig, stop_event: threading.Event | None = None, m
                     stats.commits += 1
                 else:
                     stats.lost_commits += 1
+                    telemetry.error("CommitLost")
+    except Exception as exc:
+        telemetry.error(type(exc).__name__)
+        raise
     finally:
+        telemetry.close()
         source.close()
         sink.close()
         if tracing is None:

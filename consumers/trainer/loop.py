@@ -11,6 +11,8 @@ One iteration::
 
     poll ─> position check ─> batcher.add (dedup, staleness ─> stale + re-queue sends) ─> take N whole groups
          ─> train_step (span "train-step" linked to every rollout) ─> mark trained ─> trained.jsonl line
+         ─> alerts judge the step (telemetry.step_done; a "stop" alert skips the broadcast: NaN weights never
+            leave, the row is written, a final checkpoint only if the weights are finite, AlertStop -> exit 3)
          ─> every broadcast_every steps: version += 1, publish, expire groups now too old
          ─> metrics.jsonl row
          ─> every checkpoint_every steps: sink.flush() ─> checkpoint(safe offsets, ledger) ─> commit safe offsets
@@ -55,6 +57,8 @@ from consumers.trainer.checkpoint import (latest_checkpoint, load_checkpoint, pr
 from consumers.trainer.engines import MODEL_FILE, OPTIMIZER_FILE, OPTIMIZER_META, TrainModule, build_engine
 from consumers.trainer.step import TrainState, rollout_metrics, train_step
 from consumers.trainer.tensors import build_batch
+from stream_rl.alerts.monitor import AlertStop
+from stream_rl.telemetry.role import RoleTelemetry
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +108,8 @@ class Trainer:
         self.transport = Transport(cfg, "trainer")
         self.transport.ensure_topics()
         self.names = self.transport.names
+        self.telemetry = RoleTelemetry(cfg, "trainer", self.transport, group=trainer_group(cfg),
+                                       topics=[self.names.scored])
         self.root = Path(self.tcfg.checkpoint_dir or Path(cfg.run_dir) / "checkpoints")
         self.metrics_path = Path(cfg.run_dir) / "metrics.jsonl"
         self.trained_path = Path(cfg.run_dir) / "trained.jsonl"
@@ -131,17 +137,37 @@ class Trainer:
                         else Batcher(self.tcfg.max_lag))
         self.positioner = _Positioner(ckpt.offsets if ckpt else {})
         self.last_checkpoint_step = self.state.step
+        if ckpt is not None:
+            self.telemetry.restart()  # resumed from a checkpoint
+        self.telemetry.set_step(self.state.step)
         self.sink = self.transport.sink()
         self.publisher = WeightsPublisher(self.transport, self.sink, cfg.weights, self.transport.instance_id)
         if resume:
             self._reconcile_version()
         self.source = self.transport.source([self.names.scored], trainer_group(cfg), "scored_rollout", self.sink)
+        self.telemetry.attach(self.source, self.sink)
+        self.telemetry.set_ready(model_loaded=True, version=self.state.version)
 
     # -- main loop ----------------------------------------------------------------------------------------------
 
     def run(self, stop_event: threading.Event | None = None) -> TrainState:
+        try:
+            self._loop(stop_event)
+        except AlertStop:
+            self._checkpoint_after_stop()
+            raise
+        except Exception as exc:
+            self.telemetry.error(type(exc).__name__)
+            raise
+        if self.state.step > self.last_checkpoint_step:
+            self._checkpoint()
+        return self.state
+
+    def _loop(self, stop_event: threading.Event | None) -> None:
         waiting_since = time.monotonic()
         while not (stop_event is not None and stop_event.is_set()) and not self._finished():
+            self.telemetry.tick()
+            self.source.paused = self.telemetry.paused
             records = self.source.poll(self.tcfg.poll_timeout_s)
             records = self.positioner.reconcile(self.source.consumer, self.batcher, records)
             for record in records:
@@ -153,9 +179,6 @@ class Trainer:
                 continue
             self._step(groups, wait_s=time.monotonic() - waiting_since)
             waiting_since = time.monotonic()
-        if self.state.step > self.last_checkpoint_step:
-            self._checkpoint()
-        return self.state
 
     def _finished(self) -> bool:
         return self.tcfg.max_steps is not None and self.state.step >= self.tcfg.max_steps
@@ -164,16 +187,27 @@ class Trainer:
         started = time.monotonic()
         records = [r for g in groups for r in g.records.values()]
         scored = [r.value for r in records]
-        with self.source.process_span("train-step", records, {"stream_rl.step": self.state.step,
-                                                              "stream_rl.policy_version": self.state.version}):
+        with self.source.process_span("train-step", records, {
+                "stream_rl.step": self.state.step + 1,  # the step being trained, as metrics.jsonl numbers it
+                "stream_rl.policy_version": self.state.version,
+                "stream_rl.rollouts": len(scored),
+                "stream_rl.response_tokens": sum(s.rollout.response_length for s in scored)}):
             batch = build_batch(scored, self.pad_id)
             metrics = rollout_metrics(scored, self.state.version, self.tcfg.success_threshold)
             metrics.update(train_step(self.engine, batch, self.tcfg, self.state))
+        train_s = time.monotonic() - started
+        self.telemetry.tokens(sum(s.rollout.response_length for s in scored))
+        self.telemetry.observe_staleness(self.state.version - s.rollout.min_policy_version for s in scored)
         self.batcher.mark_trained(groups)
         _append_line(self.trained_path, {"step": self.state.step, "version": self.state.version,
                                          "rollout_ids": [r.rollout_id for r in scored]})
+        stop = None
+        try:  # alerts judge the step before its weights can be published (NaN weights never leave)
+            self.telemetry.step_done(self.state.step, metrics)
+        except AlertStop as exc:
+            stop = exc
         broadcast_s = 0.0
-        if self.state.step % self.tcfg.broadcast_every == 0:
+        if stop is None and self.state.step % self.tcfg.broadcast_every == 0:
             t0 = time.monotonic()
             self.state.version += 1
             self.publisher.publish(self.engine.policy_state_dict(), self.state.version, self.state.step)
@@ -184,6 +218,11 @@ class Trainer:
         metrics.update({"time/wait_s": wait_s, "time/broadcast_s": broadcast_s,
                         "time/checkpoint_s": self.checkpoint_s, "time/step_s": time.monotonic() - started})
         self._write_metrics(metrics)
+        for stage, seconds in (("train", train_s), ("broadcast", broadcast_s), ("wait", wait_s),
+                               ("step", metrics["time/step_s"])):
+            self.telemetry.observe_seconds(stage, seconds)
+        if stop is not None:
+            raise stop
         self.checkpoint_s = 0.0
         if self.state.step % self.tcfg.checkpoint_every == 0:
             t0 = time.monotonic()
@@ -208,6 +247,8 @@ class Trainer:
                "batcher/buffered_groups": self.batcher.buffered_groups,
                "batcher/ready_groups": self.batcher.ready_groups}
         _append_line(self.metrics_path, row)
+        self.telemetry.set_version(self.state.version)
+        self.telemetry.row_written(row)
 
     def _checkpoint(self) -> Path:
         """Flush, checkpoint atomically, prune, then commit the same safe offsets to the consumer group."""
@@ -223,6 +264,17 @@ class Trainer:
             self.source.commit(commit)
         log.info("checkpoint %s (version %d)", path, self.state.version)
         return path
+
+    def _checkpoint_after_stop(self) -> None:
+        """A ``stop`` alert: checkpoint the progress unless the weights are no longer finite (a NaN step must not
+        become the newest checkpoint a ``--resume`` would load; the last periodic checkpoint stays the newest)."""
+        if self.state.step <= self.last_checkpoint_step:
+            return
+        if all(bool(torch.isfinite(t).all()) for t in self.engine.policy_state_dict().values()):
+            self._checkpoint()
+        else:
+            log.error("stop alert: weights are not finite after step %d, no final checkpoint (newest stays step %d)",
+                      self.state.step, self.last_checkpoint_step)
 
     def _reconcile_version(self) -> None:
         from stream_rl.weights import WeightsReceiver
@@ -244,6 +296,7 @@ class Trainer:
     def close(self) -> None:
         self.source.close()
         self.sink.close()
+        self.telemetry.close()
         self.transport.tracing.shutdown()
 
 

@@ -203,7 +203,8 @@ def _merge(acc: dict[str, float], metrics: dict[str, Tensor], weight: float) -> 
 
 def update(engine, batch: RolloutBatch, tg: BatchTargets, rows: Tensor, cfg: TrainerConfig, kl_coef: float,
            lr: float) -> tuple[bool, float, dict[str, float]]:
-    """One optimizer update on the minibatch ``rows``; returns (applied, grad norm, weighted metrics)."""
+    """One optimizer update on the minibatch ``rows``; returns (applied, grad norm, weighted metrics); after a
+    non-finite loss: (False, nan, {"loss/total": that loss})."""
     total = max(agg_normaliser(batch.response_mask[rows], cfg.loss.agg), 1)
     micros = rows.split(cfg.micro_batch_size)
     acc: dict[str, float] = {}
@@ -213,9 +214,10 @@ def update(engine, batch: RolloutBatch, tg: BatchTargets, rows: Tensor, cfg: Tra
         loss, metrics = micro_loss(engine, sub, tg, idx, cfg, kl_coef)
         scaled = loss * weight
         if not bool(torch.isfinite(scaled)):
-            log.warning("non-finite loss %s in micro batch %d: update skipped, gradients discarded", float(loss), i)
+            log.warning("non-finite loss %s in micro batch %d: update skipped, gradients discarded",
+                        float(loss.detach()), i)
             engine.discard(scaled)
-            return False, math.nan, acc
+            return False, math.nan, {"loss/total": float(loss.detach())}  # reported: alerts watch loss/total
         engine.backward(scaled, last_micro=i == len(micros) - 1)
         _merge(acc, {**metrics, "loss/total": loss.detach()}, weight)
     outcome = engine.step(lr)
@@ -249,7 +251,7 @@ def train_step(engine, batch: RolloutBatch, cfg: TrainerConfig, state: TrainStat
     lr = lr_at(state.step, cfg)
     generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + state.step)
     acc: dict[str, float] = {}
-    norms, applied_n, skipped_n = [], 0, 0
+    norms, applied_n, skipped_n, nonfinite_loss = [], 0, 0, None
     for _ in range(cfg.epochs):
         order = torch.randperm(batch.size, generator=generator)
         for rows in order.tensor_split(min(cfg.minibatches, batch.size)):
@@ -258,10 +260,14 @@ def train_step(engine, batch: RolloutBatch, cfg: TrainerConfig, state: TrainStat
             if applied:
                 norms.append(norm)
                 _merge(acc, metrics, 1.0)
+            elif not math.isfinite(metrics.get("loss/total", 0.0)):
+                nonfinite_loss = metrics["loss/total"]
     t2 = time.perf_counter()
     state.applied_updates += applied_n
     state.skipped_updates += skipped_n
     out = {k: v / max(applied_n, 1) if not k.endswith(("_max", "_min")) else v for k, v in acc.items()}
+    if nonfinite_loss is not None:  # a skipped non-finite loss makes the step's loss non-finite (alert loss_nonfinite)
+        out["loss/total"] = nonfinite_loss
     out.update(_batch_metrics(batch, mask, old_logp, entropy, kl_t, advantages))
     kl_mean = out["kl/ref_mean"]
     out["kl/coef"] = state.kl_coef

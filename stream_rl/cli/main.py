@@ -1,5 +1,5 @@
 """The ``stream-rl`` command line: the roles, `run`, the local broker, topics, prompts, replay, config and tools
-(plan, doctor, report, bench).
+(plan, doctor, report, status, trace, gc, bench).
 
 Each command resolves the config (defaults < file < ``STREAM_RL_*`` env < ``--set`` < named flags), exits 2 with
 one line naming the field when it is invalid, and prints the resolved config with ``--dry-run``. Heavy imports
@@ -13,10 +13,8 @@ from typing import Annotated
 
 import typer
 
-from stream_rl.cli import bench_cmd
-from stream_rl.cli import ops_cmds
+from stream_rl.cli import bench_cmd, gc_cmd, ops_cmds, roles, status_cmd
 from stream_rl.cli import plan as plan_cmd
-from stream_rl.cli import roles
 from stream_rl.cli import run as run_cmd
 from stream_rl.cli.common import BootstrapOpt, ConfigOpt, DryRunOpt, RunOpt, SetOpt, fail, resolve
 
@@ -36,6 +34,9 @@ app.command("plan")(plan_cmd.plan)
 app.command("doctor")(ops_cmds.doctor)
 app.command("report")(ops_cmds.report)
 app.command("bench")(bench_cmd.bench)
+app.command("gc")(gc_cmd.gc)
+app.command("status")(status_cmd.status)
+app.add_typer(status_cmd.trace_app, name="trace")
 
 
 @broker_app.command("up")

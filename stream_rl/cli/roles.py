@@ -46,6 +46,17 @@ def stop_on_signals() -> threading.Event:
     return stop
 
 
+def run_role(fn, *args, **kwargs) -> None:
+    """Run a role loop; an alert with action ``stop`` ends the process with exit code 3 (after its checkpoint)."""
+    from stream_rl.alerts.monitor import AlertStop
+
+    try:
+        fn(*args, **kwargs)
+    except AlertStop as exc:
+        typer.echo(f"stopped by alert: {exc}", err=True)
+        raise typer.Exit(exc.exit_code) from None
+
+
 def _role_flags(bootstrap: str | None, run: str | None) -> dict:
     return {"kafka.bootstrap_servers": bootstrap, "topics.run": run}
 
@@ -62,7 +73,7 @@ def produce(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapO
     setup_logging()
     from producers.loop import run_producer
 
-    run_producer(cfg, stop_event=stop_on_signals(), max_batches=max_batches)
+    run_role(run_producer, cfg, stop_event=stop_on_signals(), max_batches=max_batches)
 
 
 def score(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt = None, run: RunOpt = None,
@@ -77,7 +88,7 @@ def score(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt
     setup_logging()
     from consumers.scorer.loop import run_scorer
 
-    run_scorer(cfg, stop_event=stop_on_signals(), max_batches=max_batches)
+    run_role(run_scorer, cfg, stop_event=stop_on_signals(), max_batches=max_batches)
 
 
 def train(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt = None, run: RunOpt = None,
@@ -91,7 +102,7 @@ def train(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt
     setup_logging()
     from consumers.trainer.loop import run_trainer
 
-    run_trainer(cfg, stop_event=stop_on_signals(), resume=resume)
+    run_role(run_trainer, cfg, stop_event=stop_on_signals(), resume=resume)
 
 
 class Dedup(str, Enum):

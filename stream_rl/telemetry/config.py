@@ -32,6 +32,9 @@ class TelemetryConfig(Section):
                            "0.0.0.0 only inside a container or a trusted network")
     http_port: int = Field(0, ge=0, le=65535, description="HTTP port; 0 picks a free one (written to "
                            "run_dir/endpoints/<instance_id>.json)")
-    heartbeat_interval_s: float = Field(5.0, gt=0, description="period of the heartbeat on the status topic")
+    heartbeat_interval_s: float = Field(5.0, gt=0, description="period of the heartbeat on the status topic; an "
+                                        "acknowledged heartbeat is also the broker-reachability fact /readyz uses")
+    liveness_timeout_s: float = Field(600.0, gt=0, description="/healthz answers 503 when the role loop has not "
+                                      "ticked for this long (cover the longest step, e.g. a big generation batch)")
     lag_interval_s: float = Field(10.0, gt=0, description="how often a consumer computes its lag per partition "
                                   "(high-water mark - committed offset)")

@@ -13,6 +13,9 @@ Guarantees (the delivery contract every role loop relies on)::
   source topic/partition/offset and raw bytes, and the consumer moves on; it is committed with the good ones.
 - ``commit`` refuses to run while the sink holds unacknowledged sends, so an offset is never committed before
   the outputs derived from it (and the dead letters) are durable on the broker.
+- ``paused`` (set by the loop while an alert with action ``pause`` fires) pauses every assigned partition, so
+  ``poll`` returns nothing while the consumer stays in its group; clearing it resumes them.
+- An ``observer`` (the role's telemetry) is told of every record fetched, sent and dead-lettered.
 - A commit that loses a rebalance race is not an error: the records are redelivered to the partition's new
   owner (at-least-once), and consumers downstream drop duplicates by record id.
 """
@@ -27,6 +30,7 @@ from typing import Any
 
 from schemas import DeadLetter, SchemaError, decode, encode
 from stream_rl.tracing import Headers, Tracing
+from stream_rl.tracing_attrs import span_attributes
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,7 @@ class Sink:
         self._producer = producer
         self._tracing = tracing
         self._pending: list[tuple[str, Any]] = []
+        self.observer = None  # telemetry (records_out); set by RoleTelemetry.attach
 
     @property
     def pending(self) -> int:
@@ -69,7 +74,8 @@ class Sink:
              partition: int | None = None, attributes: dict[str, Any] | None = None) -> None:
         """Validate and encode ``message`` (raises SchemaError on an invalid one), then send it."""
         self.send_raw(topic, encode(message), key, headers, partition,
-                      {"stream_rl.kind": getattr(message, "KIND", "?"), **(attributes or {})})
+                      {"stream_rl.kind": getattr(message, "KIND", "?"), **span_attributes(message),
+                       **(attributes or {})})
 
     def send_raw(self, topic: str, value: bytes, key: str | bytes | None = None, headers: Headers | None = None,
                  partition: int | None = None, attributes: dict[str, Any] | None = None) -> None:
@@ -77,6 +83,8 @@ class Sink:
             future = self._producer.send(topic, value=value, key=_key_bytes(key), headers=hdrs,
                                          partition=partition)
         self._pending.append((topic, future))
+        if self.observer is not None:
+            self.observer.records_out(topic, 1)
 
     def flush(self, timeout_s: float = 60.0) -> list[Any]:
         """Wait until the broker acknowledged every pending send; raise DeliveryError naming the topic if not."""
@@ -107,6 +115,8 @@ class Source:
         self._tracing = tracing
         self._next: dict[Any, int] = {}  # TopicPartition -> offset after the last record handed out
         self.dead_lettered = 0
+        self.observer = None  # telemetry (records_in, dead_lettered); set by RoleTelemetry.attach
+        self.paused = False  # while True, poll() fetches nothing (an alert's "pause"), group membership stays
 
     @property
     def consumer(self):
@@ -114,9 +124,13 @@ class Source:
 
     def poll(self, timeout_s: float = 1.0, max_records: int | None = None) -> list[Consumed]:
         """Fetch records; return the valid ones in partition order, dead-letter the rest."""
+        self._apply_pause()
         batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
         out: list[Consumed] = []
         for tp, records in batches.items():
+            if self.observer is not None and records:
+                self.observer.records_in(tp.topic, len(records),
+                                         {(tp.topic, tp.partition): records[-1].offset + 1})
             for rec in records:
                 self._next[tp] = rec.offset + 1
                 headers = list(rec.headers or [])
@@ -130,10 +144,21 @@ class Source:
                                     rec.timestamp, rec.value))
         return out
 
+    def _apply_pause(self) -> None:
+        """Pause every assigned partition while ``paused`` (re-applied each poll: a rebalance may add some)."""
+        if self.paused:
+            assigned = self._consumer.assignment()
+            if assigned:
+                self._consumer.pause(*assigned)
+        elif self._consumer.paused():
+            self._consumer.resume(*self._consumer.paused())
+
     def dead_letter(self, topic: str, partition: int, offset: int, key: bytes | None, raw: bytes | None,
                     reason: str, error_type: str) -> None:
         """Send one record to the dead-letter topic with its reason and origin (committed with the batch)."""
         self.dead_lettered += 1
+        if self.observer is not None:
+            self.observer.dead_lettered(topic, error_type)
         log.warning("dead-letter %s[%d]@%d: %s", topic, partition, offset, reason)
         letter = DeadLetter(reason=reason, error_type=error_type, source_topic=topic, source_partition=partition,
                             source_offset=offset, raw_value=raw or b"", raw_key=key,

@@ -1,9 +1,13 @@
 """Topic naming and creation.
 
 Consumes: a :class:`~stream_rl.config.TopicsConfig` and an admin client.
-Produces: full topic names ``{prefix}.{run}.{logical}`` and the topics themselves with their partition counts.
+Produces: full topic names ``{prefix}.{run}.{logical}`` and the topics themselves with their partition counts and
+their ``retention.ms`` topic config (``topics.retention_ms``; the per-version weights chunk topics use the
+``weights_chunks`` entry).
 Guarantees: ``ensure_topics`` is idempotent (an existing topic is left as it is, but a partition count that differs
-from the config is reported as an error rather than ignored); errors other than "already exists" propagate.
+from the config is reported as an error rather than ignored; retention is applied at creation only, an existing
+topic keeps its own); errors other than "already exists" propagate. The local broker (tansu 0.6.0) stores and
+reports ``retention.ms`` but does not delete expired records (measured); Apache Kafka enforces it.
 """
 
 from __future__ import annotations
@@ -51,6 +55,37 @@ def resolve_topic(names: TopicNames, topic: str) -> str:
     return names.name(topic) if topic in LOGICAL_TOPICS else topic
 
 
+def retention_key(names: TopicNames, full: str) -> str | None:
+    """The ``topics.retention_ms`` key of a full topic name (``weights_chunks`` for ``...weights.v12``)."""
+    logical = names.logical(full)
+    if logical is None:
+        return None
+    head, _, version = logical.rpartition(".v")
+    return "weights_chunks" if head == "weights" and version.isdigit() else logical
+
+
+def topic_configs(cfg: TopicsConfig, full: str) -> dict[str, str]:
+    """Topic configs to create ``full`` with: ``{"retention.ms": ...}`` when the config names its topic."""
+    key = retention_key(TopicNames.from_config(cfg), full)
+    if key is None or key not in cfg.retention_ms:
+        return {}
+    return {"retention.ms": str(cfg.retention_ms[key])}
+
+
+def describe_retention(admin, topics: list[str]) -> dict[str, int | None]:
+    """``retention.ms`` of each topic as the broker reports it (None when it reports none)."""
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    # config_filter="all": tansu reports topic configs set at creation with source DEFAULT_CONFIG
+    found = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t) for t in topics],
+                                   config_filter="all")
+    out = {}
+    for topic in topics:
+        entry = found.get("topic", {}).get(topic, {}).get("retention.ms")
+        out[topic] = int(entry["value"]) if entry and entry.get("value") is not None else None
+    return out
+
+
 def ensure_topics(admin, cfg: TopicsConfig, logical: tuple[str, ...] = LOGICAL_TOPICS,
                   extra: dict[str, int] | None = None) -> dict[str, int]:
     """Create the run's topics that do not exist yet; return {full name: partitions}."""
@@ -60,8 +95,8 @@ def ensure_topics(admin, cfg: TopicsConfig, logical: tuple[str, ...] = LOGICAL_T
     wanted = {names.name(t): cfg.partitions.get(t, 1) for t in logical}
     wanted.update(extra or {})
     existing = set(admin.list_topics())
-    missing = [NewTopic(name, count, cfg.replication_factor) for name, count in wanted.items()
-               if name not in existing]
+    missing = [NewTopic(name, count, cfg.replication_factor, topic_configs=topic_configs(cfg, name))
+               for name, count in wanted.items() if name not in existing]
     if missing:
         _create(admin, missing)
     present = {name: count for name, count in wanted.items() if name in existing}

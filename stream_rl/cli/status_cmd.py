@@ -1,0 +1,149 @@
+"""CLI commands ``stream-rl status`` and ``stream-rl trace show`` (registered in :mod:`stream_rl.cli.main`).
+
+Consumes: the resolved config (status: broker address, topic prefix and run) or a run directory (trace show).
+Produces: status: a live terminal view (rich) refreshed every ``--interval`` seconds, or with ``--once`` one
+snapshot (``--json``: one JSON document; without ``--once`` one JSON line per refresh); trace show: text.
+Guarantees: status only reads (no group joined, nothing committed or sent) and exits 1 with one line when the
+broker is unreachable; trace show exits 1 naming the missing span file and the setting that writes it. Neither
+prints sample text: heartbeats, alerts and spans carry none.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from stream_rl.cli.common import BootstrapOpt, ConfigOpt, RunOpt, SetOpt, fail, resolve
+
+trace_app = typer.Typer(help="Spans a run wrote to RUN_DIR/spans.jsonl (tracing.exporter=jsonl).",
+                        no_args_is_help=True)
+_METRICS_SHOWN = 16
+
+
+def status(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt = None, run: RunOpt = None,
+           once: Annotated[bool, typer.Option("--once", help="print one snapshot and exit")] = False,
+           as_json: Annotated[bool, typer.Option("--json", help="JSON instead of tables")] = False,
+           interval: Annotated[float, typer.Option(min=0.1, help="seconds between refreshes; with --once, "
+                                                   "the throughput sampling window")] = 2.0,
+           tail: Annotated[int, typer.Option(min=1, help="records read from the end of each partition of the "
+                                             "status and alerts topics")] = 500) -> None:
+    """Live view of a running pipeline from its topics: roles, weights version, throughput, lag, alerts."""
+    from stream_rl.ops.status_read import StatusError, StatusReader
+
+    cfg = resolve(config, set_, {"kafka.bootstrap_servers": bootstrap, "topics.run": run})
+    try:
+        reader = StatusReader(cfg, tail=tail)
+    except StatusError as exc:
+        fail(f"stream-rl status: {exc}")
+    try:
+        if once:
+            snap = _snapshot(reader, sample_s=min(interval, 1.0))
+            if as_json:
+                typer.echo(json.dumps(snap, indent=2, sort_keys=True))
+            else:
+                _console().print(_render(snap))
+            return
+        if as_json:
+            while True:
+                typer.echo(json.dumps(_snapshot(reader), sort_keys=True))
+                time.sleep(interval)
+        _live(reader, interval)
+    except KeyboardInterrupt:
+        return
+    finally:
+        reader.close()
+
+
+def _snapshot(reader, sample_s: float = 0.0) -> dict[str, Any]:
+    from stream_rl.ops.status_read import StatusError
+
+    try:
+        return reader.snapshot(sample_s=sample_s)
+    except (StatusError, TimeoutError) as exc:
+        fail(f"stream-rl status: {exc}")
+    raise AssertionError("unreachable")
+
+
+def _console():
+    import sys
+
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 160)
+
+
+def _live(reader, interval: float) -> None:
+    from rich.live import Live
+
+    with Live(_render(_snapshot(reader)), console=_console(), refresh_per_second=4, screen=False) as live:
+        while True:
+            time.sleep(interval)
+            live.update(_render(_snapshot(reader)))
+
+
+def _render(snap: dict[str, Any]):
+    """The snapshot as rich tables (roles, topics and lag, trainer metrics, alerts)."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    weights = snap["weights"]
+    head = Text(f"run {snap['run']}  weights version "
+                f"{weights['version'] if weights else 'none yet'}"
+                + (f" (step {weights['step']}, {weights['age_s']:.0f} s ago)" if weights and weights['step']
+                   is not None else ""), style="bold")
+    roles = Table(title="roles")
+    for col in ("role", "instance", "host/pid", "status", "state", "age s", "version", "stale", "step", "rates /s"):
+        roles.add_column(col)
+    for r in snap["roles"]:
+        rates = " ".join(f"{k}={v:.1f}" for k, v in sorted(r["rates"].items()))
+        roles.add_row(r["role"], r["instance_id"], f"{r['host']}/{r['pid']}",
+                      Text(r["status"], style="green" if r["status"] == "alive" else "bold red"), r["state"],
+                      f"{r['age_s']:.1f}", str(r["policy_version"]),
+                      "" if r["staleness"] is None else str(r["staleness"]), str(r["step"]), Text(rates))
+    topics = Table(title="topics and lag")
+    for col in ("topic", "partitions", "records", "records/s", "group", "lag (per partition)"):
+        topics.add_column(col)
+    lag_by_topic = {v["topic"]: (g, v) for g, v in snap["lag"].items()}
+    for name, t in snap["topics"].items():
+        group, lag = lag_by_topic.get(name, ("", None))
+        per = "" if lag is None else f"{lag['total']} ({', '.join(str(p['lag']) for p in lag['partitions'])})"
+        rate = "" if t["records_per_s"] is None else f"{t['records_per_s']:.1f}"
+        topics.add_row(name, str(t["partitions"]), str(t["records"]), rate, group.rsplit(".", 1)[-1], per)
+    parts = [head, roles, topics]
+    if snap["trainer_metrics"]:
+        metrics = Table(title="last trainer metrics")
+        metrics.add_column("metric")
+        metrics.add_column("value")
+        for key, value in list(snap["trainer_metrics"].items())[:_METRICS_SHOWN]:
+            metrics.add_row(key, f"{value:.4g}")
+        parts.append(metrics)
+    alerts = Table(title=f"open alerts ({len(snap['alerts'])})")
+    for col in ("name", "role", "instance", "action", "message"):
+        alerts.add_column(col)
+    for a in snap["alerts"]:
+        alerts.add_row(a["name"], a["role"], a["instance_id"], a["action"], Text(a["message"]))
+    parts.append(alerts)
+    return Group(*parts)
+
+
+@trace_app.command("show")
+def trace_show(run_dir: Annotated[Path, typer.Argument(help="the run directory (or a spans.jsonl file)")],
+               rollout: Annotated[str | None, typer.Option(help="only this rollout's trace and the training "
+                                                           "steps linked to it")] = None,
+               limit: Annotated[int, typer.Option(min=0, help="newest traces printed after the summary")] = 3
+               ) -> None:
+    """Span trees with durations from RUN_DIR/spans.jsonl: a per-span summary and the newest traces, or one
+    rollout's trace."""
+    from stream_rl.ops.trace_view import TraceViewError, load_spans, overview, rollout_view
+
+    try:
+        spans = load_spans(run_dir)
+        lines = rollout_view(spans, rollout) if rollout is not None else overview(spans, limit)
+    except TraceViewError as exc:
+        fail(f"stream-rl trace show: {exc}")
+    typer.echo("\n".join(lines))

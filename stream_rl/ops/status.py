@@ -1,0 +1,142 @@
+"""The status snapshot of a running pipeline, built from what its topics hold (pure: no Kafka, no clock).
+
+Consumes: ``Heartbeat`` records (status topic), the newest ``WeightsManifest`` (weights topic), ``Alert`` records
+(alerts topic), per-topic high-water marks (two samples ``dt_s`` apart, for throughput) and the committed offsets
+of the run's consumer groups; ``now`` (Unix seconds) is passed in.
+Produces: one JSON-ready dict (see :func:`build_snapshot`) that ``stream-rl status`` prints as JSON or renders as
+tables::
+
+    {"run", "time", "roles": [...], "weights": {...} | None, "topics": {...}, "lag": {...},
+     "trainer_metrics": {...}, "alerts": [...]}
+
+Guarantees:
+- Per instance only its newest heartbeat counts (by ``created_at``); an instance is ``alive`` when that heartbeat
+  is at most ``MISSED_INTERVALS * interval_s`` seconds old, else ``missing``.
+- The weights version is the newest manifest's; without one, the newest live trainer heartbeat's version.
+  A producer's staleness is ``weights version - its heartbeat's policy_version`` (None while either is unknown).
+- Lag of a group's partition is ``high-water mark - committed offset`` (the whole partition when the group has
+  committed nothing there yet); high-water marks come from fetch responses, never ListOffsets.
+- An alert is open when the newest transition of its ``(instance_id, name)`` is ``firing``.
+- Heartbeats and alerts never carry sample text (schemas/messages.py), so neither does the snapshot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from stream_rl.alerts.read import open_alerts as fold_alerts
+
+MISSED_INTERVALS = 3
+"""An instance whose newest heartbeat is older than this many of its intervals is shown as missing."""
+
+GROUP_TOPICS = {"producers": "prompts", "scorers": "rollouts", "trainer": "scored"}
+"""The run's consumer groups ``{prefix}.{run}.<suffix>`` and the logical topic each consumes (see
+producers/loop.py, consumers/scorer/loop.py ``scorer_group``, consumers/trainer/loop.py ``trainer_group``)."""
+
+
+def group_name(prefix: str, run: str, suffix: str) -> str:
+    """The full consumer-group name of a role: ``{prefix}.{run}.{suffix}``."""
+    return f"{prefix}.{run}.{suffix}"
+
+
+def latest_per_instance(heartbeats: Iterable[Any]) -> dict[str, Any]:
+    """The newest heartbeat (by ``created_at``) of each ``instance_id``."""
+    latest: dict[str, Any] = {}
+    for hb in heartbeats:
+        seen = latest.get(hb.instance_id)
+        if seen is None or hb.created_at >= seen.created_at:
+            latest[hb.instance_id] = hb
+    return latest
+
+
+def is_alive(hb: Any, now: float) -> bool:
+    """True while the heartbeat is at most ``MISSED_INTERVALS`` intervals old."""
+    return now - hb.created_at <= MISSED_INTERVALS * hb.interval_s
+
+
+def weights_version(manifest: Any | None, latest: Mapping[str, Any], now: float) -> int | None:
+    """The current weights version: the newest manifest's, else the newest live trainer heartbeat's (>= 0)."""
+    if manifest is not None:
+        return int(manifest.version)
+    trainers = [hb for hb in latest.values() if hb.role == "trainer" and is_alive(hb, now) and hb.policy_version >= 0]
+    return max(trainers, key=lambda hb: hb.created_at).policy_version if trainers else None
+
+
+def role_rows(latest: Mapping[str, Any], now: float, version: int | None) -> list[dict[str, Any]]:
+    """One row per instance, sorted by (role, instance id); producers get their staleness."""
+    rows = []
+    for hb in sorted(latest.values(), key=lambda h: (h.role, h.instance_id)):
+        stale = (version - hb.policy_version if hb.role == "producer" and version is not None
+                 and hb.policy_version >= 0 else None)
+        rows.append({"role": hb.role, "instance_id": hb.instance_id, "host": hb.host, "pid": hb.pid,
+                     "status": "alive" if is_alive(hb, now) else "missing", "state": hb.state,
+                     "age_s": round(now - hb.created_at, 3), "policy_version": hb.policy_version, "step": hb.step,
+                     "staleness": stale, "rates": dict(hb.rates), "open_alerts": list(hb.open_alerts)})
+    return rows
+
+
+def topic_rows(marks: Mapping[str, list[int]], previous: Mapping[str, list[int]] | None,
+               dt_s: float | None) -> dict[str, dict[str, Any]]:
+    """Per logical topic: partitions, records (sum of high-water marks) and records/s between two samples."""
+    out = {}
+    for topic, hws in sorted(marks.items()):
+        rate = None
+        if previous is not None and dt_s and topic in previous and len(previous[topic]) == len(hws):
+            rate = round(max(sum(hws) - sum(previous[topic]), 0) / dt_s, 3)
+        out[topic] = {"partitions": len(hws), "records": sum(hws), "highwaters": list(hws), "records_per_s": rate}
+    return out
+
+
+def lag_rows(marks: Mapping[str, list[int]], committed: Mapping[str, Mapping[int, int | None]],
+             groups: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """Per consumer group (``{full group: logical topic}``): lag per partition and in total."""
+    out = {}
+    for group, topic in groups.items():
+        if topic not in marks:
+            continue
+        offsets = committed.get(group, {})
+        parts = []
+        for partition, hw in enumerate(marks[topic]):
+            done = offsets.get(partition)
+            parts.append({"partition": partition, "highwater": hw, "committed": done,
+                          "lag": max(hw - (done or 0), 0)})
+        out[group] = {"topic": topic, "total": sum(p["lag"] for p in parts), "partitions": parts}
+    return out
+
+
+def open_alerts(alerts: Iterable[Any]) -> list[dict[str, Any]]:
+    """Alerts whose newest transition per ``(instance_id, name)`` is ``firing``, oldest first (the fold of
+    :func:`stream_rl.alerts.read.open_alerts`), as plain dicts."""
+    return [{"name": a.name, "role": a.role, "instance_id": a.instance_id, "action": a.action,
+             "message": a.message, "value": a.value, "threshold": a.threshold, "since": a.created_at}
+            for a in fold_alerts(alerts)]
+
+
+def trainer_metrics(latest: Mapping[str, Any]) -> dict[str, float]:
+    """The newest trainer heartbeat's metrics (finite values only)."""
+    trainers = [hb for hb in latest.values() if hb.role == "trainer"]
+    if not trainers:
+        return {}
+    hb = max(trainers, key=lambda h: h.created_at)
+    return {k: v for k, v in sorted(hb.metrics.items()) if isinstance(v, (int, float)) and math.isfinite(v)}
+
+
+def build_snapshot(*, run: str, now: float, heartbeats: Iterable[Any], manifest: Any | None,
+                   marks: Mapping[str, list[int]], previous_marks: Mapping[str, list[int]] | None = None,
+                   dt_s: float | None = None, committed: Mapping[str, Mapping[int, int | None]] | None = None,
+                   groups: Mapping[str, str] | None = None, alerts: Iterable[Any] = ()) -> dict[str, Any]:
+    """The whole snapshot (module docstring); ``marks`` are high-water marks per logical topic and partition."""
+    latest = latest_per_instance(heartbeats)
+    version = weights_version(manifest, latest, now)
+    weights = None
+    if manifest is not None:
+        weights = {"version": manifest.version, "step": manifest.step, "mode": manifest.mode,
+                   "total_bytes": manifest.total_bytes, "age_s": round(now - manifest.created_at, 3)}
+    elif version is not None:
+        weights = {"version": version, "step": None, "mode": None, "total_bytes": None, "age_s": None}
+    return {"run": run, "time": now, "roles": role_rows(latest, now, version), "weights": weights,
+            "topics": topic_rows(marks, previous_marks, dt_s),
+            "lag": lag_rows(marks, committed or {}, groups or {}),
+            "trainer_metrics": trainer_metrics(latest), "alerts": open_alerts(alerts)}

@@ -1,0 +1,138 @@
+"""Consumer lag per partition: high-water mark minus the group's committed offset (and minus this process's position).
+
+Consumes: a transport (for a group-less reader and an admin client), the consumer group and topics of a role, the
+partitions this process is assigned (a snapshot the loop hands over) and the next offsets it has read.
+Produces: ``{(topic, partition): lag}`` twice, committed-based and position-based, every ``lag_interval_s`` on a
+daemon thread, pushed to :class:`~stream_rl.telemetry.metrics.RoleMetrics` and kept for heartbeats and alerts.
+Guarantees::
+
+    lag(p)          = max(0, highwater(p) - committed(p))      committed missing -> 0 (the log start is assumed 0)
+    position_lag(p) = max(0, highwater(p) - next_offset(p))    next_offset missing -> committed(p)
+
+High-water marks come from fetch responses (ListOffsets(latest) is wrong on tansu; see notes): the reader fetches
+each partition from the previous mark (first time: the committed offset), so a measurement moves only new records.
+The loop never waits on any of this; a failed measurement is logged, counted as an error and retried at the next
+interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, int]
+
+
+def compute_lag(highwaters: Mapping[Key, int], offsets: Mapping[Key, int | None]) -> dict[Key, int]:
+    """``max(0, highwater - offset)`` per partition; a missing or negative offset counts as 0."""
+    out = {}
+    for key, mark in highwaters.items():
+        offset = offsets.get(key)
+        out[key] = max(0, int(mark) - (int(offset) if offset is not None and offset >= 0 else 0))
+    return out
+
+
+def committed_offsets(admin, group: str) -> dict[Key, int]:
+    """The group's committed offsets as the broker reports them (partitions without a commit are left out)."""
+    found = admin.list_group_offsets({group: None}).get(group, {})
+    return {(tp.topic, tp.partition): int(meta.offset) for tp, meta in found.items() if meta.offset >= 0}
+
+
+def fetch_highwaters(reader, tps: Sequence[Any], start: Mapping[Key, int] | None = None,
+                     timeout_s: float = 10.0) -> dict[Key, int]:
+    """High-water marks of ``tps`` (kafka TopicPartitions) from fetch responses of a group-less reader.
+
+    Each partition is fetched from ``start`` (e.g. the previous mark or the committed offset; else the beginning),
+    so a measurement moves only the records added since; records are not consumed (``update_offsets=False``)."""
+    reader.assign(list(tps))
+    for tp in tps:
+        offset = (start or {}).get((tp.topic, tp.partition))
+        if offset is None or offset < 0:
+            reader.seek_to_beginning(tp)
+        else:
+            reader.seek(tp, offset)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reader.poll(timeout_ms=200, max_records=1, update_offsets=False)
+        marks = {tp: reader.highwater(tp) for tp in tps}
+        if all(v is not None for v in marks.values()):
+            return {(tp.topic, tp.partition): int(v) for tp, v in marks.items()}
+        if time.monotonic() > deadline:
+            missing = [f"{tp.topic}[{tp.partition}]" for tp, v in marks.items() if v is None]
+            raise TimeoutError(f"no fetch response within {timeout_s}s for {', '.join(missing)}")
+
+
+class LagMonitor:
+    """Measures the lag of one consumer group on a daemon thread every ``interval_s``."""
+
+    def __init__(self, transport, group: str, topics: Sequence[str], interval_s: float,
+                 on_lag: Callable[[dict[Key, int], dict[Key, int]], None],
+                 on_error: Callable[[BaseException], None]):
+        self.transport, self.group, self.topics = transport, group, list(topics)
+        self.interval_s = interval_s
+        self.on_lag, self.on_error = on_lag, on_error
+        self.assigned: frozenset[Key] | None = None  # set by the loop's thread; None = every partition
+        self.positions: dict[Key, int] = {}  # next offset this process reads, per partition (loop thread writes)
+        self.lag: dict[Key, int] = {}
+        self.position_lag: dict[Key, int] = {}
+        self.measured_at: float | None = None
+        self._stop = threading.Event()
+        self._reader = self._admin = None
+        self._marks: dict[Key, int] = {}
+        self._thread = threading.Thread(target=self._run, name=f"lag-{group}", daemon=True)
+
+    def start(self) -> LagMonitor:
+        self._thread.start()
+        return self
+
+    def measure(self) -> tuple[dict[Key, int], dict[Key, int]]:
+        """One measurement: (committed lag, position lag) of the watched partitions."""
+        from stream_rl.transport.client import partitions_of
+
+        if self._reader is None:
+            self._reader, self._admin = self.transport.reader(), self.transport.admin()
+        assigned = self.assigned
+        tps = [tp for topic in self.topics for tp in partitions_of(self._reader, topic)
+               if assigned is None or (tp.topic, tp.partition) in assigned]
+        if not tps:
+            return {}, {}
+        committed = committed_offsets(self._admin, self.group)
+        marks = fetch_highwaters(self._reader, tps, {**committed, **self._marks})
+        self._marks = marks
+        positions = {**committed, **{k: v for k, v in dict(self.positions).items() if k in marks}}
+        return compute_lag(marks, committed), compute_lag(marks, positions)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.lag, self.position_lag = self.measure()
+                self.measured_at = time.time()
+                self.on_lag(self.lag, self.position_lag)
+            except Exception as exc:  # a telemetry thread must not kill the role: report, reconnect, retry
+                self.on_error(exc)
+                self._close_clients()
+            self._stop.wait(self.interval_s)
+        self._close_clients()
+
+    def _close_clients(self) -> None:
+        for client in (self._reader, self._admin):
+            if client is not None:
+                try:
+                    client.close()
+                except Exception as exc:  # closing a client of a dead broker may fail; nothing to recover
+                    log.debug("closing a lag client failed: %r", exc)
+        self._reader = self._admin = None
+
+    @property
+    def total(self) -> int:
+        return sum(self.lag.values())
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(15.0)

@@ -1,0 +1,302 @@
+"""Alerts end to end on the real local broker: a crafted condition makes the alert fire on the alerts topic and its
+action happens (memory growth from real allocations; NaN loss in the trainer; lag with a paused scorer)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+from schemas import decode
+from stream_rl.alerts.monitor import AlertMonitor
+from stream_rl.telemetry.metrics import process_rss_bytes
+from stream_rl.transport.client import Transport, partitions_of, read_range
+
+pytestmark = pytest.mark.broker
+
+MIB = 1 << 20
+
+
+def read_alerts(transport) -> list:
+    reader = transport.reader()
+    try:
+        return [decode(r.value, "alert") for tp in partitions_of(reader, transport.names.alerts)
+                for r in read_range(reader, tp, 0, None)]
+    finally:
+        reader.close()
+
+
+def sample_rss(monitor: AlertMonitor, seconds: float, allocate_mib: int = 0, held: list | None = None,
+               until: str | None = None, max_allocations: int = 25) -> list:
+    """Observe this process's real RSS every 0.1 s for ``seconds`` (or until a transition to state ``until``),
+    first allocating (and touching) ``allocate_mib`` MiB each time, at most ``max_allocations`` times."""
+    out = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not (until and any(a.state == until for a in out)):
+        if allocate_mib and len(held) < max_allocations:
+            held.append(b"\x01" * (allocate_mib * MIB))  # written, so resident
+        out += monitor.observe(time.monotonic(), {"process/rss_bytes": process_rss_bytes()})
+        time.sleep(0.1)
+    return out
+
+
+def test_memory_growth_from_real_allocations_fires_pauses_and_resolves(make_config, caplog):
+    cfg = make_config(**{"alerts.memory_growth.window_s": 1.0, "alerts.memory_growth.min_span_s": 0.5,
+                         "alerts.memory_growth.min_samples": 5,
+                         "alerts.memory_growth.max_slope_bytes_per_s": 10.0 * MIB,
+                         "alerts.memory_growth.action": "pause"})
+    t = Transport(cfg, "test")
+    t.ensure_topics()
+    monitor = AlertMonitor.for_role(cfg, "scorer", "scorer-mem01", t.sink(), t.names.alerts,
+                                    logging.getLogger("test.alerts.mem"))
+    held: list[bytes] = []
+    with caplog.at_level(logging.INFO, logger="test.alerts.mem"):
+        assert sample_rss(monitor, 1.5) == []  # steady RSS: nothing
+        fired = sample_rss(monitor, 10, allocate_mib=8, held=held, until="firing")  # ~80 MiB/s, always higher
+        assert [(a.name, a.state) for a in fired] == [("memory_growth", "firing")]
+        assert monitor.paused and monitor.action == "pause"
+        held.clear()  # freed: RSS falls, then stays flat
+        resolved = sample_rss(monitor, 15, until="resolved")
+        assert [(a.name, a.state) for a in resolved] == [("memory_growth", "resolved")]
+        assert not monitor.paused
+    on_topic = read_alerts(t)
+    assert [(a.name, a.state, a.action, a.instance_id) for a in on_topic] == [
+        ("memory_growth", "firing", "pause", "scorer-mem01"), ("memory_growth", "resolved", "pause", "scorer-mem01")]
+    assert on_topic[0].value > 10.0 * MIB and on_topic[0].threshold == 10.0 * MIB
+    assert "process/rss_bytes slope" in on_topic[0].message
+    assert any(r.levelno == logging.WARNING and "memory_growth firing" in r.getMessage() for r in caplog.records)
+
+
+# ------------------------------------------------------------------------------------------------ the trainer
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    from stream_rl.demo.tokenizer import build_tokenizer
+    from stream_rl.models import save_model
+    from test_trainer_support import tiny_policy
+
+    return save_model(tiny_policy(seed=0), build_tokenizer(), tmp_path / "policy")
+
+
+def trainer_config(make_config, model_dir, **overrides):
+    base = {"trainer.model_dir": str(model_dir), "trainer.groups_per_step": 1, "trainer.micro_batch_size": 2,
+            "trainer.poll_timeout_s": 0.2, "trainer.lr": 1e-3, "trainer.checkpoint_every": 1,
+            "topics.partitions.scored": 1, "telemetry.http": False}
+    return make_config(**{**base, **overrides})
+
+
+def send_samples(transport, sink, prompts, samples=(0, 1), version: int = 0) -> None:
+    from test_trainer_support import scored
+
+    for p in prompts:
+        for s in samples:
+            rec = scored(p, s, version=version, reward=float(s == 0), response_ids=[6 + s, 7])
+            sink.send(transport.names.scored, rec, key=rec.group_id)
+    sink.flush()
+
+
+def start_trainer(trainer, stop):
+    """Run ``trainer`` the way the CLI does (``run_role``: AlertStop -> exit code 3) on a thread."""
+    import threading
+
+    from stream_rl.cli.roles import run_role
+
+    errors: list[BaseException] = []
+
+    def target():
+        try:
+            run_role(trainer.run, stop)
+        except BaseException as exc:  # typer.Exit for an alert stop; surfaced to the test
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, errors
+
+
+def wait_for(predicate, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def rows(cfg) -> list[str]:
+    from pathlib import Path
+
+    path = Path(cfg.run_dir) / "metrics.jsonl"
+    return path.read_text().splitlines() if path.is_file() else []
+
+
+def manifest_versions(transport) -> list[int]:
+    reader = transport.reader()
+    try:
+        return [decode(r.value, "weights_manifest").version for tp in partitions_of(reader, transport.names.weights)
+                for r in read_range(reader, tp, 0, None)]
+    finally:
+        reader.close()
+
+
+def committed(transport, group: str) -> dict:
+    admin = transport.admin()
+    try:
+        found = admin.list_group_offsets({group: None}).get(group, {})
+    finally:
+        admin.close()
+    return {(tp.topic, tp.partition): meta.offset for tp, meta in found.items()}
+
+
+def test_nan_loss_stops_the_trainer_with_code_3_and_no_nan_weights_are_published(make_config, model_dir):
+    import math
+    import threading
+    from pathlib import Path
+
+    import torch
+
+    from consumers.trainer.checkpoint import complete_checkpoints, load_checkpoint
+    from consumers.trainer.loop import Trainer
+
+    torch.set_num_threads(1)
+    cfg = trainer_config(make_config, model_dir, **{"trainer.max_steps": 4})
+    transport = Transport(cfg, "test")
+    transport.ensure_topics()
+    sink = transport.sink()
+    trainer = Trainer(cfg)
+    stop = threading.Event()
+    thread, errors = start_trainer(trainer, stop)
+    try:
+        send_samples(transport, sink, [0])  # step 1: healthy, version 1 published, checkpoint step 1
+        wait_for(lambda: len(rows(cfg)) >= 1 and complete_checkpoints(Path(cfg.run_dir) / "checkpoints"), "step 1")
+        with torch.no_grad():  # the trainer is idle, waiting for data: poison the output layer
+            dict(trainer.engine.module.named_parameters())["policy.lm_head.weight"].fill_(math.nan)
+        send_samples(transport, sink, [1])  # step 2: NaN logits -> NaN loss
+        thread.join(60)
+        assert not thread.is_alive(), "the trainer did not stop on the NaN loss"
+    finally:
+        stop.set()
+        thread.join(30)
+        trainer.close()
+        sink.close()
+
+    assert len(errors) == 1 and getattr(errors[0], "exit_code", None) == 3, errors  # typer.Exit(3) from run_role
+    alerts = read_alerts(transport)
+    firing = {a.name: a for a in alerts if a.state == "firing"}
+    assert "loss_nonfinite" in firing
+    assert (firing["loss_nonfinite"].action, firing["loss_nonfinite"].role) == ("stop", "trainer")
+    assert firing["loss_nonfinite"].instance_id == trainer.transport.instance_id
+    assert manifest_versions(transport) == [1]  # nothing after the NaN step
+    # the newest checkpoint is the healthy step 1 (finite weights): a --resume loads it, not the NaN state
+    root = Path(cfg.run_dir) / "checkpoints"
+    assert [p.name for p in complete_checkpoints(root)] == ["step-00000001"]
+    assert load_checkpoint(root / "step-00000001").version == 1
+
+
+def test_stop_alert_writes_a_final_checkpoint_and_publishes_no_weights(make_config, model_dir):
+    import threading
+    from pathlib import Path
+
+    import torch
+
+    from consumers.trainer.checkpoint import complete_checkpoints, load_checkpoint
+    from consumers.trainer.loop import Trainer
+
+    torch.set_num_threads(1)
+    # the behaviour logprobs of the crafted rollouts (log 1/2) are far from the tiny policy's: mismatch > 0.01
+    cfg = trainer_config(make_config, model_dir, **{
+        "trainer.max_steps": 3, "trainer.checkpoint_every": 100,
+        "alerts.logprob_mismatch.max_abs_diff": 0.01, "alerts.logprob_mismatch.action": "stop"})
+    transport = Transport(cfg, "test")
+    transport.ensure_topics()
+    sink = transport.sink()
+    trainer = Trainer(cfg)
+    stop = threading.Event()
+    thread, errors = start_trainer(trainer, stop)
+    try:
+        send_samples(transport, sink, [0])
+        thread.join(60)
+        assert not thread.is_alive(), "the trainer did not stop on the alert"
+    finally:
+        stop.set()
+        thread.join(30)
+        trainer.close()
+        sink.close()
+
+    assert len(errors) == 1 and getattr(errors[0], "exit_code", None) == 3, errors
+    firing = [a for a in read_alerts(transport) if a.state == "firing" and a.name == "logprob_mismatch"]
+    assert len(firing) == 1 and firing[0].action == "stop" and firing[0].value > 0.01
+    assert manifest_versions(transport) == []  # the alerting step's weights were never broadcast
+    root = Path(cfg.run_dir) / "checkpoints"
+    assert [p.name for p in complete_checkpoints(root)] == ["step-00000001"]  # the final checkpoint
+    ckpt = load_checkpoint(root / "step-00000001")
+    assert ckpt.step == 1 and ckpt.version == 0
+    assert committed(transport, trainer_group_of(cfg)) == {(transport.names.scored, 0): 2}
+
+
+def trainer_group_of(cfg) -> str:
+    from consumers.trainer.loop import trainer_group
+
+    return trainer_group(cfg)
+
+
+def test_lag_alert_fires_and_a_pause_alert_stops_consuming_until_it_resolves(make_config, model_dir):
+    """Lag built up from groups the trainer cannot complete -> consumer_lag; a dead-letter storm -> dlq_rate with
+    action pause: the trainer fetches nothing (no step, no commit) until the rate falls, then trains and commits."""
+    import threading
+
+    import torch
+
+    from consumers.trainer.loop import Trainer
+
+    torch.set_num_threads(1)
+    cfg = trainer_config(make_config, model_dir, **{
+        "trainer.max_steps": 5, "telemetry.lag_interval_s": 0.2, "telemetry.heartbeat_interval_s": 1.0,
+        "alerts.consumer_lag.max_records": 3, "alerts.consumer_lag.for_s": 0.5,
+        "alerts.dlq_rate.max_per_minute": 1.0, "alerts.dlq_rate.window_s": 6.0, "alerts.dlq_rate.action": "pause"})
+    transport = Transport(cfg, "test")
+    transport.ensure_topics()
+    sink = transport.sink()
+    trainer = Trainer(cfg)
+    group, scored_tp = trainer_group_of(cfg), (transport.names.scored, 0)
+    stop = threading.Event()
+    thread, errors = start_trainer(trainer, stop)
+
+    def fired(name: str, state: str = "firing") -> list:
+        return [a for a in read_alerts(transport) if a.name == name and a.state == state]
+
+    try:
+        send_samples(transport, sink, range(5), samples=(0,))  # 5 records, no group complete: nothing commits
+        wait_for(lambda: fired("consumer_lag"), "consumer_lag firing", 30)
+        for i in range(3):  # undecodable: dead-lettered by the trainer
+            sink.send_raw(transport.names.scored, b"\xc1not msgpack", key=f"bad{i}")
+        sink.flush()
+        wait_for(lambda: fired("dlq_rate"), "dlq_rate firing", 30)
+        assert trainer.telemetry.paused
+        before = committed(transport, group)
+        send_samples(transport, sink, range(5), samples=(1,))  # completes all 5 groups, but the trainer is paused
+        time.sleep(2.0)
+        assert rows(cfg) == [] and committed(transport, group) == before  # nothing fetched, trained or committed
+        wait_for(lambda: fired("dlq_rate", "resolved"), "dlq_rate resolved", 40)
+        thread.join(90)  # resumed: trains the 5 groups (max_steps 5) and stops
+        assert not thread.is_alive(), "the trainer did not resume after the pause alert resolved"
+    finally:
+        stop.set()
+        thread.join(30)
+        trainer.close()
+        sink.close()
+
+    assert errors == []
+    assert len(rows(cfg)) == 5
+    assert committed(transport, group) == {scored_tp: 13}  # 5 + 3 dead letters + 5
+    lag = fired("consumer_lag")[0]
+    assert lag.action == "log" and lag.value >= 5 and lag.threshold == 3
+    assert before.get(scored_tp, 0) == 0
+    reader = transport.reader()
+    try:
+        beats = [decode(r.value, "heartbeat") for tp in partitions_of(reader, transport.names.status)
+                 for r in read_range(reader, tp, 0, None)]
+    finally:
+        reader.close()
+    assert any(b.state == "paused" and "dlq_rate" in b.open_alerts for b in beats)

@@ -79,8 +79,8 @@ def run(ctx: BenchContext) -> dict[str, Any]:
         return measure
 
     ctx.log(f"async: lock-step and lag {', '.join(map(str, size['lags']))}: {total} steps each, {size['steps']} "
-            f"timed, {ctx.repeats} rounds")
-    samples = interleave([(label(lag), variant(lag)) for lag in lags], ctx.repeats, ctx.log)
+            f"timed, {ctx.rounds} rounds")
+    samples = interleave([(label(lag), variant(lag)) for lag in lags], ctx.rounds, ctx.log, ctx.min_rounds)
     figures = _figures(medians(samples), medians(stage), lags, len(dr.usable_cores()))
     per_step = base_cfg.trainer.groups_per_step * base_cfg.run.group_size
     notes = [f"Wall time from the end of trainer step {skip} to the end of step {total}: {size['steps']} steps = "
@@ -94,7 +94,7 @@ def run(ctx: BenchContext) -> dict[str, Any]:
             "params": {"lags": list(lags), "steps": size["steps"], "skip_steps": skip, "total_steps": total,
                        "rollouts_per_step": per_step, "stage_steps": size["stage_steps"],
                        "stages_reused": reused, "stale": stale, "placements": placements,
-                       "cores": dr.usable_cores(), "repeats": ctx.repeats}}
+                       "cores": dr.usable_cores(), "repeats": ctx.rounds}}
 
 
 def _figures(med: Mapping[str, float], stage: Mapping[str, float], lags: tuple[int, ...],
@@ -137,6 +137,8 @@ def reading(result: Mapping[str, Any]) -> str:
     speedups = ", ".join(f"{fmt(f[f'lag{lag}_speedup'])}× at `max_lag={lag}`" for lag in lags)
     rewards = ", ".join(f"{fmt(f[f'lag{lag}_reward'])} (`max_lag={lag}`)" for lag in lags)
     stale = params["stale"].get("lockstep", [])
+    streaming_stale = "; ".join(f"`max_lag={lag}` {params['stale'][f'lag{lag}']}" for lag in lags)
+    lag_means = ", ".join(f"{fmt(f[f'lag{lag}_lag_mean'] - 1)} (`max_lag={lag}`)" for lag in lags)
     best = max(f[f"lag{lag}_speedup"] for lag in lags)
     gap = ("streaming stays under it: it pays for sharing two cores between three roles, so a stage that is not "
            "the largest alone slows down when it gets half a core"
@@ -150,6 +152,12 @@ def reading(result: Mapping[str, Any]) -> str:
         f"{len(params['cores'])}. Lock-step also pays, every step, for what streaming hides: the weight broadcast "
         f"and fetch, the producer noticing the new version, and Kafka hand-offs between three processes; {gap}. "
         f"Lock-step runs dropped {sum(stale)} stale rollouts in total ({stale} per run): it ran lock-step. "
+        f"Streaming runs dropped {streaming_stale} (per run): with `versions_ahead = max_lag` the producer may "
+        f"generate up to `max_lag` versions ahead of the weights it holds, and since it holds a version only "
+        f"after fetching it, some groups are trained more than `max_lag` versions after the weights they were "
+        f"sampled with; they are dropped and their prompts re-queued and generated again, which costs time (the "
+        f"producer's settings advise `versions_ahead` below `max_lag`). Mean staleness of the trained rollouts: "
+        f"{lag_means}. "
         f"Reward over the last {params['steps']} steps: lock-step {fmt(f['lockstep_reward'])}, streaming "
         f"{rewards}; every run trained the same {params['total_steps']} steps from the same warm-started policy, "
         f"far too few for the off-policy lag to show in the reward (benchmark 5 measures that), so differences "

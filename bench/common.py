@@ -54,6 +54,16 @@ class BenchContext:
     repeats: int = MIN_REPEATS
     log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
 
+    @property
+    def rounds(self) -> int:
+        """Rounds for benchmarks that start role processes: ``repeats``, but one in the tiny mode (the test suite's
+        keep-alive run, where a round of process start-ups costs minutes and the figures mean nothing)."""
+        return 1 if self.mode == "tiny" else self.repeats
+
+    @property
+    def min_rounds(self) -> int:
+        return 1 if self.mode == "tiny" else MIN_REPEATS
+
     def pick(self, full: Any, quick: Any, tiny: Any) -> Any:
         """The value for this run's size mode."""
         return {"full": full, "quick": quick, "tiny": tiny}[self.mode]
@@ -71,14 +81,15 @@ class BenchContext:
 Step = Callable[[], Mapping[str, float]]
 
 
-def interleave(steps: Sequence[tuple[str, Step]], repeats: int, log: Callable[[str], None] | None = None
-               ) -> dict[str, list[float]]:
+def interleave(steps: Sequence[tuple[str, Step]], repeats: int, log: Callable[[str], None] | None = None,
+               minimum: int = MIN_REPEATS) -> dict[str, list[float]]:
     """Run every step once per round, ``repeats`` rounds; return each reported timing's samples in round order.
 
-    A step measures itself (its set-up stays outside its timer) and returns ``{name: seconds}``.
+    A step measures itself (its set-up stays outside its timer) and returns ``{name: seconds}``. ``minimum`` is
+    lowered only by :attr:`BenchContext.min_rounds` for the tiny mode, whose figures mean nothing anyway.
     """
-    if repeats < MIN_REPEATS:
-        raise ValueError(f"at least {MIN_REPEATS} repeats are needed for a median, got {repeats}")
+    if repeats < minimum:
+        raise ValueError(f"at least {minimum} repeats are needed for a median, got {repeats}")
     samples: dict[str, list[float]] = {}
     for round_no in range(repeats):
         for label, step in steps:
@@ -277,7 +288,7 @@ def _summary(results: Mapping[str, Any], specs: Sequence[BenchSpec]) -> str:
 
 
 def _anchor(title: str) -> str:
-    return "-".join("".join(c for c in title.lower() if c.isalnum() or c == " ").split())
+    return "-".join("".join(c for c in title.lower() if c.isalnum() or c in " -").split())
 
 
 def _section(spec: BenchSpec, result: Mapping[str, Any] | None) -> str:

@@ -226,7 +226,7 @@ def stage_samples(ctx: BenchContext, cfg, demo: Path, steps: int) -> tuple[dict[
     try:
         with one_thread():
             samples = interleave([(name, getattr(stages, name)) for name in ("generate", "score", "train")],
-                                 ctx.repeats, ctx.log)
+                                 ctx.rounds, ctx.log, ctx.min_rounds)
     finally:
         stages.close()
     remember_stages(ctx, samples)

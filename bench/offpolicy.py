@@ -126,7 +126,7 @@ def _diff_cell(diff: tuple[float, float, float] | None) -> str:
 
 def table(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     headers = ["lag", "variant", "final reward (median)", "seed range", "train reward, last steps",
-               "correction on − this, per seed: median (min … max)", "clip frac", "IS weight mean"]
+               "correction on − this, per seed: median (min … max)", "PPO clip frac", "IS weights capped"]
     rows = [["–", "warm-start policy (before RL)", fmt(result["figures"]["start_reward"]),
              _spread(result, "start_reward"), "–", "–", "–", "–"]]
     for lag, variant in runs(result["params"]):
@@ -137,7 +137,7 @@ def table(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         rows.append([str(lag), label, fmt(result["figures"][f"{key}.final_reward"]),
                      _spread(result, f"{key}.final_reward"), fmt(result["figures"][f"{key}.train_reward_last"]),
                      _diff_cell(diff), f"{diag['clipfrac']:.3f}" if "clipfrac" in diag else "–",
-                     f"{diag['is_weight_mean']:.3f}" if "is_weight_mean" in diag else "–"])
+                     f"{diag['is_clipped_frac']:.4f}" if "is_clipped_frac" in diag else "–"])
     return headers, rows
 
 
@@ -176,6 +176,28 @@ def _learning(result: dict[str, Any]) -> tuple[str, bool]:
             "on a loaded machine even less.", False)
 
 
+def _areal(result: dict[str, Any], top: int, learned: bool) -> str:
+    """The comparison with AReaL's published ordering, from the paired differences."""
+    ppo, off = paired_difference(result, top, "ppo_mu"), paired_difference(result, top, "uncorrected")
+    if ppo is not None and ppo[1] > 0:
+        order = (f"AReaL's ordering holds here too: at lag {top} the decoupled objective beats plain PPO against mu "
+                 f"by {ppo[0]:+.3f} on every seed.")
+    elif ppo is not None and ppo[2] < 0:
+        order = (f"AReaL's ordering is reversed here: plain PPO against mu beats the decoupled objective by "
+                 f"{-ppo[0]:.3f} on every seed.")
+    else:
+        order = (f"AReaL's ordering is not reproduced at this scale: plain PPO against mu is as good as the decoupled "
+                 f"objective at lag {top} (within the seed noise): with one update per batch and answers of a few "
+                 "tokens, its clipping alone keeps the update close enough to the behaviour policy.")
+    if off is not None and off[1] > 0:
+        order += (f" What does hurt is dropping the correction (`off_policy_correction = false`: stale samples "
+                  f"treated as on-policy, no weight, no clipping since the ratio is taken against the proximal "
+                  f"policy): {off[0]:+.3f} at lag {top} on every seed, so keep it on whenever `max_lag` > 0.")
+    if not learned:
+        order += " With no measurable learning at lag 0, these differences concern drift, not learning speed."
+    return order
+
+
 def reading(result: dict[str, Any]) -> str:
     p = result["params"]
     lags = [lag for lag in p["lags"] if lag > 0]
@@ -184,15 +206,9 @@ def reading(result: dict[str, Any]) -> str:
     per_lag = "; ".join(f"lag {lag}: {_verdict(paired_difference(result, lag, 'uncorrected'))}" for lag in lags)
     ppo = _verdict(paired_difference(result, top, "ppo_mu"))
     drop = _value(result, 0, "decoupled") - _value(result, top, "decoupled")
-    diag_top = result.get("diagnostics", {}).get(f"lag{top}.ppo_mu", {})
-    w_top = result.get("diagnostics", {}).get(f"lag{top}.decoupled", {})
-    close = abs(w_top.get("is_weight_mean", 1) - 1) < 0.05 and diag_top.get("clipfrac", 0) < 0.1
-    gap = "small" if close else "noticeable"
-    diffs = [paired_difference(result, lag, v) for lag in lags for v in ("uncorrected",)] + \
-        [paired_difference(result, top, "ppo_mu")]
-    helped = [d for d in diffs if d is not None and d[1] > 0]
-    verdict = ("Yes, beyond the seed spread in " + f"{len(helped)} of {len(diffs)} comparisons." if helped else
-               "Not measurably: no comparison is better with the correction on every seed.")
+    diag = result.get("diagnostics", {})
+    clip_top = diag.get(f"lag{top}.ppo_mu", {}).get("clipfrac", 0.0)
+    capped_top = diag.get(f"lag{top}.decoupled", {}).get("is_clipped_frac", 0.0)
     return f"""
 Measured in one process with the pipeline's pure steps (`produce_rollouts`, `score_rollouts` with the demo's
 verifier, `build_batch`, `train_step`), not through Kafka: what is compared is the loss, and the transport would
@@ -208,17 +224,12 @@ the old logprobs), so tokens whose ratio left the clip range give no gradient.
 
 {learned_text}
 
-Correction on minus off, paired per seed (same prompts and sampling seeds), final held-out reward: {per_lag}.
-At lag {top}, correction on minus plain PPO vs mu: {ppo} (plain PPO clipped {diag_top.get('clipfrac', 0):.3f} of
-its tokens; the corrected run's mean importance weight was {w_top.get('is_weight_mean', 1):.3f}). Between lag 0
-and lag {top} the corrected run's final reward changes by {-drop:+.3f}.
+**Does the correction matter here?** Correction on minus off, paired per seed (same prompts and sampling seeds),
+final held-out reward: {per_lag}. At lag {top}, correction on minus plain PPO vs mu: {ppo}; plain PPO clipped
+{clip_top:.1%} of its tokens there and {capped_top:.2%} of the decoupled weights hit the cap. With the correction,
+lag {top} ends {abs(drop):.3f} {'below' if drop > 0 else 'above'} lag 0.
 
-AReaL reports, at staleness 4 on AIME24, 23.3 for plain PPO against 42.2 with the decoupled objective: long
-reasoning traces of 1.5-7 B models, where the gap between the behaviour policy and the current one is large. Here
-responses are at most {p['max_new_tokens']} tokens from a ~1 M-parameter model at lr {p['lr']} with one update per
-batch, and at lag {top} the gap stays {gap}: mean importance weight {w_top.get('is_weight_mean', 1):.3f}, plain PPO
-clipping {diag_top.get('clipfrac', 0):.1%} of tokens. **Does the correction matter here?** {verdict} This is not a
-reproduction of the published effect{'' if learned else ' (there is no learning curve for it to act on)'}; to make
-the comparison bite: more steps per run (minutes each), a larger lr or more epochs per batch (bigger policy moves
-per version), longer responses, or the GPU.
+AReaL reports, at staleness 4 on AIME24, 23.3 for plain PPO against 42.2 with the decoupled objective (long
+reasoning traces of 1.5-7 B models). {_areal(result, top, learned)} Caveats: a ~1 M-parameter model, answers of at
+most {p['max_new_tokens']} tokens, {p['steps']} steps per run and three seeds; the seed range is in the table.
 """

@@ -61,12 +61,12 @@ def run(ctx: BenchContext) -> dict[str, Any]:
                 "pipeline_broadcast_s": statistics.median(r["time/broadcast_s"] for r in span)}
 
     ctx.log(f"pipeline: stages alone ({size['stage_steps']} steps each), then the pipeline ({skip} + "
-            f"{size['steps']} steps), {ctx.repeats} rounds")
+            f"{size['steps']} steps), {ctx.rounds} rounds")
     stages = dr.Stages(cfg, demo, size["stage_steps"])
     try:
         with dr.one_thread():
             steps = [(name, getattr(stages, name)) for name in STAGES]
-            samples.update(interleave(steps + [("pipeline", pipeline)], ctx.repeats, ctx.log))
+            samples.update(interleave(steps + [("pipeline", pipeline)], ctx.rounds, ctx.log, ctx.min_rounds))
     finally:
         stages.close()
     dr.remember_stages(ctx, samples)
@@ -77,7 +77,7 @@ def run(ctx: BenchContext) -> dict[str, Any]:
                        "groups_per_step": cfg.trainer.groups_per_step, "group_size": cfg.run.group_size,
                        "max_new_tokens": cfg.producer.max_new_tokens, "scorer_batch_size": cfg.scorer.batch_size,
                        "versions_ahead": cfg.producer.versions_ahead, "max_lag": cfg.trainer.max_lag,
-                       "cores": dr.usable_cores(), "rounds": rounds, "repeats": ctx.repeats}}
+                       "cores": dr.usable_cores(), "rounds": rounds, "repeats": ctx.rounds}}
 
 
 def _slowest(samples: Mapping[str, list[float]]) -> str:
@@ -124,24 +124,26 @@ def headline(result: Mapping[str, Any]) -> str:
 def reading(result: Mapping[str, Any]) -> str:
     f = result["figures"]
     slow = slowest_name(f)
-    busy = f["pipeline_trainer_busy"]
+    work, cast = f["pipeline_trainer_work_s"], f["pipeline_broadcast_s"]
     return (
         f"Alone, on one thread each, the slowest stage is **{slow}** ({fmt(f['slowest_stage_tokens_s'])} tokens/s; "
         f"generate {fmt(f['generate_tokens_s'])}, score {fmt(f['score_tokens_s'])}, train "
         f"{fmt(f['train_tokens_s'])}). The streaming pipeline trains {fmt(f['pipeline_tokens_s'])} tokens/s, "
-        f"**{fmt(f['pipeline_vs_slowest'])}×** that stage: 1.0 would mean the pipeline costs nothing beyond its "
-        f"slowest stage. Inside the pipeline the trainer's work per step (batch, metrics, `train_step`, "
-        f"bookkeeping; broadcast excluded) took {fmt(f['pipeline_train_vs_alone'])}× as long as alone "
-        f"({fmt(f['pipeline_trainer_work_s'])} s against {fmt(f['train_step_s'])} s, of which `train_step` "
-        f"{fmt(f['pipeline_train_step_s'])} s; the rest is per-step bookkeeping alone does not have: a span "
-        f"linked to every rollout, the trained-ids line, the batcher), each step also published the 4.2 MB "
-        f"policy inline ({fmt(f['pipeline_broadcast_s'])} s), and the trainer was busy {fmt(100 * busy)}% of the "
-        f"wall time (the rest it waited for scored groups). Where the pipeline falls short: with three roles "
-        f"on two cores, two of them share a core, so a stage that is not the slowest "
-        f"alone can become the limit once it runs at half a core; the broker, weight fetches in the producer and "
-        f"this benchmark's own polling take CPU from the same two cores; and the machine is shared with other "
-        f"jobs, so absolute figures moved between rounds (the samples in `bench/results.json` show by how much). "
-        f"What would fix it: a core per role (on a larger machine the ratio is bounded by the slowest stage, not "
-        f"by core sharing), a cheaper scorer (the reward model and the reference model each run a full forward "
-        f"pass over every rollout, and assembling and validating each scored message is per-rollout Python), and "
-        f"broadcasting weights every few steps instead of every step.")
+        f"**{fmt(f['pipeline_vs_slowest'])}×** that stage (1.0 would mean the pipeline costs nothing beyond its "
+        f"slowest stage). The shortfall splits into three factors that multiply to it: (1) the trainer's work per "
+        f"step (batch, metrics, `train_step`, bookkeeping) took {fmt(f['pipeline_train_vs_alone'])}× as long "
+        f"inside the pipeline as alone ({fmt(work)} s against {fmt(f['train_step_s'])} s; `train_step` itself "
+        f"{fmt(f['pipeline_train_step_s'])} s): its core is pinned but not private, the broker, this benchmark "
+        f"and the machine's other jobs run on it too, and the per-step bookkeeping alone does not have (a span "
+        f"linked to every rollout, the trained-ids line, the batcher) adds to it; (2) every step publishes the "
+        f"4.2 MB policy inline, {fmt(cast)} s, {fmt(100 * cast / (work + cast))}% of the trainer's busy time; "
+        f"(3) the trainer was busy only {fmt(100 * f['pipeline_trainer_busy'])}% of the wall time and waited for "
+        f"scored groups the rest: generation and scoring share the second core, and with `versions_ahead = 1` "
+        f"the producer can start the next step's groups only after it has fetched the version published at the "
+        f"start of the current step, so fetch + generate + score of one step must fit inside one trainer step on "
+        f"half the machine. What would fix it: a core per role and nothing else on the trainer's core (on a larger "
+        f"machine the ratio is bounded by the slowest stage, not by core sharing), `versions_ahead = 2` or a "
+        f"broadcast every few steps (fewer publishes, more slack for the producer, at the price of staler "
+        f"rollouts), and a cheaper scorer (two full forward passes per rollout plus per-record Python). The "
+        f"machine is shared and noisy: absolute figures moved between rounds (see the samples in "
+        f"`bench/results.json`); compare the ratios.")

@@ -5,12 +5,13 @@ engine, 32 prompts x 8 samples per batch, in this process); the demo's reward fu
 and reference model score them.
 Produces: per round (variants interleaved, at least 3 rounds), for 1 and for 2 scorers:
 
-1. a fresh run (topics, consumer group); the rollouts topic is pre-filled with ``N`` rollouts: copies of the base
-   set under fresh ids (epoch = copy number, ids recomputed), sent by this process before any scorer starts, so
-   the producers are "faster than the scorers" by construction; the send rate is recorded to show it;
-2. the scorer processes start (Supervisor, as ``stream-rl run`` starts them, ``scorer.batch_size`` 256), each
-   pinned to its own core (with one core usable, both share it), and drain the topic; this process waits,
-   polling the scored topic's high-water marks every half second;
+1. a fresh run (topics, consumer group); the scorer processes start (Supervisor, as ``stream-rl run`` starts them,
+   ``scorer.batch_size`` 256), each pinned to its own core (with one core usable, both share it);
+2. warm-up: this process trickles copies of 256 base rollouts (epochs from ``WARMUP_EPOCH0``, left out of the
+   measurement) until every scorer has scored some, so all have joined the group, loaded their models and run a
+   first batch; then it pre-fills the rollouts topic with ``N`` copies of the base set under fresh ids (epoch =
+   copy number, ids recomputed) at once, so the producers are "faster than the scorers" by construction (the
+   send rate is recorded to show it), and waits, polling the scored topic's high-water marks every half second;
 3. throughput from the scored records' own ``timings.created_at`` stamps (written by each scorer as it assembles
    a record): with ``first_s``/``last_s`` the first and last stamp of scorer ``s``, the window runs from the latest
    first stamp to the earliest last stamp, so every scorer is running during all of it, and the rate is the
@@ -39,7 +40,7 @@ def sizes(ctx: BenchContext) -> dict[str, int]:
     """Base rollouts generated (multiples of 256), rollouts pre-filled per measurement, deadline per drain."""
     return ctx.pick(full={"base": 1024, "rollouts": 4096, "deadline_s": 240},
                     quick={"base": 512, "rollouts": 3072, "deadline_s": 180},
-                    tiny={"base": 256, "rollouts": 768, "deadline_s": 180})
+                    tiny={"base": 256, "rollouts": 1536, "deadline_s": 180})
 
 
 def base_rollouts(cfg, demo: Path, count: int) -> list:
@@ -60,13 +61,14 @@ def base_rollouts(cfg, demo: Path, count: int) -> list:
         engine.close()
 
 
-def copies(base: Sequence[Any], count: int) -> list:
-    """``count`` rollouts cycling through ``base``; copy ``c`` gets epoch ``c`` and the ids that go with it."""
+def copies(base: Sequence[Any], count: int, first_epoch: int = 0) -> list:
+    """``count`` rollouts cycling through ``base``; copy ``c`` gets epoch ``first_epoch + c`` and the ids that go
+    with it."""
     from schemas import group_id_for, rollout_id_for
 
     out = []
     for i in range(count):
-        r, epoch = base[i % len(base)], i // len(base)
+        r, epoch = base[i % len(base)], first_epoch + i // len(base)
         out.append(dataclasses.replace(r, epoch=epoch, group_id=group_id_for(r.prompt_id, epoch),
                                        rollout_id=rollout_id_for(r.prompt_id, epoch, r.sample_index)))
     return out
@@ -100,15 +102,14 @@ def run(ctx: BenchContext) -> dict[str, Any]:
         def measure() -> dict[str, float]:
             cfg = dr.demo_config(ctx, demo, f"bench-scorers{n}", **{
                 "scorer.reward_model_weight": 1.0, "run.scorers": n})
-            sent_s = _prefill(cfg, rollouts)
-            stamps = _drain(ctx, cfg, n, len(rollouts), size["deadline_s"])
+            stamps, sent_s = _drain(ctx, cfg, n, base, rollouts, size["deadline_s"])
             rate, inside, seconds = window_rate(stamps)
             details.append({"scorers": n, "per_scorer": {k: len(v) for k, v in stamps.items()},
                             "window_records": inside, "window_s": seconds})
             return {f"scorers{n}_rollouts_s": rate, f"prefill{n}_rollouts_s": len(rollouts) / sent_s}
         return measure
 
-    samples = interleave([(f"{n} scorer(s)", variant(n)) for n in SCORER_COUNTS], ctx.repeats, ctx.log)
+    samples = interleave([(f"{n} scorer(s)", variant(n)) for n in SCORER_COUNTS], ctx.rounds, ctx.log, ctx.min_rounds)
     med = medians(samples)
     figures = {**med, "scale_out": med["scorers2_rollouts_s"] / med["scorers1_rollouts_s"],
                "prefill_vs_one_scorer": med["prefill1_rollouts_s"] / med["scorers1_rollouts_s"]}
@@ -117,51 +118,67 @@ def run(ctx: BenchContext) -> dict[str, Any]:
                       f"generated ones) and drains them; scorer batch {cfg0.scorer.batch_size}; cores "
                       f"{dr.usable_cores()}."],
             "params": {**size, "scorer_counts": list(SCORER_COUNTS), "batch_size": cfg0.scorer.batch_size,
-                       "cores": dr.usable_cores(), "runs": details, "repeats": ctx.repeats}}
+                       "cores": dr.usable_cores(), "runs": details, "repeats": ctx.rounds}}
 
 
-def _prefill(cfg, rollouts: Sequence[Any]) -> float:
-    """Send every rollout keyed by group id, wait for the acks; returns the seconds it took."""
+WARMUP_EPOCH0 = 1_000_000  # warm-up copies use epochs from here: never confused with the measured ones
+
+
+def _send(sink, topic: str, rollouts: Sequence[Any]) -> float:
+    """Send ``rollouts`` keyed by group id and wait for the acks; returns the seconds it took."""
+    t0 = time.perf_counter()
+    for rollout in rollouts:
+        sink.send(topic, rollout, key=rollout.group_id)
+    sink.flush()
+    return time.perf_counter() - t0
+
+
+def _drain(ctx: BenchContext, cfg, n: int, base: Sequence[Any], rollouts: Sequence[Any],
+           deadline_s: float) -> tuple[dict[str, list[float]], float]:
+    """Start ``n`` scorers (pinned); trickle warm-up copies of ``base`` until every scorer has scored some (all
+    joined the group, models loaded, first batch done); then pre-fill ``rollouts`` at once and wait until they are
+    scored. Returns the measured records' stamps by scorer, and the seconds the pre-fill took."""
+    from stream_rl.orchestrator import Supervisor, write_run_config
     from stream_rl.transport.client import Transport
 
+    run_dir = Path(cfg.run_dir)
     transport = Transport(cfg, "bench")
     transport.ensure_topics()
-    sink = transport.sink()
-    try:
-        t0 = time.perf_counter()
-        for rollout in rollouts:
-            sink.send(transport.names.rollouts, rollout, key=rollout.group_id)
-        sink.flush()
-        return time.perf_counter() - t0
-    finally:
-        sink.close()
-        transport.tracing.shutdown()
-
-
-def _drain(ctx: BenchContext, cfg, n: int, expected: int, deadline_s: float) -> dict[str, list[float]]:
-    """Start ``n`` scorers (pinned), wait until ``expected`` records are scored, stop them; the stamps by scorer."""
-    from stream_rl.orchestrator import Supervisor, write_run_config
-
-    run_dir = Path(cfg.run_dir)
+    sink, topic = transport.sink(), transport.names.rollouts
     sup = Supervisor(run_dir, write_run_config(cfg, run_dir))
     cores = dr.usable_cores()
     reader = _ScoredReader(cfg)
     try:
         for i in range(n):
             dr.pin(sup.start("score", i).proc.pid, cores[i % len(cores)])
-        started = time.monotonic()
+        started, sent, epoch = time.monotonic(), 0, WARMUP_EPOCH0
+        while len(reader.scorers()) < n or reader.count() < sent:
+            _check(sup, started, deadline_s, f"{n} scorer(s) did not all start scoring", run_dir)
+            if reader.count() >= sent:  # the last warm-up batch is done: send another
+                warm = copies(base[:256], min(len(base), 256), first_epoch=epoch)  # one copy: one epoch
+                epoch += 1
+                _send(sink, topic, warm)
+                sent += len(warm)
+            time.sleep(0.5)
+        sent_s = _send(sink, topic, rollouts)
+        expected = sent + len(rollouts)
         while reader.count() < expected:
-            sup.check()
-            if time.monotonic() - started > deadline_s:
-                raise RuntimeError(f"{n} scorer(s) scored {reader.count()} of {expected} rollouts in "
-                                   f"{deadline_s:.0f} s\n{dr.log_tails(run_dir)}")
+            _check(sup, started, 2 * deadline_s, f"{n} scorer(s) scored {reader.count()} of {expected}", run_dir)
             time.sleep(0.5)
     finally:
         sup.stop_all()
+        sink.close()
+        transport.tracing.shutdown()
     try:
-        return reader.stamps()
+        return reader.stamps(below_epoch=WARMUP_EPOCH0), sent_s
     finally:
         reader.close()
+
+
+def _check(sup, started: float, deadline_s: float, what: str, run_dir: Path) -> None:
+    sup.check()
+    if time.monotonic() - started > deadline_s:
+        raise RuntimeError(f"{what} within {deadline_s:.0f} s\n{dr.log_tails(run_dir)}")
 
 
 class _ScoredReader:
@@ -179,14 +196,22 @@ class _ScoredReader:
 
         return sum(highwaters(self.consumer, self.tps).values())
 
-    def stamps(self) -> dict[str, list[float]]:
+    def _scored(self):
         from schemas import decode
         from stream_rl.transport.client import read_range
 
-        out: dict[str, list[float]] = {}
         for tp in self.tps:
             for rec in read_range(self.consumer, tp, 0, None):
-                scored = decode(rec.value, "scored_rollout")
+                yield decode(rec.value, "scored_rollout")
+
+    def scorers(self) -> set[str]:
+        """Ids of the scorers that have scored anything so far (reads the whole, small, topic)."""
+        return {scored.scorer_id for scored in self._scored()}
+
+    def stamps(self, below_epoch: int) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {}
+        for scored in self._scored():
+            if scored.rollout.epoch < below_epoch:
                 out.setdefault(scored.scorer_id, []).append(float(scored.timings["created_at"]))
         return out
 
@@ -210,6 +235,16 @@ def headline(result: Mapping[str, Any]) -> str:
             f"{fmt(f['scorers2_rollouts_s'])} rollouts/s; ideal ≤ 2)")
 
 
+def _beyond_ideal(f: Mapping[str, float], cores: int) -> str:
+    if f["scale_out"] <= min(cores, 2):
+        return ""
+    return (f"The measured {fmt(f['scale_out'])}× is above that bound, which two processes doing the same work "
+            f"cannot beat: one scorer alone ran slower per process than each of two (see the samples, every round "
+            f"agrees), an effect of this run that was not isolated (candidates: one consumer fetching four "
+            f"partitions against two each, and other jobs on the shared cores); read it as linear scaling, about "
+            f"2×, not as more. ")
+
+
 def reading(result: Mapping[str, Any]) -> str:
     f, params = result["figures"], result["params"]
     cores = len(params["cores"])
@@ -219,7 +254,7 @@ def reading(result: Mapping[str, Any]) -> str:
         f"{fmt(f['scorers2_rollouts_s'])}, **{fmt(f['scale_out'])}×**. The ideal on {cores} usable cores is "
         f"at most {min(cores, 2)}×: each scorer has a core, but the broker (fetches for two consumers, acks for "
         f"their scored records) runs on the same cores, and the topic's partitions are split between the two "
-        f"scorers by count, not by load. The pre-fill sent rollouts {fmt(f['prefill_vs_one_scorer'])}× faster "
+        f"scorers by count, not by load. {_beyond_ideal(f, cores)}The pre-fill sent rollouts {fmt(f['prefill_vs_one_scorer'])}× faster "
         f"than one scorer consumed them, so the scorers, not the supply, set the pace. What limits a scorer: "
         f"two full forward passes per rollout (reward model, reference) plus per-record Python (decode, "
         f"assemble, validate, encode); more scorer processes scale it out as long as there are cores and "

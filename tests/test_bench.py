@@ -147,6 +147,7 @@ SCORERS_FIGURES = {"scorers1_rollouts_s", "scorers2_rollouts_s", "scale_out", "p
 
 
 @pytest.mark.broker
+@pytest.mark.timeout(900)  # tiny: one round, 5 pipeline/scorer launches
 def test_tiny_demo_benchmarks_produce_every_figure(broker, demo_build, tmp_path, monkeypatch):
     """Benchmarks 2, 3 and 6 on the session's demo build: real role processes, every figure finite and positive."""
     from bench import demo_runs
@@ -161,7 +162,7 @@ def test_tiny_demo_benchmarks_produce_every_figure(broker, demo_build, tmp_path,
         figures = results[name]["figures"]
         assert expected <= set(figures), expected - set(figures)
         assert all(math.isfinite(v) and v > 0 for v in figures.values()), figures
-        assert all(len(values) == 3 for values in results[name]["samples"].values()), name
+        assert all(len(values) == 1 for values in results[name]["samples"].values()), name  # tiny: one round
     assert results["async"]["params"]["stages_reused"] is True  # benchmark 2 ran first in the same invocation
     assert all(count == 0 for count in results["async"]["params"]["stale"]["lockstep"])
     doc = md_path.read_text()

@@ -16,7 +16,8 @@ Guarantees:
 
 Flow (see docs/architecture.md): ``Prompt`` -> producers -> ``Rollout`` -> scorers -> ``ScoredRollout`` -> trainer,
 which publishes ``WeightsManifest`` (+ ``WeightsChunk`` records in inline mode) and ``StaleRollout`` records;
-any consumer writes ``DeadLetter`` records for input it cannot decode or validate.
+any consumer writes ``DeadLetter`` records for input it cannot decode or validate; every role process publishes
+``Heartbeat`` records (status topic) and ``Alert`` transitions (alerts topic).
 """
 
 from __future__ import annotations

@@ -56,13 +56,14 @@ class BenchContext:
 
     @property
     def rounds(self) -> int:
-        """Rounds for benchmarks that start role processes: ``repeats``, but one in the tiny mode (the test suite's
-        keep-alive run, where a round of process start-ups costs minutes and the figures mean nothing)."""
-        return 1 if self.mode == "tiny" else self.repeats
+        """Rounds for benchmarks that start role processes: ``repeats`` in the full mode, one in the quick and tiny
+        modes (a smoke run of the whole suite and the test suite's keep-alive run: a round of process start-ups
+        costs minutes there, and their figures are never published)."""
+        return self.repeats if self.mode == "full" else 1
 
     @property
     def min_rounds(self) -> int:
-        return 1 if self.mode == "tiny" else MIN_REPEATS
+        return MIN_REPEATS if self.mode == "full" else 1
 
     def pick(self, full: Any, quick: Any, tiny: Any) -> Any:
         """The value for this run's size mode."""
@@ -257,8 +258,9 @@ replaces its section and keeps the others.
 **Method.** Every figure is a ratio of two things measured in the same run, or one of the two medians it is made
 of. Each variant is repeated (median of at least 3), and the variants of one figure run interleaved, round by round,
 so they share the machine's noise. Absolute times describe only the run they come from: compare ratios, never
-absolute numbers across runs or machines. Tests run the `--quick` code path on tiny sizes and check that every
-figure exists and is finite; they never assert a speed.
+absolute numbers across runs or machines. `--quick` is a smoke run of the whole suite (small sizes, one round of
+the benchmarks that start role processes; its figures go to `bench/results.quick.json`, never here). Tests run the
+same code on tiny sizes and check that every figure exists and is finite; they never assert a speed.
 """
 
 

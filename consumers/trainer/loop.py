@@ -187,16 +187,17 @@ class Trainer:
         started = time.monotonic()
         records = [r for g in groups for r in g.records.values()]
         scored = [r.value for r in records]
+        tokens = sum(s.rollout.response_length for s in scored)
         with self.source.process_span("train-step", records, {
                 "stream_rl.step": self.state.step + 1,  # the step being trained, as metrics.jsonl numbers it
                 "stream_rl.policy_version": self.state.version,
                 "stream_rl.rollouts": len(scored),
-                "stream_rl.response_tokens": sum(s.rollout.response_length for s in scored)}):
+                "stream_rl.response_tokens": tokens}):
             batch = build_batch(scored, self.pad_id)
             metrics = rollout_metrics(scored, self.state.version, self.tcfg.success_threshold)
             metrics.update(train_step(self.engine, batch, self.tcfg, self.state))
         train_s = time.monotonic() - started
-        self.telemetry.tokens(sum(s.rollout.response_length for s in scored))
+        self.telemetry.tokens(tokens)
         self.telemetry.observe_staleness(self.state.version - s.rollout.min_policy_version for s in scored)
         self.batcher.mark_trained(groups)
         _append_line(self.trained_path, {"step": self.state.step, "version": self.state.version,

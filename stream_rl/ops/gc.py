@@ -30,8 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # the publisher's store file names: v{version:08d}.safetensors and .v{version:08d}.safetensors.{hex}.tmp
-_WEIGHTS_FILE = re.compile(r"^v(\d{8})\.safetensors$")
-_WEIGHTS_TMP = re.compile(r"^\.v(\d{8})\.safetensors\.[0-9a-f]+\.tmp$")
 _LOG = re.compile(r"^.+\.log(\.\d+)?(\.gz)?$")
 _JSONL = re.compile(r"^.+\.jsonl(\.\d+)?(\.gz)?$")
 DAY_S = 86_400.0
@@ -136,13 +134,15 @@ def _plan_checkpoints(root: Path, policy: GcPolicy, now: float) -> list[GcAction
 
 
 def _plan_weights(root: Path, policy: GcPolicy, now: float) -> list[GcAction]:
+    from stream_rl.weights.publisher import STORE_FILE, STORE_TMP  # the publisher's own file names
+
     if not root.is_dir():
         return []
     files, tmps = {}, []
     for path in root.iterdir():
-        if (match := _WEIGHTS_FILE.match(path.name)) and path.is_file():
+        if (match := STORE_FILE.match(path.name)) and path.is_file():
             files[int(match.group(1))] = path
-        elif (match := _WEIGHTS_TMP.match(path.name)) and path.is_file():
+        elif (match := STORE_TMP.match(path.name)) and path.is_file():
             tmps.append((int(match.group(1)), path))
     versions = sorted(files)
     actions = []

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from stream_rl.alerts.read import open_alerts as fold_alerts
+from stream_rl.telemetry.lag import compute_lag
 
 MISSED_INTERVALS = 3
 """An instance whose newest heartbeat is older than this many of its intervals is shown as missing."""
@@ -97,11 +98,9 @@ def lag_rows(marks: Mapping[str, list[int]], committed: Mapping[str, Mapping[int
         if topic not in marks:
             continue
         offsets = committed.get(group, {})
-        parts = []
-        for partition, hw in enumerate(marks[topic]):
-            done = offsets.get(partition)
-            parts.append({"partition": partition, "highwater": hw, "committed": done,
-                          "lag": max(hw - (done or 0), 0)})
+        lags = compute_lag(dict(enumerate(marks[topic])), offsets)  # the roles' own lag formula
+        parts = [{"partition": partition, "highwater": hw, "committed": offsets.get(partition),
+                  "lag": lags[partition]} for partition, hw in enumerate(marks[topic])]
         out[group] = {"topic": topic, "total": sum(p["lag"] for p in parts), "partitions": parts}
     return out
 

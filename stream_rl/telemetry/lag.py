@@ -28,8 +28,9 @@ log = logging.getLogger(__name__)
 Key = tuple[str, int]
 
 
-def compute_lag(highwaters: Mapping[Key, int], offsets: Mapping[Key, int | None]) -> dict[Key, int]:
-    """``max(0, highwater - offset)`` per partition; a missing or negative offset counts as 0."""
+def compute_lag(highwaters: Mapping[Any, int], offsets: Mapping[Any, int | None]) -> dict[Any, int]:
+    """``max(0, highwater - offset)`` per partition key (``(topic, partition)`` here, the partition number in
+    ``stream-rl status``); a missing or negative offset counts as 0."""
     out = {}
     for key, mark in highwaters.items():
         offset = offsets.get(key)
@@ -41,30 +42,6 @@ def committed_offsets(admin, group: str) -> dict[Key, int]:
     """The group's committed offsets as the broker reports them (partitions without a commit are left out)."""
     found = admin.list_group_offsets({group: None}).get(group, {})
     return {(tp.topic, tp.partition): int(meta.offset) for tp, meta in found.items() if meta.offset >= 0}
-
-
-def fetch_highwaters(reader, tps: Sequence[Any], start: Mapping[Key, int] | None = None,
-                     timeout_s: float = 10.0) -> dict[Key, int]:
-    """High-water marks of ``tps`` (kafka TopicPartitions) from fetch responses of a group-less reader.
-
-    Each partition is fetched from ``start`` (e.g. the previous mark or the committed offset; else the beginning),
-    so a measurement moves only the records added since; records are not consumed (``update_offsets=False``)."""
-    reader.assign(list(tps))
-    for tp in tps:
-        offset = (start or {}).get((tp.topic, tp.partition))
-        if offset is None or offset < 0:
-            reader.seek_to_beginning(tp)
-        else:
-            reader.seek(tp, offset)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        reader.poll(timeout_ms=200, max_records=1, update_offsets=False)
-        marks = {tp: reader.highwater(tp) for tp in tps}
-        if all(v is not None for v in marks.values()):
-            return {(tp.topic, tp.partition): int(v) for tp, v in marks.items()}
-        if time.monotonic() > deadline:
-            missing = [f"{tp.topic}[{tp.partition}]" for tp, v in marks.items() if v is None]
-            raise TimeoutError(f"no fetch response within {timeout_s}s for {', '.join(missing)}")
 
 
 class LagMonitor:
@@ -92,7 +69,7 @@ class LagMonitor:
 
     def measure(self) -> tuple[dict[Key, int], dict[Key, int]]:
         """One measurement: (committed lag, position lag) of the watched partitions."""
-        from stream_rl.transport.client import partitions_of
+        from stream_rl.transport.client import highwaters, partitions_of
 
         if self._reader is None:
             self._reader, self._admin = self.transport.reader(), self.transport.admin()
@@ -102,7 +79,9 @@ class LagMonitor:
         if not tps:
             return {}, {}
         committed = committed_offsets(self._admin, self.group)
-        marks = fetch_highwaters(self._reader, tps, {**committed, **self._marks})
+        start = {**committed, **self._marks}  # fetch only what was added since the last mark
+        marks = {(tp.topic, tp.partition): int(mark) for tp, mark in highwaters(
+            self._reader, tps, start={tp: start.get((tp.topic, tp.partition)) for tp in tps}).items()}
         self._marks = marks
         positions = {**committed, **{k: v for k, v in dict(self.positions).items() if k in marks}}
         return compute_lag(marks, committed), compute_lag(marks, positions)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from kafka import ConsumerRebalanceListener, KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
@@ -82,10 +82,19 @@ def partitions_of(consumer: KafkaConsumer, topic: str, timeout_s: float = 10.0) 
     raise KeyError(f"topic {topic} does not exist")
 
 
-def highwaters(consumer: KafkaConsumer, tps: Sequence[TopicPartition], timeout_s: float = 10.0) -> dict[Any, int]:
-    """High-water mark of each partition, taken from fetch responses (ListOffsets(latest) is wrong on tansu)."""
+def highwaters(consumer: KafkaConsumer, tps: Sequence[TopicPartition], timeout_s: float = 10.0,
+               start: Mapping[TopicPartition, int | None] | None = None) -> dict[Any, int]:
+    """High-water mark of each partition, taken from fetch responses (ListOffsets(latest) is wrong on tansu).
+
+    Each partition is fetched from ``start[tp]`` when given and >= 0 (e.g. the previous mark, so a repeated
+    measurement moves only the records added since), else from the beginning; nothing is consumed."""
     consumer.assign(list(tps))
-    consumer.seek_to_beginning(*tps)
+    for tp in tps:
+        offset = (start or {}).get(tp)
+        if offset is None or offset < 0:
+            consumer.seek_to_beginning(tp)
+        else:
+            consumer.seek(tp, offset)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         consumer.poll(timeout_ms=200, max_records=1, update_offsets=False)

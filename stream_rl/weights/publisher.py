@@ -47,8 +47,10 @@ CHUNK_ENVELOPE_BYTES = 16 * 1024
 FLUSH_EVERY_BYTES = 16 << 20
 """Inline sends wait for acks after this many bytes, so the producer's buffer never has to hold a whole model."""
 _UNKNOWN_TOPIC = 3  # Kafka error code UNKNOWN_TOPIC_OR_PARTITION: the topic is already gone
-_FILE = re.compile(r"^v(\d{8})\.safetensors$")
-_TMP = re.compile(r"^\.v(\d{8})\.safetensors\.[0-9a-f]+\.tmp$")
+STORE_FILE = re.compile(r"^v(\d{8})\.safetensors$")
+"""A complete store-mode version file (group 1: the version); written by rename, so never partial."""
+STORE_TMP = re.compile(r"^\.v(\d{8})\.safetensors\.[0-9a-f]+\.tmp$")
+"""A store-mode file being written (group 1: the version)."""
 
 
 def choose_mode(cfg: WeightsConfig, total_bytes: int) -> str:
@@ -165,7 +167,7 @@ class WeightsPublisher:
             return {}
         found = {}
         for path in self.store_dir.iterdir():
-            match = _FILE.match(path.name)
+            match = STORE_FILE.match(path.name)
             if match:
                 found[int(match.group(1))] = path
         return found
@@ -185,6 +187,6 @@ class WeightsPublisher:
         if not self.store_dir.is_dir():
             return
         for path in self.store_dir.iterdir():
-            match = _TMP.match(path.name)
+            match = STORE_TMP.match(path.name)
             if match and int(match.group(1)) <= newest:
                 path.unlink(missing_ok=True)

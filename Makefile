@@ -14,7 +14,7 @@ run: install
 # vLLM's CPU worker pins torch's thread count for the whole process once an engine exists, so its tests run in a
 # pytest process of their own, after the rest.
 test: install-test
-	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/test_vllm_engine.py $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 --ignore=tests/test_vllm_engine.py $(PYTEST_ARGS)
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py
 
 install:

@@ -85,7 +85,7 @@ def run(ctx: BenchContext) -> dict[str, Any]:
     per_step = base_cfg.trainer.groups_per_step * base_cfg.run.group_size
     notes = [f"Wall time from the end of trainer step {skip} to the end of step {total}: {size['steps']} steps = "
              f"{size['steps'] * per_step} trained rollouts; reward: mean over those last {size['steps']} steps.",
-             f"Stale rollouts dropped per run: "
+             "Stale rollouts dropped per run: "
              + "; ".join(f"{name} {counts}" for name, counts in stale.items()) + ".",
              f"Stage times {'from benchmark 2 of this invocation' if reused else 'measured here'}; "
              f"`*_lag_mean` is 1 + the mean staleness (versions) of the trained rollouts."]

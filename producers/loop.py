@@ -114,7 +114,7 @@ def run_producer(cfg, stop_event: threading.Event | None = None, max_batches: in
     stats = stats if stats is not None else ProducerStats()
     stats.version = engine.version
     sink = transport.sink()
-    group = f"{transport.names.prefix}.{transport.names.run}.producers"
+    group = transport.names.group("producers")
     source = transport.source([transport.names.prompts], group, "prompt", sink)
     follower = _follower(transport, weights_cfg if weights_cfg is not None else getattr(cfg, "weights", None),
                          pcfg, engine, stats)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 
 ENV_PREFIX = "STREAM_RL_"
 ENV_CONFIG_FILE = "STREAM_RL_CONFIG"
@@ -261,9 +261,12 @@ def secret_fields(model: type[BaseModel], prefix: str = "") -> set[str]:
 def _one_line(exc: ValidationError, sources: Mapping[str, str], path: Path | None) -> ConfigError:
     err = exc.errors()[0]
     field = ".".join(str(p) for p in err["loc"]) or "<root>"
-    origin = sources.get(field) or (f"file {path}" if path else "defaults")
+    # a section's own check (a model validator) fails at the section: name the sources of the keys set under it
+    under = sorted({v for k, v in sources.items() if k.startswith(field + ".")})
+    origin = sources.get(field) or ", ".join(under) or (f"file {path}" if path else "defaults")
     more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return ConfigError(f"invalid config: {field}: {err['msg']} [from {origin}]{more}")
+    msg = err["msg"].removeprefix("Value error, ")
+    return ConfigError(f"invalid config: {field}: {msg} [from {origin}]{more}")
 
 
 def dump_config(cfg: BaseModel) -> str:

@@ -29,7 +29,8 @@ from pathlib import Path
 
 from schemas import DeadLetter, Prompt, SchemaError, StaleRollout, decode, rollout_id_for
 from stream_rl.orchestrator import Child, Supervisor, write_run_config
-from stream_rl.transport.client import Transport, highwaters, partitions_of, read_range
+from stream_rl.transport.client import Transport, highwaters, partitions_of
+from topic_read import read_records
 
 LOG_TAIL_CHARS = 2500
 GATE_ENV = "TEST_PIPELINE_REWARD_GATE"  # not STREAM_RL_*: that prefix is config
@@ -283,13 +284,8 @@ class Pipeline:
 
     def read(self, logical: str, kind: str) -> list[tuple[int, int, object]]:
         """Every record of one of the run's topics as (partition, offset, decoded message)."""
-        topic = getattr(self.names, logical)
-        reader = self.transport.reader()
-        try:
-            return [(tp.partition, rec.offset, decode(rec.value, kind)) for tp in partitions_of(reader, topic)
-                    for rec in read_range(reader, tp, 0, None)]
-        finally:
-            reader.close()
+        return [(r.partition, r.offset, r.value)
+                for r in read_records(self.transport, getattr(self.names, logical), kind)]
 
     def highwaters(self, logical: str) -> dict[int, int]:
         topic = getattr(self.names, logical)

@@ -55,11 +55,17 @@ def test_disabled_rules_and_disabled_alerts_never_fire():
     assert [a.name for a in one_off.observe(1, {"optim/grad_norm": math.nan})] == ["grad_norm_nonfinite"]
 
 
-def test_config_rejects_a_span_longer_than_the_window_and_unknown_actions():
+def test_config_rejects_a_span_longer_than_the_window_unknown_actions_and_pauses_that_never_clear():
     with pytest.raises(ValueError, match="min_span_s"):
         AlertsConfig(memory_growth={"window_s": 60, "min_span_s": 120})
     with pytest.raises(ValueError, match="action"):
         AlertsConfig(consumer_lag={"action": "explode"})
+    # a pause that can only make its own condition worse is refused, by name
+    with pytest.raises(ValueError, match=r"alerts.consumer_lag.action = pause would never resolve"):
+        AlertsConfig(consumer_lag={"action": "pause"})
+    with pytest.raises(ValueError, match=r"alerts.trainer_stalled.action = pause would never resolve"):
+        AlertsConfig(trainer_stalled={"action": "pause"})
+    assert AlertsConfig(consumer_lag={"action": "stop"}, dlq_rate={"action": "pause"}).dlq_rate.action == "pause"
 
 
 def _alert(name: str, state: str, instance: str, at: float) -> Alert:
@@ -84,7 +90,8 @@ def test_open_alerts_keeps_the_latest_transition_per_instance_and_name():
 
 @pytest.mark.broker
 def test_monitor_publishes_transitions_to_the_alerts_topic_and_logs_them(make_config, caplog):
-    from stream_rl.transport.client import Transport, partitions_of, read_range
+    from stream_rl.transport.client import Transport
+    from topic_read import read_records
 
     cfg = make_config()
     t = Transport(cfg, "test")
@@ -102,13 +109,9 @@ def test_monitor_publishes_transitions_to_the_alerts_topic_and_logs_them(make_co
         monitor.check_stop()  # resolved: no longer raises
     assert sink.pending == 0 and monitor.published == 2
 
-    reader = t.reader()
-    try:
-        records = [r for tp in partitions_of(reader, t.names.alerts) for r in read_range(reader, tp, 0, None)]
-    finally:
-        reader.close()
+    records = read_records(t, t.names.alerts, "alert")
     assert [r.key for r in records] == [b"loss_nonfinite", b"loss_nonfinite"]
-    alerts = [decode(r.value, "alert") for r in records]
+    alerts = [r.value for r in records]
     assert [(a.state, a.action, a.role, a.instance_id) for a in alerts] == [
         ("firing", "stop", "trainer", "trainer-abc123"), ("resolved", "stop", "trainer", "trainer-abc123")]
     assert alerts[0].message == "loss/total is nan (not finite)" and alerts[0].value is None

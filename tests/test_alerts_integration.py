@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from schemas import decode
 from stream_rl.alerts.monitor import AlertMonitor
 from stream_rl.telemetry.metrics import process_rss_bytes
-from stream_rl.transport.client import Transport, partitions_of, read_range
+from stream_rl.transport.client import Transport
+from topic_read import heartbeats, read_values
 
 pytestmark = pytest.mark.broker
 
@@ -19,12 +19,7 @@ MIB = 1 << 20
 
 
 def read_alerts(transport) -> list:
-    reader = transport.reader()
-    try:
-        return [decode(r.value, "alert") for tp in partitions_of(reader, transport.names.alerts)
-                for r in read_range(reader, tp, 0, None)]
-    finally:
-        reader.close()
+    return read_values(transport, transport.names.alerts, "alert")
 
 
 def sample_rss(monitor: AlertMonitor, seconds: float, allocate_mib: int = 0, held: list | None = None,
@@ -132,12 +127,7 @@ def rows(cfg) -> list[str]:
 
 
 def manifest_versions(transport) -> list[int]:
-    reader = transport.reader()
-    try:
-        return [decode(r.value, "weights_manifest").version for tp in partitions_of(reader, transport.names.weights)
-                for r in read_range(reader, tp, 0, None)]
-    finally:
-        reader.close()
+    return [m.version for m in read_values(transport, transport.names.weights, "weights_manifest")]
 
 
 def committed(transport, group: str) -> dict:
@@ -293,10 +283,5 @@ def test_lag_alert_fires_and_a_pause_alert_stops_consuming_until_it_resolves(mak
     lag = fired("consumer_lag")[0]
     assert lag.action == "log" and lag.value >= 5 and lag.threshold == 3
     assert before.get(scored_tp, 0) == 0
-    reader = transport.reader()
-    try:
-        beats = [decode(r.value, "heartbeat") for tp in partitions_of(reader, transport.names.status)
-                 for r in read_range(reader, tp, 0, None)]
-    finally:
-        reader.close()
+    beats = heartbeats(transport, trainer.telemetry.instance_id)
     assert any(b.state == "paused" and "dlq_rate" in b.open_alerts for b in beats)

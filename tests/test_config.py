@@ -56,6 +56,22 @@ def test_invalid_value_names_field_and_source(env, field):
     assert "env STREAM_RL_" in message
 
 
+def test_a_section_check_names_the_source_of_the_keys_under_it(tmp_path):
+    """A model validator fails at its section (``alerts.memory_growth``), not at a key: the message still says
+    where the offending keys came from, without pydantic's "Value error," prefix."""
+    overrides = {"alerts.memory_growth.window_s": 60, "alerts.memory_growth.min_span_s": 120}
+    with pytest.raises(ConfigError) as info:
+        load_config(None, env={}, overrides=overrides)
+    assert str(info.value).startswith("invalid config: alerts.memory_growth: ") and "Value error" not in str(info.value)
+    assert str(info.value).endswith("[from flag]")
+    with pytest.raises(ConfigError, match=r"\[from env STREAM_RL_ALERTS__CONSUMER_LAG__ACTION\]$"):
+        load_config(None, env={"STREAM_RL_ALERTS__CONSUMER_LAG__ACTION": "pause"})
+    path = tmp_path / "c.toml"
+    path.write_text("[alerts.trainer_stalled]\naction = \"pause\"\n")
+    with pytest.raises(ConfigError, match=rf"\[from file {path}\]$"):
+        load_config(path, env={})
+
+
 def test_partition_counts_must_be_positive():
     with pytest.raises(ConfigError, match="topics.partitions"):
         load_config(None, env={}, overrides={"topics.partitions": {"rollouts": 0}})

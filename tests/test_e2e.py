@@ -135,31 +135,38 @@ def _watch_status(proc: subprocess.Popen, bootstrap: str, run_name: str) -> dict
 def _sample_texts(bootstrap: str, run_name: str) -> set[str]:
     """Every prompt and response text on the run's rollouts topic, as searchable strings: each line of >= 5
     characters that is not only digits and dots (those would match timestamps and metric values)."""
-    from schemas import decode
     from stream_rl.config import load_config
-    from stream_rl.transport.client import Transport, partitions_of, read_range
+    from stream_rl.transport.client import Transport
+    from topic_read import read_values
 
     cfg = load_config(None, env={}, overrides={"kafka.bootstrap_servers": bootstrap, "topics.run": run_name})
     transport = Transport(cfg, "test")
-    reader = transport.reader()
     texts = set()
-    try:
-        for tp in partitions_of(reader, transport.names.rollouts):
-            for rec in read_range(reader, tp, 0, None, timeout_s=30.0):
-                rollout = decode(rec.value, "rollout")
-                texts.update(rollout.prompt_text.splitlines() + rollout.response_text.splitlines())
-    finally:
-        reader.close()
+    for rollout in read_values(transport, transport.names.rollouts, "rollout"):
+        texts.update(rollout.prompt_text.splitlines() + rollout.response_text.splitlines())
     found = {t for t in texts if len(t) >= 5 and not re.fullmatch(r"[0-9.]*", t)}
     assert len(found) >= 50, sorted(found)[:20]  # the demo's prompts ("12+34=") are all searchable
     return found
 
 
 def _grep(run_dir: Path, *files: Path, needles: list[str]) -> str:
-    """`grep -rFao` of every needle over every file under ``run_dir`` and ``files``: the matches, or ""."""
+    """`grep -rFao` of every needle over every file under ``run_dir`` and ``files``: the matches, or "".
+
+    A ``.safetensors`` file is searched in its JSON header (names, dtypes, metadata: where text could be
+    written) but not in its tensor bytes: AdamW's second moments are floats whose high bytes are ASCII digits
+    (0x30-0x39 is the high byte of floats from about 5e-10 to 5e-4), so the demo's short prompts ("72+78=") turn up there by chance."""
     patterns = run_dir.parent / "needles.txt"
     patterns.write_text("".join(n + "\n" for n in needles))
-    out = subprocess.run(["grep", "-rFao", "-f", str(patterns), str(run_dir), *map(str, files)],
-                         capture_output=True, text=True)
+    out = subprocess.run(["grep", "-rFao", "--exclude=*.safetensors", "-f", str(patterns), str(run_dir),
+                          *map(str, files)], capture_output=True, text=True)
     assert out.returncode in (0, 1), out.stderr  # 1: nothing matched
-    return out.stdout
+    headers = {p: _safetensors_header(p) for p in run_dir.rglob("*.safetensors")}
+    assert headers, "the run wrote no safetensors file: nothing checked there"
+    return out.stdout + "".join(f"{p} (header):{n}\n" for p, h in headers.items() for n in needles if n in h)
+
+
+def _safetensors_header(path: Path) -> str:
+    """The JSON header of a safetensors file: an 8-byte little-endian length, then that many bytes."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        return f.read(size).decode()

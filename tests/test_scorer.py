@@ -8,7 +8,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -26,7 +25,8 @@ from consumers.scorer.rewards import RewardFnError, RewardValueError, check_rewa
 from consumers.scorer.step import Rejected, Scoring, load_scoring, score_rollouts
 from schemas import DeadLetter, Rollout, ScoredRollout, decode, group_id_for, rollout_id_for, validate
 from stream_rl.tracing import Tracing
-from stream_rl.transport.client import Transport, partitions_of, read_range
+from stream_rl.transport.client import Transport
+from topic_read import check_role_telemetry, read_records
 
 torch.set_num_threads(1)
 VOCAB = 32
@@ -316,16 +316,6 @@ def send_rollouts(t: Transport, rollouts, partition=None) -> list:
     return acks
 
 
-def read_topic(t: Transport, topic: str, kind: str) -> list:
-    reader = t.reader()
-    try:
-        return [SimpleNamespace(partition=rec.partition, offset=rec.offset, key=rec.key, headers=rec.headers,
-                                value=decode(rec.value, kind))
-                for tp in partitions_of(reader, topic) for rec in read_range(reader, tp, 0, None)]
-    finally:
-        reader.close()
-
-
 def wait_for(condition, timeout_s: float, what: str, scorers=()):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -358,7 +348,7 @@ def test_loop_scores_keyed_by_group_continues_traces_and_a_restart_rereads_nothi
     exporter = InMemorySpanExporter()
     scfg = ScorerConfig(reward_fn="consumers.scorer.builtin_rewards:exact_match", batch_size=5, poll_timeout_s=0.3)
     scorer = ScorerThread(cfg, scfg, Tracing("scorer-test", exporter))
-    scored = wait_for(lambda: (s := read_topic(t, t.names.scored, "scored_rollout")) and len(s) >= 12 and s,
+    scored = wait_for(lambda: (s := read_records(t, t.names.scored, "scored_rollout")) and len(s) >= 12 and s,
                       40, "12 scored rollouts", [scorer])
     stats = scorer.finish()
     assert stats.scored == 12 and stats.rejected == 0 and stats.commits >= 1 and stats.lost_commits == 0
@@ -369,22 +359,25 @@ def test_loop_scores_keyed_by_group_continues_traces_and_a_restart_rereads_nothi
         assert s.value.scorer_id.startswith("scorer-")
     assert len({(s.value.group_id, s.partition) for s in scored}) == 3  # each group on one partition
     # each scored record continues its rollout's trace; its "process score" span is the rollout send's child
-    sent = {r.value.rollout_id: r.headers for r in read_topic(t, t.names.rollouts, "rollout")}
+    sent = {r.value.rollout_id: r.headers for r in read_records(t, t.names.rollouts, "rollout")}
     assert all(trace_id(s.headers) == trace_id(sent[s.value.rollout_id]) for s in scored)
     send_span_ids = {dict(h)["traceparent"].decode().split("-")[2] for h in sent.values()}
     per_record = [sp for sp in exporter.get_finished_spans() if sp.name == "process score"]
     assert len(per_record) == 12 and {f"{sp.parent.span_id:016x}" for sp in per_record} == send_span_ids
+    check_role_telemetry(cfg, t, "scorer", topic_in=t.names.rollouts, records_in=12, topic_out=t.names.scored,
+                         records_out=12, tokens=sum(r.response_length for r in first_batch), stage="score",
+                         batches=stats.batches)
 
     # restart in the same group: only the new rollouts are scored, nothing committed before is read again
     scorer = ScorerThread(cfg, scfg)
     second_batch = group_rollouts(10, 1)
     send_rollouts(t, second_batch)
-    wait_for(lambda: len(read_topic(t, t.names.scored, "scored_rollout")) >= 16, 40, "4 more scored rollouts",
+    wait_for(lambda: len(read_records(t, t.names.scored, "scored_rollout")) >= 16, 40, "4 more scored rollouts",
              [scorer])
     time.sleep(1.0)
     stats = scorer.finish()
     assert stats.scored == 4
-    ids = [s.value.rollout_id for s in read_topic(t, t.names.scored, "scored_rollout")]
+    ids = [s.value.rollout_id for s in read_records(t, t.names.scored, "scored_rollout")]
     assert sorted(ids) == sorted(r.rollout_id for r in first_batch + second_batch)
 
 
@@ -402,14 +395,14 @@ def test_nan_reward_sends_that_rollout_to_the_dlq_and_scores_the_others(make_con
     sink.close()
     scorer = ScorerThread(cfg, ScorerConfig(reward_fn=f"{THIS}:poisonable_reward", batch_size=4,
                                             poll_timeout_s=0.3))
-    wait_for(lambda: len(read_topic(t, t.names.scored, "scored_rollout")) >= 8
-             and len(read_topic(t, t.names.dlq, "dead_letter")) >= 3, 40, "8 scored and 3 dead letters",
+    wait_for(lambda: len(read_records(t, t.names.scored, "scored_rollout")) >= 8
+             and len(read_records(t, t.names.dlq, "dead_letter")) >= 3, 40, "8 scored and 3 dead letters",
              [scorer])
     stats = scorer.finish()
     assert (stats.scored, stats.rejected) == (8, 2)
-    scored = read_topic(t, t.names.scored, "scored_rollout")
+    scored = read_records(t, t.names.scored, "scored_rollout")
     assert sorted(s.value.rollout_id for s in scored) == sorted(r.rollout_id for r in rollouts)
-    letters: list[DeadLetter] = [d.value for d in read_topic(t, t.names.dlq, "dead_letter")]
+    letters: list[DeadLetter] = [d.value for d in read_records(t, t.names.dlq, "dead_letter")]
     reward_letters = [d for d in letters if d.error_type == "RewardValueError"]
     assert len(reward_letters) == 2 and len(letters) == 3
     where = {(a.partition, a.offset) for a in acks[-2:]}
@@ -435,7 +428,7 @@ def test_two_scorers_in_one_group_score_every_rollout_exactly_once(make_config):
         for partition in range(4):
             send_rollouts(t, [make_rollout(first + partition)], partition=partition)
         time.sleep(1.0)
-        return {s.value.scorer_id for s in read_topic(t, t.names.scored, "scored_rollout")} == {"scorer-a",
+        return {s.value.scorer_id for s in read_records(t, t.names.scored, "scored_rollout")} == {"scorer-a",
                                                                                                   "scorer-b"}
     wait_for(both_settled, 45, "both scorers to own partitions", scorers)
 
@@ -443,12 +436,12 @@ def test_two_scorers_in_one_group_score_every_rollout_exactly_once(make_config):
     acks = send_rollouts(t, main)
     assert {a.partition for a in acks} == {0, 1, 2, 3}  # the groups cover every partition
     main_ids = {r.rollout_id for r in main}
-    wait_for(lambda: main_ids <= {s.value.rollout_id for s in read_topic(t, t.names.scored, "scored_rollout")},
+    wait_for(lambda: main_ids <= {s.value.rollout_id for s in read_records(t, t.names.scored, "scored_rollout")},
              40, "every rollout scored", scorers)
     time.sleep(1.0)
     for scorer in scorers:
         scorer.finish()
-    scored = [s for s in read_topic(t, t.names.scored, "scored_rollout") if s.value.rollout_id in main_ids]
+    scored = [s for s in read_records(t, t.names.scored, "scored_rollout") if s.value.rollout_id in main_ids]
     counts = Counter(s.value.rollout_id for s in scored)
     assert set(counts) == main_ids and set(counts.values()) == {1}, counts.most_common(3)
     by_scorer = Counter(s.value.scorer_id for s in scored)

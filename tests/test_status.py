@@ -90,7 +90,22 @@ def test_span_attributes_carry_numbers_never_text():
 
 
 @pytest.mark.broker
+def test_consumer_groups_come_from_one_table(make_config, run_name):
+    from consumers.scorer.loop import scorer_group
+    from consumers.trainer.loop import trainer_group
+    from stream_rl.transport.topics import CONSUMER_GROUPS, TopicNames
+
+    cfg = make_config()
+    names = TopicNames.from_config(cfg.topics)
+    assert scorer_group(cfg) == names.group("scorers") == f"{cfg.topics.prefix}.{run_name}.scorers"
+    assert trainer_group(cfg) == names.group("trainer") == f"{cfg.topics.prefix}.{run_name}.trainer"
+    assert CONSUMER_GROUPS == {"producers": "prompts", "scorers": "rollouts", "trainer": "scored"}
+    with pytest.raises(ValueError, match="unknown consumer group 'scorer'"):
+        names.group("scorer")
+
+
 def test_status_once_json_reads_the_run_topics(make_config, run_name, broker):
+    from consumers.scorer.loop import scorer_group
     from stream_rl.transport.client import Transport
 
     cfg = make_config(**{"topics.partitions": {"prompts": 1, "rollouts": 3, "scored": 1, "weights": 1, "dlq": 1,
@@ -112,8 +127,7 @@ def test_status_once_json_reads_the_run_topics(make_config, run_name, broker):
         for i in range(count):
             sink.send(transport.names.rollouts, samples.rollout(partition * 10 + i), partition=partition)
     sink.flush()
-    source = transport.source([transport.names.rollouts], f"{cfg.topics.prefix}.{run_name}.scorers", "rollout",
-                              sink)
+    source = transport.source([transport.names.rollouts], scorer_group(cfg), "rollout", sink)
     seen, deadline = [], time.monotonic() + 30
     while len(seen) < 6 and time.monotonic() < deadline:
         seen += source.poll(0.5)

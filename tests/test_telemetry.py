@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from schemas import Heartbeat, decode
+from schemas import Heartbeat
 from stream_rl.telemetry.health import HealthSnapshot, liveness, readiness
 from stream_rl.telemetry.heartbeat import Beat, finite_metrics, rates
 from stream_rl.telemetry.lag import LagMonitor, compute_lag
-from stream_rl.transport.client import Transport, partitions_of, read_range
+from stream_rl.transport.client import Transport
+from topic_read import heartbeats, read_values
 from test_trainer_support import scored, tiny_policy
 
 torch.set_num_threads(1)
@@ -140,13 +141,7 @@ def test_running_trainer_serves_metrics_heartbeats_and_jsonl(make_config, tmp_pa
         trainer.close()
     sink.close()
 
-    reader = feeder.reader()
-    try:
-        beats = [decode(r.value, "heartbeat") for tp in partitions_of(reader, feeder.names.status)
-                 for r in read_range(reader, tp, 0, None)]
-    finally:
-        reader.close()
-    mine = [b for b in beats if isinstance(b, Heartbeat) and b.instance_id == tel_id]
+    mine = heartbeats(feeder, tel_id)
     assert mine and all(b.role == "trainer" for b in mine)
     assert mine[-1].state == "stopping" and mine[-1].policy_version == 2 and mine[-1].step == 2
     assert mine[-1].metrics["reward/mean"] == 0.5 and mine[-1].metrics["process/rss_bytes"] > 10e6
@@ -280,11 +275,6 @@ def test_nan_loss_stops_trainer_before_weights_are_published(make_config, tmp_pa
     assert [r["step"] for r in rows] == [1, 2] and rows[-1]["loss/total"] is None
     ckpts = sorted(p.name for p in (Path(cfg.run_dir) / "checkpoints").iterdir() if p.name.startswith("step-"))
     assert ckpts == ["step-00000001"]  # step 1's; the NaN step did not become the newest checkpoint
-    reader = feeder.reader()
-    try:
-        alerts = [decode(r.value, "alert") for tp in partitions_of(reader, feeder.names.alerts)
-                  for r in read_range(reader, tp, 0, None)]
-    finally:
-        reader.close()
+    alerts = read_values(feeder, feeder.names.alerts, "alert")
     assert [(a.name, a.state, a.action) for a in alerts if a.name == "loss_nonfinite"] == [
         ("loss_nonfinite", "firing", "stop")]

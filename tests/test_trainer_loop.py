@@ -13,9 +13,10 @@ import torch
 
 from consumers.trainer.checkpoint import complete_checkpoints, load_checkpoint
 from consumers.trainer.loop import run_trainer, trainer_group
-from schemas import decode, group_id_for, rollout_id_for
-from stream_rl.transport.client import Transport, partitions_of, read_range
+from schemas import group_id_for, rollout_id_for
+from stream_rl.transport.client import Transport
 from test_trainer_support import scored, tiny_policy
+from topic_read import read_values
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.broker
@@ -38,15 +39,6 @@ def send_groups(transport, sink, prompts, version: int, duplicate_of: int | None
         rec = scored(duplicate_of, 0, version=0, reward=1.0, response_ids=[6, 7])
         sink.send(transport.names.scored, rec, key=rec.group_id)
     sink.flush()
-
-
-def read_all(transport, topic: str, kind: str) -> list:
-    reader = transport.reader()
-    try:
-        return [decode(r.value, kind) for tp in partitions_of(reader, topic)
-                for r in read_range(reader, tp, 0, None)]
-    finally:
-        reader.close()
 
 
 def metric_rows(cfg) -> list[dict]:
@@ -122,13 +114,13 @@ def test_trainer_loop_trains_drops_stale_groups_broadcasts_checkpoints_and_resum
     assert len(steps) == 3 and all(len(sp["links"]) == 4 for sp in steps)  # one link per trained rollout
     assert all(link["span_id"] in sent for sp in steps for link in sp["links"])
 
-    stale = read_all(transport, transport.names.stale, "stale_rollout")
+    stale = read_values(transport, transport.names.stale, "stale_rollout")
     assert sorted(s.rollout_id for s in stale) == sorted(rollout_id_for(f"p{p}", 0, s) for p in (2, 3, 4)
                                                          for s in range(2))
     assert all(s.requeued and s.max_lag == 0 and s.lag == 1 for s in stale)
-    prompts = read_all(transport, transport.names.prompts, "prompt")
+    prompts = read_values(transport, transport.names.prompts, "prompt")
     assert sorted((p.prompt_id, p.attempt) for p in prompts) == [("p2", 1), ("p3", 1), ("p4", 1)]
-    manifests = read_all(transport, transport.names.weights, "weights_manifest")
+    manifests = read_values(transport, transport.names.weights, "weights_manifest")
     assert [m.version for m in manifests] == [1, 2, 3] and [m.step for m in manifests] == [1, 2, 3]
 
     root = Path(cfg.run_dir) / "checkpoints"
@@ -156,8 +148,8 @@ def test_trainer_loop_trains_drops_stale_groups_broadcasts_checkpoints_and_resum
     # the resume truncated the history to the checkpoint's step (2), then step 3 was trained again at v5
     assert [(r["step"], r["policy_version"]) for r in rows] == [(1, 1), (2, 2), (3, 5)]
     assert rows[-1]["staleness/max_lag"] == 2.0  # H, I (version 2) trained at version 4
-    assert [m.version for m in read_all(transport, transport.names.weights, "weights_manifest")] == [1, 2, 3, 4, 5]
-    assert len(read_all(transport, transport.names.stale, "stale_rollout")) == 6  # nothing re-read before 15
+    assert [m.version for m in read_values(transport, transport.names.weights, "weights_manifest")] == [1, 2, 3, 4, 5]
+    assert len(read_values(transport, transport.names.stale, "stale_rollout")) == 6  # nothing re-read before 15
     resumed = load_checkpoint(root / "step-00000003")
     assert set(resumed.ledger["trained"]) == trained and resumed.step == 3
     sink.close()

@@ -83,7 +83,7 @@ def test_float32_values_survive_exactly(isolated):
 
 
 def test_nested_rollout_manifest_and_bytes(isolated):
-    scored, (payload, manifest), letter = make_scored(), make_manifest(), make_dead_letter()
+    scored, (_, manifest), letter = make_scored(), make_manifest(), make_dead_letter()
     out_scored, out_manifest, out_letter = read_lines(isolated, framed(encode(scored), encode(manifest),
                                                                       encode(letter)))
     assert out_scored["rollout"]["kind"] == "rollout"

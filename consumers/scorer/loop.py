@@ -42,6 +42,7 @@ from stream_rl.telemetry.role import RoleTelemetry
 from stream_rl.tracing import Tracing
 from stream_rl.transport import Consumed, Sink, Source
 from stream_rl.transport.client import Transport
+from stream_rl.transport.topics import TopicNames
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class ScorerStats:
 
 def scorer_group(cfg: StreamRLConfig) -> str:
     """The scorers' consumer group of this run: ``{prefix}.{run}.scorers``."""
-    return f"{cfg.topics.prefix}.{cfg.topics.run}.scorers"
+    return TopicNames.from_config(cfg.topics).group("scorers")
 
 
 def run_scorer(cfg: StreamRLConfig, stop_event: threading.Event | None = None, max_batches: int | None = None, *,

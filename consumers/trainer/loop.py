@@ -59,13 +59,14 @@ from consumers.trainer.step import TrainState, rollout_metrics, train_step
 from consumers.trainer.tensors import build_batch
 from stream_rl.alerts.monitor import AlertStop
 from stream_rl.telemetry.role import RoleTelemetry
+from stream_rl.transport.topics import TopicNames
 
 log = logging.getLogger(__name__)
 
 
 def trainer_group(cfg) -> str:
     """The trainer's consumer group of this run: ``{prefix}.{run}.trainer``."""
-    return f"{cfg.topics.prefix}.{cfg.topics.run}.trainer"
+    return TopicNames.from_config(cfg.topics).group("trainer")
 
 
 class _Positioner:

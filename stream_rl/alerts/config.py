@@ -4,7 +4,8 @@ Consumes: nothing (a pydantic section, validated when the root config is loaded)
 Produces: :class:`AlertsConfig`, read by every role process's alert engine (:mod:`stream_rl.alerts.engine`).
 Guarantees: every threshold has bounds and a default; each rule has its own ``enabled`` flag and ``action``
 (``log``: a record and a log line only; ``pause``: the process stops consuming until the alert resolves;
-``stop``: the process exits non-zero, code 3, after a final checkpoint). The formulas are in
+``stop``: the process exits non-zero, code 3, after a final checkpoint). ``pause`` is refused for the two rules
+a pause cannot clear (``consumer_lag``, ``trainer_stalled``). The formulas are in
 :mod:`stream_rl.alerts.rules` and ``docs/alerts.md``.
 """
 
@@ -21,6 +22,13 @@ Action = Literal["log", "pause", "stop"]
 _ENABLED = "evaluate this rule"
 _ACTION = "what a firing alert does besides its record and log line: log | pause (stop consuming until it " \
           "resolves) | stop (exit code 3 after a final checkpoint)"
+_NO_PAUSE = "log or stop"
+
+
+def _refuse_pause(rule: str, action: str, why: str) -> None:
+    """A rule whose condition a paused consumer can only make worse must not pause: it would never resolve."""
+    if action == "pause":
+        raise ValueError(f"alerts.{rule}.action = pause would never resolve ({why}); use {_NO_PAUSE}")
 
 
 class LossNonFiniteRule(Section):
@@ -69,6 +77,11 @@ class ConsumerLagRule(Section):
     max_records: int = Field(1000, ge=0, description="lag bound in records (N)")
     for_s: float = Field(60.0, gt=0, le=86_400, description="how long the lag must stay above it (T, seconds)")
 
+    @model_validator(mode="after")
+    def _no_pause(self) -> ConsumerLagRule:
+        _refuse_pause("consumer_lag", self.action, "a paused consumer keeps its partitions, so their lag only grows")
+        return self
+
 
 class TrainerStalledRule(Section):
     """``trainer_stalled``: the trainer's ``step`` has not increased for at least ``stall_s`` seconds."""
@@ -76,6 +89,11 @@ class TrainerStalledRule(Section):
     enabled: bool = Field(True, description=_ENABLED)
     action: Action = Field("log", description=_ACTION)
     stall_s: float = Field(600.0, gt=0, le=604_800, description="seconds without a new optimizer step (T)")
+
+    @model_validator(mode="after")
+    def _no_pause(self) -> TrainerStalledRule:
+        _refuse_pause("trainer_stalled", self.action, "a paused trainer makes no step")
+        return self
 
 
 class MemoryGrowthRule(Section):

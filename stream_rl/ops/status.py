@@ -32,16 +32,6 @@ from stream_rl.telemetry.lag import compute_lag
 MISSED_INTERVALS = 3
 """An instance whose newest heartbeat is older than this many of its intervals is shown as missing."""
 
-GROUP_TOPICS = {"producers": "prompts", "scorers": "rollouts", "trainer": "scored"}
-"""The run's consumer groups ``{prefix}.{run}.<suffix>`` and the logical topic each consumes (see
-producers/loop.py, consumers/scorer/loop.py ``scorer_group``, consumers/trainer/loop.py ``trainer_group``)."""
-
-
-def group_name(prefix: str, run: str, suffix: str) -> str:
-    """The full consumer-group name of a role: ``{prefix}.{run}.{suffix}``."""
-    return f"{prefix}.{run}.{suffix}"
-
-
 def latest_per_instance(heartbeats: Iterable[Any]) -> dict[str, Any]:
     """The newest heartbeat (by ``created_at``) of each ``instance_id``."""
     latest: dict[str, Any] = {}

@@ -20,8 +20,8 @@ from typing import Any
 
 from schemas import SchemaError, decode
 from stream_rl.config import StreamRLConfig
-from stream_rl.ops.status import GROUP_TOPICS, build_snapshot, group_name
-from stream_rl.transport.topics import LOGICAL_TOPICS
+from stream_rl.ops.status import build_snapshot
+from stream_rl.transport.topics import CONSUMER_GROUPS, LOGICAL_TOPICS
 
 TAIL = 500
 """Default number of records read from the end of each partition of the status and alerts topics."""
@@ -52,8 +52,7 @@ class StatusReader:
         self.names = self.transport.names
         self.reader = self.transport.reader()
         self.admin = self.transport.admin()
-        self.groups = {group_name(self.names.prefix, self.names.run, suffix): topic
-                       for suffix, topic in GROUP_TOPICS.items()}
+        self.groups = {self.names.group(name): topic for name, topic in CONSUMER_GROUPS.items()}
         self._previous: tuple[float, dict[str, list[int]]] | None = None
 
     def close(self) -> None:

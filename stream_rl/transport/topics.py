@@ -18,6 +18,10 @@ from stream_rl.config import TopicsConfig
 
 LOGICAL_TOPICS = ("prompts", "rollouts", "scored", "weights", "dlq", "stale", "status", "alerts")
 
+CONSUMER_GROUPS = {"producers": "prompts", "scorers": "rollouts", "trainer": "scored"}
+"""The run's consumer groups ``{prefix}.{run}.<name>`` and the logical topic each consumes: the one place the
+roles (producers/loop.py, consumers/*/loop.py) and ``stream-rl status`` take them from."""
+
 
 class TopicError(RuntimeError):
     """A topic is missing or configured differently from what the run needs."""
@@ -40,6 +44,12 @@ class TopicNames:
     def logical(self, full: str) -> str | None:
         head = f"{self.prefix}.{self.run}."
         return full[len(head):] if full.startswith(head) else None
+
+    def group(self, name: str) -> str:
+        """The full consumer-group name ``{prefix}.{run}.{name}`` of one of :data:`CONSUMER_GROUPS`."""
+        if name not in CONSUMER_GROUPS:
+            raise ValueError(f"unknown consumer group {name!r}; the run's groups are {sorted(CONSUMER_GROUPS)}")
+        return f"{self.prefix}.{self.run}.{name}"
 
     def weights_chunks(self, version: int) -> str:
         return self.name(f"weights.v{version}")

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
 
 import pytest
 
 from stream_rl.alerts.monitor import AlertMonitor
 from stream_rl.telemetry.metrics import process_rss_bytes
 from stream_rl.transport.client import Transport
+from test_trainer_support import wait_for
 from topic_read import heartbeats, read_values
 
 pytestmark = pytest.mark.broker
@@ -92,31 +94,40 @@ def send_samples(transport, sink, prompts, samples=(0, 1), version: int = 0) -> 
     sink.flush()
 
 
-def start_trainer(trainer, stop):
-    """Run ``trainer`` the way the CLI does (``run_role``: AlertStop -> exit code 3) on a thread."""
+@contextmanager
+def running_trainer(cfg):
+    """A ``Trainer`` of ``cfg`` run the way the CLI does (``run_role``: AlertStop -> exit code 3) on a thread, beside
+    a test transport and sink: yields ``(transport, sink, trainer, thread, errors)``; on exit the trainer is stopped
+    and everything closed. ``errors`` collects what the thread raised (typer.Exit for an alert stop)."""
     import threading
 
+    import torch
+
+    from consumers.trainer.loop import Trainer
     from stream_rl.cli.roles import run_role
 
-    errors: list[BaseException] = []
+    torch.set_num_threads(1)
+    transport = Transport(cfg, "test")
+    transport.ensure_topics()
+    sink = transport.sink()
+    trainer = Trainer(cfg)
+    stop, errors = threading.Event(), []
 
     def target():
         try:
             run_role(trainer.run, stop)
-        except BaseException as exc:  # typer.Exit for an alert stop; surfaced to the test
+        except BaseException as exc:  # surfaced to the test
             errors.append(exc)
 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
-    return thread, errors
-
-
-def wait_for(predicate, what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+    try:
+        yield transport, sink, trainer, thread, errors
+    finally:
+        stop.set()
+        thread.join(30)
+        trainer.close()
+        sink.close()
 
 
 def rows(cfg) -> list[str]:
@@ -141,23 +152,14 @@ def committed(transport, group: str) -> dict:
 
 def test_nan_loss_stops_the_trainer_with_code_3_and_no_nan_weights_are_published(make_config, model_dir):
     import math
-    import threading
     from pathlib import Path
 
     import torch
 
     from consumers.trainer.checkpoint import complete_checkpoints, load_checkpoint
-    from consumers.trainer.loop import Trainer
 
-    torch.set_num_threads(1)
     cfg = trainer_config(make_config, model_dir, **{"trainer.max_steps": 4})
-    transport = Transport(cfg, "test")
-    transport.ensure_topics()
-    sink = transport.sink()
-    trainer = Trainer(cfg)
-    stop = threading.Event()
-    thread, errors = start_trainer(trainer, stop)
-    try:
+    with running_trainer(cfg) as (transport, sink, trainer, thread, errors):
         send_samples(transport, sink, [0])  # step 1: healthy, version 1 published, checkpoint step 1
         wait_for(lambda: len(rows(cfg)) >= 1 and complete_checkpoints(Path(cfg.run_dir) / "checkpoints"), "step 1")
         with torch.no_grad():  # the trainer is idle, waiting for data: poison the output layer
@@ -165,11 +167,6 @@ def test_nan_loss_stops_the_trainer_with_code_3_and_no_nan_weights_are_published
         send_samples(transport, sink, [1])  # step 2: NaN logits -> NaN loss
         thread.join(60)
         assert not thread.is_alive(), "the trainer did not stop on the NaN loss"
-    finally:
-        stop.set()
-        thread.join(30)
-        trainer.close()
-        sink.close()
 
     assert len(errors) == 1 and getattr(errors[0], "exit_code", None) == 3, errors  # typer.Exit(3) from run_role
     alerts = read_alerts(transport)
@@ -185,34 +182,18 @@ def test_nan_loss_stops_the_trainer_with_code_3_and_no_nan_weights_are_published
 
 
 def test_stop_alert_writes_a_final_checkpoint_and_publishes_no_weights(make_config, model_dir):
-    import threading
     from pathlib import Path
 
-    import torch
-
     from consumers.trainer.checkpoint import complete_checkpoints, load_checkpoint
-    from consumers.trainer.loop import Trainer
 
-    torch.set_num_threads(1)
     # the behaviour logprobs of the crafted rollouts (log 1/2) are far from the tiny policy's: mismatch > 0.01
     cfg = trainer_config(make_config, model_dir, **{
         "trainer.max_steps": 3, "trainer.checkpoint_every": 100,
         "alerts.logprob_mismatch.max_abs_diff": 0.01, "alerts.logprob_mismatch.action": "stop"})
-    transport = Transport(cfg, "test")
-    transport.ensure_topics()
-    sink = transport.sink()
-    trainer = Trainer(cfg)
-    stop = threading.Event()
-    thread, errors = start_trainer(trainer, stop)
-    try:
+    with running_trainer(cfg) as (transport, sink, trainer, thread, errors):
         send_samples(transport, sink, [0])
         thread.join(60)
         assert not thread.is_alive(), "the trainer did not stop on the alert"
-    finally:
-        stop.set()
-        thread.join(30)
-        trainer.close()
-        sink.close()
 
     assert len(errors) == 1 and getattr(errors[0], "exit_code", None) == 3, errors
     firing = [a for a in read_alerts(transport) if a.state == "firing" and a.name == "logprob_mismatch"]
@@ -234,29 +215,17 @@ def trainer_group_of(cfg) -> str:
 def test_lag_alert_fires_and_a_pause_alert_stops_consuming_until_it_resolves(make_config, model_dir):
     """Lag built up from groups the trainer cannot complete -> consumer_lag; a dead-letter storm -> dlq_rate with
     action pause: the trainer fetches nothing (no step, no commit) until the rate falls, then trains and commits."""
-    import threading
-
-    import torch
-
-    from consumers.trainer.loop import Trainer
-
-    torch.set_num_threads(1)
     cfg = trainer_config(make_config, model_dir, **{
         "trainer.max_steps": 5, "telemetry.lag_interval_s": 0.2, "telemetry.heartbeat_interval_s": 1.0,
         "alerts.consumer_lag.max_records": 3, "alerts.consumer_lag.for_s": 0.5,
         "alerts.dlq_rate.max_per_minute": 1.0, "alerts.dlq_rate.window_s": 6.0, "alerts.dlq_rate.action": "pause"})
-    transport = Transport(cfg, "test")
-    transport.ensure_topics()
-    sink = transport.sink()
-    trainer = Trainer(cfg)
-    group, scored_tp = trainer_group_of(cfg), (transport.names.scored, 0)
-    stop = threading.Event()
-    thread, errors = start_trainer(trainer, stop)
+    group = trainer_group_of(cfg)
 
     def fired(name: str, state: str = "firing") -> list:
         return [a for a in read_alerts(transport) if a.name == name and a.state == state]
 
-    try:
+    with running_trainer(cfg) as (transport, sink, trainer, thread, errors):
+        scored_tp = (transport.names.scored, 0)
         send_samples(transport, sink, range(5), samples=(0,))  # 5 records, no group complete: nothing commits
         wait_for(lambda: fired("consumer_lag"), "consumer_lag firing", 30)
         for i in range(3):  # undecodable: dead-lettered by the trainer
@@ -271,11 +240,6 @@ def test_lag_alert_fires_and_a_pause_alert_stops_consuming_until_it_resolves(mak
         wait_for(lambda: fired("dlq_rate", "resolved"), "dlq_rate resolved", 40)
         thread.join(90)  # resumed: trains the 5 groups (max_steps 5) and stops
         assert not thread.is_alive(), "the trainer did not resume after the pause alert resolved"
-    finally:
-        stop.set()
-        thread.join(30)
-        trainer.close()
-        sink.close()
 
     assert errors == []
     assert len(rows(cfg)) == 5

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -20,7 +19,7 @@ from stream_rl.telemetry.heartbeat import Beat, finite_metrics, rates
 from stream_rl.telemetry.lag import LagMonitor, compute_lag
 from stream_rl.transport.client import Transport
 from topic_read import heartbeats, read_values
-from test_trainer_support import scored, tiny_policy
+from test_trainer_support import scored, tiny_policy, wait_for
 
 torch.set_num_threads(1)
 
@@ -31,17 +30,6 @@ def get(url: str) -> tuple[int, bytes]:
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
-
-
-def wait_for(predicate, what: str, timeout_s: float = 60.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def samples(text: bytes) -> dict[tuple[str, frozenset], float]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from consumers.trainer.checkpoint import complete_checkpoints, load_checkpoint
 from consumers.trainer.loop import run_trainer, trainer_group
 from schemas import group_id_for, rollout_id_for
 from stream_rl.transport.client import Transport
-from test_trainer_support import scored, tiny_policy
+from test_trainer_support import scored, tiny_policy, wait_for
 from topic_read import read_values
 
 torch.set_num_threads(1)
@@ -44,14 +43,6 @@ def send_groups(transport, sink, prompts, version: int, duplicate_of: int | None
 def metric_rows(cfg) -> list[dict]:
     path = Path(cfg.run_dir) / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-
-
-def wait_for(predicate, what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def start(cfg, resume: bool = False):

@@ -1,6 +1,9 @@
-"""Helpers shared by the trainer tests (no tests here): a tiny Llama, hand-built scored rollouts, configs."""
+"""Helpers shared by the trainer tests (no tests here): a tiny Llama, hand-built scored rollouts, configs, and
+waiting for a condition."""
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import torch
@@ -74,3 +77,16 @@ def random_group(model, prompt: int, *, group_size: int = 2, rng: np.random.Gene
         out.append(scored(prompt, s, group_size=group_size, prompt_ids=prompt_ids, response_ids=response_ids,
                           behavior=beh, version=version, reward=reward, ref=ref, temperature=temperature, **kw))
     return out
+
+
+def wait_for(predicate, what: str, timeout_s: float = 60.0):
+    """Poll ``predicate`` every 0.1 s until it returns something truthy, and return that; AssertionError naming
+    ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)

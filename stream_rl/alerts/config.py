@@ -11,7 +11,7 @@ a pause cannot clear (``consumer_lag``, ``trainer_stalled``). The formulas are i
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -22,13 +22,21 @@ Action = Literal["log", "pause", "stop"]
 _ENABLED = "evaluate this rule"
 _ACTION = "what a firing alert does besides its record and log line: log | pause (stop consuming until it " \
           "resolves) | stop (exit code 3 after a final checkpoint)"
-_NO_PAUSE = "log or stop"
 
 
-def _refuse_pause(rule: str, action: str, why: str) -> None:
-    """A rule whose condition a paused consumer can only make worse must not pause: it would never resolve."""
-    if action == "pause":
-        raise ValueError(f"alerts.{rule}.action = pause would never resolve ({why}); use {_NO_PAUSE}")
+class _PauseNeverClears(Section):
+    """A rule whose condition a paused consumer can only make worse: its ``action`` must not be ``pause``, which
+    would never resolve. Subclasses name the rule and say why."""
+
+    rule: ClassVar[str]
+    pause_never_clears: ClassVar[str]
+
+    @model_validator(mode="after")
+    def _no_pause(self) -> _PauseNeverClears:
+        if self.action == "pause":
+            raise ValueError(f"alerts.{self.rule}.action = pause would never resolve ({self.pause_never_clears}); "
+                             f"use log or stop")
+        return self
 
 
 class LossNonFiniteRule(Section):
@@ -68,32 +76,28 @@ class RewardDropRule(Section):
                                   "(the history kept is W * (lookback_windows + 1) steps)")
 
 
-class ConsumerLagRule(Section):
+class ConsumerLagRule(_PauseNeverClears):
     """``consumer_lag``: ``lag/total`` (records behind, over all partitions) > ``max_records`` continuously
     for at least ``for_s`` seconds."""
+
+    rule = "consumer_lag"
+    pause_never_clears = "a paused consumer keeps its partitions, so their lag only grows"
 
     enabled: bool = Field(True, description=_ENABLED)
     action: Action = Field("log", description=_ACTION)
     max_records: int = Field(1000, ge=0, description="lag bound in records (N)")
     for_s: float = Field(60.0, gt=0, le=86_400, description="how long the lag must stay above it (T, seconds)")
 
-    @model_validator(mode="after")
-    def _no_pause(self) -> ConsumerLagRule:
-        _refuse_pause("consumer_lag", self.action, "a paused consumer keeps its partitions, so their lag only grows")
-        return self
 
-
-class TrainerStalledRule(Section):
+class TrainerStalledRule(_PauseNeverClears):
     """``trainer_stalled``: the trainer's ``step`` has not increased for at least ``stall_s`` seconds."""
+
+    rule = "trainer_stalled"
+    pause_never_clears = "a paused trainer makes no step"
 
     enabled: bool = Field(True, description=_ENABLED)
     action: Action = Field("log", description=_ACTION)
     stall_s: float = Field(600.0, gt=0, le=604_800, description="seconds without a new optimizer step (T)")
-
-    @model_validator(mode="after")
-    def _no_pause(self) -> TrainerStalledRule:
-        _refuse_pause("trainer_stalled", self.action, "a paused trainer makes no step")
-        return self
 
 
 class MemoryGrowthRule(Section):

@@ -154,11 +154,10 @@ class RoleTelemetry:
 
     def step_done(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Trainer: after the optimizer step (before publishing weights): gauges + the step's alert observation.
+        The step's metrics are exported by :meth:`row_written`, which follows for every step.
 
-        Raises AlertStop while a ``stop`` alert fires (the caller checkpoints and exits)."""
+        Raises AlertStop while a ``stop`` alert fires (the caller writes the row, checkpoints and exits)."""
         self.step = int(step)
-        self.step_metrics = dict(metrics)
-        self.metrics.set_step_metrics(self.step, metrics)
         values = {k: metrics[k] for k in STEP_ALERT_KEYS if isinstance(metrics.get(k), (int, float))}
         self.gauges = self._sample_gauges()
         self._last_gauges = time.monotonic()

@@ -30,7 +30,7 @@ from pathlib import Path
 from schemas import DeadLetter, Prompt, SchemaError, StaleRollout, decode, rollout_id_for
 from stream_rl.orchestrator import Child, Supervisor, write_run_config
 from stream_rl.transport.client import Transport, highwaters, partitions_of
-from topic_read import read_records
+from topic_read import committed, read_records
 
 LOG_TAIL_CHARS = 2500
 GATE_ENV = "TEST_PIPELINE_REWARD_GATE"  # not STREAM_RL_*: that prefix is config
@@ -297,17 +297,10 @@ class Pipeline:
 
     def committed(self, role_group: str, logical: str) -> dict[int, int]:
         """The consumer group ``{prefix}.{run}.{role_group}``'s committed offsets on one topic (0 if none)."""
-        group = f"{self.names.prefix}.{self.names.run}.{role_group}"
         topic = getattr(self.names, logical)
-        admin = self.transport.admin()
-        try:
-            offsets = admin.list_group_offsets(group).get(group, {})
-        finally:
-            admin.close()
-        marks = self.highwaters(logical)
-        found = {tp.partition: meta.offset for tp, meta in offsets.items()
-                 if tp.topic == topic and meta.offset >= 0}
-        return {p: found.get(p, 0) for p in marks}
+        found = {p: offset for (t, p), offset in committed(self.transport, self.names.group(role_group)).items()
+                 if t == topic}
+        return {p: found.get(p, 0) for p in self.highwaters(logical)}
 
     def accounting(self) -> Accounting:
         return account(self.loaded, trained_ids(self.trained()),

@@ -13,7 +13,7 @@ from stream_rl.alerts.monitor import AlertMonitor
 from stream_rl.telemetry.metrics import process_rss_bytes
 from stream_rl.transport.client import Transport
 from test_trainer_support import wait_for
-from topic_read import heartbeats, read_values
+from topic_read import committed, heartbeats, read_values
 
 pytestmark = pytest.mark.broker
 
@@ -139,15 +139,6 @@ def rows(cfg) -> list[str]:
 
 def manifest_versions(transport) -> list[int]:
     return [m.version for m in read_values(transport, transport.names.weights, "weights_manifest")]
-
-
-def committed(transport, group: str) -> dict:
-    admin = transport.admin()
-    try:
-        found = admin.list_group_offsets({group: None}).get(group, {})
-    finally:
-        admin.close()
-    return {(tp.topic, tp.partition): meta.offset for tp, meta in found.items()}
 
 
 def test_nan_loss_stops_the_trainer_with_code_3_and_no_nan_weights_are_published(make_config, model_dir):

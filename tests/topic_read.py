@@ -28,6 +28,17 @@ def read_values(transport, topic: str, kind: str) -> list:
     return [r.value for r in read_records(transport, topic, kind)]
 
 
+def committed(transport, group: str) -> dict[tuple[str, int], int]:
+    """``{(topic, partition): offset}`` the consumer ``group`` has committed (the roles' own reader of it)."""
+    from stream_rl.telemetry.lag import committed_offsets
+
+    admin = transport.admin()
+    try:
+        return committed_offsets(admin, group)
+    finally:
+        admin.close()
+
+
 def heartbeats(transport, instance_id: str) -> list[Heartbeat]:
     """Every heartbeat of ``instance_id`` on the run's status topic, oldest first."""
     beats = read_values(transport, transport.names.status, "heartbeat")

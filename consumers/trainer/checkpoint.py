@@ -43,6 +43,7 @@ _NAME = re.compile(r"^step-(\d{8})$")
 TRAINER_FILE = "trainer.json"
 LEDGER_FILE = "ledger.json"
 RNG_FILE = "rng.safetensors"
+TMP_PREFIX, DEL_PREFIX = ".tmp-", ".del-"  # a save in progress; a directory being deleted
 FORMAT = 1
 
 
@@ -131,7 +132,7 @@ def save_checkpoint(root: str | os.PathLike, *, step: int, version: int, engine:
     final = root / checkpoint_name(step)
     if final.exists():
         raise CheckpointError(f"checkpoint {final} already exists")
-    tmp = root / f".tmp-{checkpoint_name(step)}-{uuid.uuid4().hex[:8]}"
+    tmp = root / f"{TMP_PREFIX}{checkpoint_name(step)}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
         engine.save(tmp)
@@ -186,10 +187,17 @@ def prune_checkpoints(root: str | os.PathLike, keep: int) -> list[Path]:
     root = Path(root)
     victims = complete_checkpoints(root)[:-keep]
     if root.is_dir():
-        victims += [p for p in root.iterdir() if p.is_dir() and p.name.startswith((".tmp-", ".del-"))]
+        victims += [p for p in root.iterdir() if p.is_dir() and p.name.startswith((TMP_PREFIX, DEL_PREFIX))]
     for path in victims:
-        doomed = path if path.name.startswith(".del-") else path.with_name(f".del-{path.name}-{uuid.uuid4().hex[:6]}")
-        if doomed != path:
-            os.rename(path, doomed)
-        shutil.rmtree(doomed)
+        delete_checkpoint_dir(path)
     return victims
+
+
+def delete_checkpoint_dir(path: Path) -> None:
+    """Delete a checkpoint (or temporary) directory: renamed to ``.del-*`` first, so a crash mid-delete never
+    leaves a partial ``step-*`` that would look like a checkpoint."""
+    doomed = path
+    if not path.name.startswith(DEL_PREFIX):
+        doomed = path.with_name(f"{DEL_PREFIX}{path.name}-{uuid.uuid4().hex[:6]}")
+        os.rename(path, doomed)
+    shutil.rmtree(doomed)

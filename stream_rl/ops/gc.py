@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import stat
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-# the publisher's store file names: v{version:08d}.safetensors and .v{version:08d}.safetensors.{hex}.tmp
+# run files: role logs and JSON-lines files, with rotation suffixes (the store's file names come from the publisher)
 _LOG = re.compile(r"^.+\.log(\.\d+)?(\.gz)?$")
 _JSONL = re.compile(r"^.+\.jsonl(\.\d+)?(\.gz)?$")
 DAY_S = 86_400.0
@@ -114,7 +112,7 @@ def size_of(path: Path) -> int:
 def _plan_checkpoints(root: Path, policy: GcPolicy, now: float) -> list[GcAction]:
     if not root.is_dir():
         return []
-    from consumers.trainer.checkpoint import complete_checkpoints
+    from consumers.trainer.checkpoint import DEL_PREFIX, TMP_PREFIX, complete_checkpoints
 
     actions = []
     complete = complete_checkpoints(root)  # oldest first
@@ -125,9 +123,9 @@ def _plan_checkpoints(root: Path, policy: GcPolicy, now: float) -> list[GcAction
                 why += f" and older than {_days(policy.older_than_s)}"
             actions.append(GcAction("checkpoint", path, why, size_of(path)))
     for path in sorted(root.iterdir()):
-        if path.is_dir() and path.name.startswith(".del-"):
+        if path.is_dir() and path.name.startswith(DEL_PREFIX):
             actions.append(GcAction("checkpoint-tmp", path, "left over from an interrupted delete", size_of(path)))
-        elif path.is_dir() and path.name.startswith(".tmp-") and _age(path, now) >= policy.tmp_grace_s:
+        elif path.is_dir() and path.name.startswith(TMP_PREFIX) and _age(path, now) >= policy.tmp_grace_s:
             actions.append(GcAction("checkpoint-tmp", path, f"unfinished save untouched for "
                                     f"{_days(policy.tmp_grace_s)}", size_of(path)))
     return actions
@@ -185,12 +183,10 @@ def apply_gc(actions: list[GcAction]) -> list[GcAction]:
         path = action.path
         if not os.path.lexists(path):
             continue
-        if path.is_dir() and not path.is_symlink():
-            doomed = path
-            if action.kind == "checkpoint":  # never leave a partial step-* directory behind
-                doomed = path.with_name(f".del-{path.name}-{uuid.uuid4().hex[:6]}")
-                os.rename(path, doomed)
-            shutil.rmtree(doomed)
+        if path.is_dir() and not path.is_symlink():  # only checkpoints and their temporary directories
+            from consumers.trainer.checkpoint import delete_checkpoint_dir
+
+            delete_checkpoint_dir(path)  # via .del-*, as the trainer's pruning: never a partial step-* left
         else:
             path.unlink()
         done.append(action)

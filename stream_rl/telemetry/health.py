@@ -72,7 +72,7 @@ class HealthState:
             self._snap = replace(self._snap, **changes)
 
     def tick(self) -> None:
-        self._snap = replace(self._snap, last_tick=time.monotonic())  # one reference swap: atomic enough
+        self.update(last_tick=time.monotonic())  # under the lock: an unlocked copy could undo a heartbeat's update
 
     def broker_ok(self) -> None:
         self.update(broker_ok_at=time.monotonic(), broker_error=None)

@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from schemas import Heartbeat
 
@@ -93,8 +93,7 @@ class HeartbeatPublisher:
         """Send one heartbeat and wait for the broker's ack; True when acknowledged."""
         current = self.snapshot()
         if state is not None:
-            current = Beat(current.time, state, current.policy_version, current.step, current.counts,
-                           current.metrics, current.open_alerts)
+            current = replace(current, state=state)
         message = make_heartbeat(self.role, self.instance_id, current, self._previous, self.interval_s)
         try:
             self.sink.send(self.topic, message, key=self.instance_id)

@@ -38,6 +38,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 
 from stream_rl.telemetry.config import TelemetryConfig
+from stream_rl.telemetry.heartbeat import finite_metrics
 
 SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
                    600.0)
@@ -222,9 +223,7 @@ class RoleMetrics:
         self.trainer_step.set(step, self.base)
         # OpenTelemetry drops non-finite measurements: such a metric is absent from this export (the metrics.jsonl
         # row has null, and the loss_nonfinite / grad_norm_nonfinite alerts fire)
-        self._step_values = {name: float(value) for name, value in metrics.items()
-                             if isinstance(value, (int, float)) and not isinstance(value, bool)
-                             and math.isfinite(value)}
+        self._step_values = finite_metrics(metrics)
 
     def set_alerts(self, states: Mapping[str, bool]) -> None:
         for name, firing in states.items():

@@ -174,18 +174,27 @@ class Stages:
                 "score_step_s": seconds / len(scored)}
 
     def train(self) -> dict[str, float]:
-        from consumers.trainer.step import rollout_metrics, train_step
+        """The trainer's step as configured (the demo: one update per batch, so no separate proximal pass)."""
+        return self._train(self.cfg.trainer, "train")
+
+    def train_always(self) -> dict[str, float]:
+        """The same steps with ``recompute_proximal = "always"``: the old path, a no-grad pass before the update."""
+        return self._train(self.cfg.trainer.model_copy(update={"recompute_proximal": "always"}), "train_always")
+
+    def _train(self, tcfg, prefix: str) -> dict[str, float]:
+        from consumers.trainer.rollout_metrics import rollout_metrics
+        from consumers.trainer.step import train_step
         from consumers.trainer.tensors import build_batch
 
         seconds, tokens = 0.0, 0
         for scored in self._scored:  # what the trainer does per step, less Kafka, spans and the broadcast
             t0 = time.perf_counter()
             batch = build_batch(scored, self.pad_id)
-            rollout_metrics(scored, self.state.version, self.cfg.trainer.success_threshold)
-            train_step(self.trainer, batch, self.cfg.trainer, self.state)
+            rollout_metrics(scored, self.state.version, tcfg.success_threshold)
+            train_step(self.trainer, batch, tcfg, self.state)
             seconds += time.perf_counter() - t0
             tokens += batch.n_tokens
-        return {"train_tokens_s": tokens / seconds, "train_step_s": seconds / len(self._scored)}
+        return {f"{prefix}_tokens_s": tokens / seconds, f"{prefix}_step_s": seconds / len(self._scored)}
 
     def close(self) -> None:
         self.generator.close()

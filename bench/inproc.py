@@ -87,13 +87,15 @@ def variant_config(tcfg, variant: str):
 
 def ppo_behaviour_step(engine, batch, cfg, state) -> dict[str, float]:
     """Plain PPO against the behaviour logprobs: the trainer's :func:`update` with mu as the old logprobs."""
-    from consumers.trainer.step import ADVANTAGE_ESTIMATORS, BatchTargets, advantage_inputs, lr_at, update
+    from consumers.trainer.step import lr_at
+    from consumers.trainer.targets import ADVANTAGE_ESTIMATORS, BatchTargets, advantage_inputs
+    from consumers.trainer.update import update
 
     if cfg.loss.off_policy_correction or cfg.advantage == "gae":
         raise ValueError("ppo_mu needs loss.off_policy_correction = false and a sequence advantage estimator")
-    kl_t = torch.zeros_like(batch.behavior_logprobs)
+    kl_t = torch.zeros_like(batch.behavior_logp)
     advantages, _ = ADVANTAGE_ESTIMATORS[cfg.advantage](advantage_inputs(batch, kl_t, 0.0, cfg, None))
-    targets = BatchTargets(batch.behavior_logprobs, advantages, None, None)
+    targets = BatchTargets(batch.behavior_logp, advantages, None, None)
     lr = lr_at(state.step, cfg)
     generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + state.step)
     out: dict[str, float] = {}

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 
 ENV_PREFIX = "STREAM_RL_"
 ENV_CONFIG_FILE = "STREAM_RL_CONFIG"
@@ -32,7 +32,7 @@ class ConfigError(ValueError):
 
 
 from consumers.scorer.config import ScorerConfig  # noqa: E402
-from consumers.trainer.config import TrainerConfig  # noqa: E402
+from consumers.trainer.config import PPO_RANGE_CLIP, TrainerConfig  # noqa: E402
 from producers.config import ProducerConfig  # noqa: E402
 from stream_rl.alerts.config import AlertsConfig  # noqa: E402
 from stream_rl.config_base import Section as _Section  # noqa: E402
@@ -144,8 +144,20 @@ class RunConfig(_Section):
     start_broker: bool = Field(True, description="start the local broker when kafka.bootstrap_servers is unset")
 
 
+class CrossFieldError(ValueError):
+    """A rule across sections is broken; ``fields`` are the dotted names it involves (their sources get named)."""
+
+    def __init__(self, fields: Sequence[str], message: str) -> None:
+        super().__init__(message)
+        self.fields = tuple(fields)
+
+
 class StreamRLConfig(_Section):
-    """The root configuration shared by every role; each role reads its own section."""
+    """The root configuration shared by every role; each role reads its own section.
+
+    Rules across sections are checked here, at load time (so ``--dry-run`` refuses them), each error naming both
+    fields and where their values came from; the list is in docs/configuration.md ("Refused combinations and rules across sections").
+    """
 
     run_dir: Path = Field(Path("runs/demo"), description="the run's directory: config, metrics, checkpoints, "
                           "logs, spans")
@@ -160,6 +172,23 @@ class StreamRLConfig(_Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+
+    @model_validator(mode="after")
+    def _across_sections(self) -> StreamRLConfig:
+        ahead, lag = self.producer.versions_ahead, self.trainer.max_lag
+        if self.producer.max_groups_per_version is not None and ahead > lag:  # versions_ahead acts only then
+            raise CrossFieldError(("producer.versions_ahead", "trainer.max_lag"), (
+                f"producer.versions_ahead={ahead} > trainer.max_lag={lag}: producers would generate rollouts the "
+                f"trainer must drop as stale; keep versions_ahead below max_lag (equal is allowed, see "
+                f"docs/configuration.md)"))
+        loss, budget = self.trainer.loss, self.producer.max_new_tokens
+        if loss.max_len is None:
+            loss.max_len = budget
+        elif loss.agg == "seq-mean-token-sum-norm" and loss.max_len < budget:
+            raise CrossFieldError(("trainer.loss.max_len", "producer.max_new_tokens"), (
+                f"trainer.loss.max_len={loss.max_len} < producer.max_new_tokens={budget}: Dr. GRPO's constant "
+                f"normaliser must cover the longest response the producers may generate"))
+        return self
 
 
 def _parse_scalar(text: str) -> Any:
@@ -232,7 +261,7 @@ def load_config(
     if path is None and env.get(ENV_CONFIG_FILE):
         path = Path(env[ENV_CONFIG_FILE])
     tree: dict[str, Any] = read_config_file(path) if path is not None else {}
-    sources: dict[str, str] = {}
+    sources: dict[str, str] = {key: f"file {path}" for key in _leaf_keys(tree)}
     secrets = secret_fields(model)  # kept verbatim: a password "123456" or "null" is text, not YAML
     for key, raw in env_overrides(env).items():
         _set_path(tree, key, raw if key in secrets else _parse_scalar(raw))
@@ -244,6 +273,14 @@ def load_config(
         return model.model_validate(tree)
     except ValidationError as exc:
         raise _one_line(exc, sources, path) from None
+
+
+def _leaf_keys(tree: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Dotted names of the leaves of a nested mapping (``{"a": {"b": 1}}`` -> ``["a.b"]``)."""
+    keys = []
+    for name, value in tree.items():
+        keys += _leaf_keys(value, f"{prefix}{name}.") if isinstance(value, Mapping) else [f"{prefix}{name}"]
+    return keys
 
 
 def secret_fields(model: type[BaseModel], prefix: str = "") -> set[str]:
@@ -260,6 +297,10 @@ def secret_fields(model: type[BaseModel], prefix: str = "") -> set[str]:
 
 def _one_line(exc: ValidationError, sources: Mapping[str, str], path: Path | None) -> ConfigError:
     err = exc.errors()[0]
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, CrossFieldError):  # a rule across sections: name each field's own source
+        origins = ", ".join(f"{name} from {sources.get(name, 'defaults')}" for name in cause.fields)
+        return ConfigError(f"invalid config: {str(cause)} [{origins}]")
     field = ".".join(str(p) for p in err["loc"]) or "<root>"
     # a section's own check (a model validator) fails at the section: name the sources of the keys set under it
     under = sorted({v for k, v in sources.items() if k.startswith(field + ".")})
@@ -267,6 +308,22 @@ def _one_line(exc: ValidationError, sources: Mapping[str, str], path: Path | Non
     more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     msg = err["msg"].removeprefix("Value error, ")
     return ConfigError(f"invalid config: {field}: {msg} [from {origin}]{more}")
+
+
+def config_warnings(cfg: StreamRLConfig) -> list[str]:
+    """Combinations that are allowed but usually a mistake, one line each (the CLI prints them to stderr)."""
+    out = []
+    loss = cfg.trainer.loss
+    if loss.kind == "gspo" and max(loss.clip_low, loss.clip_high) >= PPO_RANGE_CLIP:
+        out.append(f"trainer.loss.kind='gspo' with a PPO-range clip (clip_low={loss.clip_low}, "
+                   f"clip_high={loss.clip_high}): a sequence ratio stays within ~1e-3 of 1, so this clip never acts "
+                   f"(the GSPO paper uses 3e-4 / 4e-4, the default)")
+    ahead, lag = cfg.producer.versions_ahead, cfg.trainer.max_lag
+    if cfg.producer.max_groups_per_version is not None and 0 < ahead == lag:
+        out.append(f"producer.versions_ahead = trainer.max_lag = {lag}: rollouts generated that far ahead reach the "
+                   f"trainer up to max_lag + 1 versions old and some are dropped as stale (measured in "
+                   f"docs/benchmarks.md); versions_ahead < max_lag avoids it")
+    return out
 
 
 def dump_config(cfg: BaseModel) -> str:

@@ -30,6 +30,37 @@ Shipped example: `configs/demo.toml` (the settings `make run` uses).
 
 This reference is generated from the code (`python -m stream_rl.config_doc > docs/configuration.md`);
 a test fails when it is out of date.
+
+## Refused combinations and rules across sections
+
+Checked when the configuration is loaded, so `--dry-run` refuses them with exit code 2; an error that involves two
+fields names both and where each value came from.
+
+| rule | why |
+|---|---|
+| `producer.versions_ahead <= trainer.max_lag` (when `producer.max_groups_per_version` is set: without that backpressure `versions_ahead` does nothing) | producers further ahead generate rollouts the trainer must drop as stale |
+| `trainer.loss.max_len >= producer.max_new_tokens` when `trainer.loss.agg = "seq-mean-token-sum-norm"` | Dr. GRPO's constant normaliser must cover the longest response; `max_len` unset takes `producer.max_new_tokens` |
+| `trainer.kl.kind = "k1"` with `trainer.kl.placement = "loss"` is refused | k1 has zero expected gradient as a loss term (docs/algorithms.md) |
+| `trainer.kl.adaptive = true` needs `trainer.kl.coef > 0` | the controller is multiplicative: from 0 it never moves |
+| `trainer.temperature` is refused | removed: each rollout's logits are divided by its own `Rollout.temperature` (`producer.temperature`) |
+| `trainer.schedule` other than `constant` needs `trainer.max_steps` | the decay ends at `max_steps` |
+| `scorer` needs `reward_fn` and/or `reward_model_dir` | a scorer without a reward source has nothing to attach |
+| `alerts.consumer_lag.action` and `alerts.trainer_stalled.action` may not be `pause` | a paused role could never clear them (docs/alerts.md) |
+| `alerts.memory_growth.min_span_s <= alerts.memory_growth.window_s` | the samples could never span enough time |
+
+Allowed, but printed as a one-line `warning:` on stderr by every command:
+
+- `producer.versions_ahead = trainer.max_lag` (> 0): the producers may run a full `max_lag` versions ahead of the
+  weights they hold, so some rollouts reach the trainer `max_lag + 1` versions old and are dropped as stale (the
+  asynchronous benchmark in docs/benchmarks.md runs this way on purpose, to measure the most overlap, and reports
+  the drops); `versions_ahead < max_lag` avoids them.
+- `trainer.loss.kind = "gspo"` with `clip_low` or `clip_high` >= 0.01: a sequence ratio stays within ~1e-3 of 1, so a
+  PPO-sized clip never acts (GSPO's defaults are the paper's 3e-4 / 4e-4).
+
+Defaults that depend on another field are resolved at load time and shown resolved by `--dry-run`:
+`trainer.loss.clip_low` / `clip_high` / `agg` (by `trainer.loss.kind`), `trainer.loss.max_len`
+(`producer.max_new_tokens`), `trainer.kl.kind` (k2 in the loss, k3 in the reward) and `trainer.whiten_advantages`
+(on for `gae`).
 """
 
 

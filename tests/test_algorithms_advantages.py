@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from stream_rl.algorithms import grpo_advantages, reinforce_pp_advantages, rloo_advantages, sequence_to_tokens
+from stream_rl.algorithms import (grpo_advantages, reinforce_pp_advantages, rloo_advantages, sequence_to_tokens,
+                                  whiten_advantages)
 
 # Three groups, interleaved and with arbitrary ids: group 7 = rewards [1, 0, 0, 1], group -1 = [2, 4],
 # groups 3 and 9 are singletons.
@@ -94,6 +95,21 @@ def test_reinforce_pp_edge_cases():
     torch.testing.assert_close(out, torch.zeros(1, 2))
     out = reinforce_pp_advantages(torch.tensor([[3.0, 1.0]]), torch.tensor([[0, 0]]), 1.0)
     torch.testing.assert_close(out, torch.zeros(1, 2))
+
+
+def test_whiten_advantages_by_hand():
+    # Valid A = [1, 3 | 5, 7, pad]: mean 4, deviations [-3, -1, 1, 3], sum of squares 20, unbiased var 20 / 3;
+    # A' = deviation / sqrt(20 / 3 + 1e-8). Padding (99) is ignored and comes out 0.
+    adv = torch.tensor([[1.0, 3.0, 99.0], [5.0, 7.0, 99.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]])
+    scale = 1 / math.sqrt(20 / 3 + 1e-8)
+    expected = torch.tensor([[-3.0, -1.0, 0.0], [1.0, 3.0, 0.0]]) * scale
+    out = whiten_advantages(adv, mask)
+    torch.testing.assert_close(out, expected)
+    valid = out[mask.bool()]
+    assert abs(float(valid.mean())) < 1e-6 and float(valid.std()) == pytest.approx(1.0, abs=1e-6)
+    torch.testing.assert_close(whiten_advantages(torch.tensor([[2.0, 0.0]]), torch.tensor([[1, 0]])),
+                               torch.zeros(1, 2))  # one valid token: nothing to whiten against
 
 
 def test_sequence_to_tokens():

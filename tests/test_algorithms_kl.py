@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from stream_rl.algorithms import AdaptiveKLController, FixedKLController, adaptive_kl_coef, kl_penalty
+from stream_rl.algorithms import AdaptiveKLController, FixedKLController, adaptive_kl_coef, kl_loss, kl_penalty
 
 
 def test_estimators_by_hand():
@@ -97,3 +97,20 @@ def test_bad_arguments_raise_value_errors():
         AdaptiveKLController(0.1, 6.0, 100).update(float("nan"), 1)
     with pytest.raises(ValueError, match="coef"):
         FixedKLController(float("inf"))
+
+
+def test_kl_loss_by_hand_and_k1_is_refused():
+    # logp = [-1, -2 | pad], ref = [-1.5, -1]: x = ref - logp = [-0.5, 1]; k2 = 0.5 x^2 = [0.125, 0.5];
+    # k3 = e^x - x - 1 = [0.106531, 0.718282]. Weights [2, 0.5]: token-mean of w * k2 = (0.25 + 0.25) / 2 = 0.25.
+    logp = torch.tensor([[-1.0, -2.0, 9.0]], requires_grad=True)
+    ref = torch.tensor([[-1.5, -1.0, 9.0]])
+    mask = torch.tensor([[1, 1, 0]], dtype=torch.bool)
+    assert kl_loss(logp, ref, mask).item() == pytest.approx((0.125 + 0.5) / 2)  # default k2
+    k3 = (math.exp(-0.5) + 0.5 - 1 + math.e - 2) / 2
+    assert kl_loss(logp, ref, mask, kind="k3").item() == pytest.approx(k3, abs=1e-6)
+    weighted = kl_loss(logp, ref, mask, weights=torch.tensor([[2.0, 0.5, 100.0]]))
+    assert weighted.item() == pytest.approx(0.25)
+    weighted.backward()  # d/dlogp of 0.5 w (logp - ref)^2 / 2 = w (logp - ref) / 2 = [0.5, -0.25, 0]
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.5, -0.25, 0.0]]))
+    with pytest.raises(ValueError, match="zero expected gradient"):
+        kl_loss(logp, ref, mask, kind="k1")

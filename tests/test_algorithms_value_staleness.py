@@ -34,13 +34,14 @@ def test_value_loss_by_hand():
 
 def test_value_loss_agg_modes_and_perfect_critic():
     # Rows of lengths 2 and 1, T = 2, per-token losses 0.5 * [1, 4 | 9]: token-mean = (0.5 + 2 + 4.5) / 3 = 7/3;
-    # seq-mean-token-mean = (1.25 + 4.5) / 2 = 2.875; seq-mean-token-sum-norm = (2.5 / 2 + 4.5 / 2) / 2 = 1.75.
+    # seq-mean-token-mean = (1.25 + 4.5) / 2 = 2.875; seq-mean-token-sum-norm (budget 2) = (2.5/2 + 4.5/2) / 2 = 1.75.
     values = torch.zeros(2, 2)
     returns = torch.tensor([[1.0, 2.0], [3.0, 0.0]])
     mask = torch.tensor([[1, 1], [1, 0]])
     expected = {"token-mean": 7 / 3, "seq-mean-token-mean": 2.875, "seq-mean-token-sum-norm": 1.75}
     for agg, value in expected.items():
-        assert value_loss(values, values, returns, mask, clip=None, agg=agg)[0].item() == pytest.approx(value)
+        budget = {"max_len": 2} if agg == "seq-mean-token-sum-norm" else {}
+        assert value_loss(values, values, returns, mask, clip=None, agg=agg, **budget)[0].item() == pytest.approx(value)
     loss, metrics = value_loss(returns, returns, returns, mask)
     assert loss.item() == 0.0 and metrics["vf_explained_var"].item() == pytest.approx(1.0)
 

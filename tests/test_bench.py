@@ -133,8 +133,9 @@ def test_gpu_script_runs_tiny_on_cpu_without_pydantic_or_kafka_and_renders(tmp_p
 
 
 PIPELINE_FIGURES = {
-    *(f"{stage}_{unit}" for stage in ("generate", "score", "train") for unit in ("tokens_s", "step_s")),
-    "pipeline_tokens_s", "pipeline_step_s", "pipeline_trainer_busy", "pipeline_train_step_s", "pipeline_broadcast_s",
+    *(f"{stage}_{unit}" for stage in ("generate", "score", "train", "train_always")
+      for unit in ("tokens_s", "step_s")),
+    "train_skip_proximal_speedup", "pipeline_tokens_s", "pipeline_step_s", "pipeline_trainer_busy", "pipeline_train_step_s", "pipeline_broadcast_s",
     "pipeline_trainer_work_s",
     "slowest_stage_tokens_s", "pipeline_vs_slowest", "pipeline_train_vs_alone",
 }

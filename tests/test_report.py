@@ -38,7 +38,8 @@ def write_rows(path, rows, torn_tail: bool = False) -> None:
 def trainer_rows():
     """Four steps of the real trainer step on a tiny model, as metrics.jsonl rows."""
     from consumers.trainer.engines import TorchEngine, TrainModule
-    from consumers.trainer.step import TrainState, rollout_metrics, train_step
+    from consumers.trainer.rollout_metrics import rollout_metrics
+    from consumers.trainer.step import TrainState, train_step
     from consumers.trainer.tensors import build_batch
     from test_trainer_support import random_group, tiny_policy, trainer_cfg
 

@@ -9,8 +9,11 @@ import pytest
 import torch
 
 from consumers.trainer.engines import TorchEngine, TrainModule
-from consumers.trainer.step import (TrainState, advantage_inputs, lr_at, proximal_pass, rollout_metrics,
-                                    train_step, update, BatchTargets)
+from consumers.trainer.forward import proximal_pass
+from consumers.trainer.rollout_metrics import rollout_metrics
+from consumers.trainer.step import TrainState, lr_at, train_step
+from consumers.trainer.targets import BatchTargets, advantage_inputs
+from consumers.trainer.update import update
 from consumers.trainer.tensors import build_batch
 from stream_rl import algorithms as alg
 from test_trainer_support import exact_logprobs, random_group, scored, tiny_policy, trainer_cfg
@@ -93,16 +96,17 @@ def test_gradient_accumulation_is_exact_for_every_aggregation(agg, kind):
                                                        ref_model=ref_model)]
     batch = build_batch(items)
     assert len(set(batch.response_mask.sum(-1).tolist())) > 1  # unequal lengths: the normaliser matters
-    batch.behavior_logprobs.add_(0.05 * torch.randn(batch.behavior_logprobs.shape) * batch.response_mask)
+    batch.behavior_logp.add_(0.05 * torch.randn(batch.behavior_logp.shape) * batch.response_mask)
     grads = []
     for micro in (4, 1, 3):  # 3: unequal micro batches (3 + 1 sequences)
-        cfg = trainer_cfg(micro_batch_size=micro, loss={"agg": agg, "kind": kind}, kl={"coef": 0.1})
+        loss = {"agg": agg, "kind": kind, "max_len": 8, "clip_low": 0.2, "clip_high": 0.2}
+        cfg = trainer_cfg(micro_batch_size=micro, loss=loss, kl={"coef": 0.1})
         engine = _Capture(TrainModule(tiny_policy(seed=0)), cfg)
-        old_logp, _, _ = proximal_pass(engine, batch, cfg)
-        kl_t = alg.kl_penalty(old_logp, batch.ref_logprobs, "k3", mask=batch.response_mask)
+        prox_logp = proximal_pass(engine, batch, cfg.micro_batch_size).logp
+        kl_t = alg.kl_penalty(prox_logp, batch.ref_logp, "k3", mask=batch.response_mask)
         adv = alg.sequence_to_tokens(alg.grpo_advantages(advantage_inputs(batch, kl_t, 0.1, cfg, None).rewards,
                                                          batch.group_ids), batch.response_mask)
-        applied, _, _ = update(engine, batch, BatchTargets(old_logp - 0.1, adv, None, None),
+        applied, _, _ = update(engine, batch, BatchTargets(prox_logp - 0.1, adv, None, None),
                                torch.arange(batch.size), cfg, 0.1, lr=1e-3)
         assert applied
         grads.append(engine.grads)
@@ -172,3 +176,86 @@ def test_rollout_metrics_hand_values():
     assert m["response/length_mean"] == 1.75 and m["response/length_max"] == 3.0
     assert m["throughput/generate_tokens_per_s"] == pytest.approx(7 / 0.5)  # one producer batch of 0.5 s
     assert m["time/score_s_mean"] == 0.25 and m["reward/verifier"] == 0.75
+
+
+class _Counting(TorchEngine):
+    forwards = 0
+
+    def forward(self, batch):
+        self.forwards += 1
+        return super().forward(batch)
+
+
+def _step_with(recompute: str, **kw):
+    model = tiny_policy(seed=0)
+    items = [s for p in range(2) for s in random_group(model, p, group_size=2, rng=np.random.default_rng(6),
+                                                       rewards=[1.0, 0.0])]
+    batch = build_batch(items)
+    batch.behavior_logp.add_(0.1 * torch.randn(batch.behavior_logp.shape, generator=torch.Generator().manual_seed(1))
+                             * batch.response_mask)  # a stale sampler: weights pi_prox / mu != 1
+    cfg = trainer_cfg(micro_batch_size=2, recompute_proximal=recompute, **kw)
+    engine = _Counting(TrainModule(model), cfg)
+    metrics = train_step(engine, batch, cfg, TrainState())
+    return engine.forwards, metrics, _weights(model)
+
+
+def test_a_single_update_takes_pi_prox_from_its_own_forward_and_trains_exactly_the_same():
+    """epochs * minibatches == 1: the proximal pass would recompute what the update's forward computes (ratio 1).
+    Skipping it halves the forwards (2 micro batches: 2 instead of 4) and changes no weight and no metric."""
+    skipped, fast, after_fast = _step_with("auto")
+    always, slow, after_slow = _step_with("always")
+    assert (skipped, always) == (2, 4)
+    assert fast["batch/proximal_pass"] == 0.0 and slow["batch/proximal_pass"] == 1.0
+    for name, w in after_fast.items():
+        torch.testing.assert_close(w, after_slow[name], rtol=0, atol=1e-7)
+    for key in ("loss/total", "policy/is_weight_mean", "policy/ratio_mean", "policy/entropy", "kl/ref_mean",
+                "mismatch/logp_abs_diff", "advantage/std"):
+        assert fast[key] == pytest.approx(slow[key], rel=1e-5, abs=1e-7, nan_ok=True), key
+    assert fast["policy/is_weight_mean"] != pytest.approx(1.0, abs=1e-3)  # the correction is really exercised
+
+
+@pytest.mark.parametrize("kw", [{"epochs": 2}, {"minibatches": 2}, {"advantage": "gae"},
+                                {"kl": {"coef": 0.1, "placement": "reward"}}])
+def test_the_proximal_pass_runs_whenever_something_needs_it(kw):
+    from consumers.trainer.step import needs_proximal_pass
+
+    cfg = trainer_cfg(**kw)
+    assert needs_proximal_pass(cfg, cfg.kl.coef)
+    assert not needs_proximal_pass(trainer_cfg(), 0.0)
+    assert not needs_proximal_pass(trainer_cfg(kl={"coef": 0.1}), 0.1)  # KL in the loss: computed in the update
+
+
+def test_the_in_loss_kl_is_weighted_by_the_policy_terms_importance_weights():
+    """loss/kl of a single-micro update equals kl_loss(pi_prox, ref, k2, weights = capped pi_prox / mu), computed
+    here by hand from a no-grad pass over the same weights."""
+    model, ref_model = tiny_policy(seed=0), tiny_policy(seed=9)
+    items = [s for p in range(2) for s in random_group(model, p, group_size=2, rng=np.random.default_rng(7),
+                                                       rewards=[1.0, 0.0], ref_model=ref_model)]
+    batch = build_batch(items)
+    batch.behavior_logp.add_(0.3 * torch.randn(batch.behavior_logp.shape, generator=torch.Generator().manual_seed(2))
+                             * batch.response_mask)
+    cfg = trainer_cfg(micro_batch_size=8, kl={"coef": 0.1}, loss={"is_cap": 1.1})
+    engine = TorchEngine(TrainModule(model), cfg)
+    mask = batch.response_mask
+    prox = proximal_pass(engine, batch, 8).logp
+    weights, w_metrics = alg.importance_weights(prox, batch.behavior_logp, mask, is_cap=1.1)
+    assert w_metrics["is_clipped_frac"].item() > 0  # the cap is exercised
+    expected = alg.kl_loss(prox, batch.ref_logp, mask, kind="k2", weights=weights).item()
+    unweighted = alg.kl_loss(prox, batch.ref_logp, mask, kind="k2").item()
+    metrics = train_step(engine, batch, cfg, TrainState(kl_coef=0.1))
+    assert metrics["loss/kl"] == pytest.approx(expected, rel=1e-5)
+    assert expected != pytest.approx(unweighted, rel=1e-3)
+
+
+def test_gae_advantages_are_whitened_over_the_batch_by_default():
+    def adv_stats(**kw):
+        model = tiny_policy(seed=0)
+        cfg = trainer_cfg(advantage="gae", gamma=1.0, lam=0.95, **kw)
+        metrics = train_step(TorchEngine(TrainModule(model, value_head=True), cfg), build_batch(pair(model)), cfg,
+                             TrainState())
+        return metrics["advantage/mean"], metrics["advantage/std"]
+
+    mean, std = adv_stats()
+    assert mean == pytest.approx(0.0, abs=1e-6) and std == pytest.approx(1.0, abs=1e-5)
+    mean, std = adv_stats(whiten_advantages=False)
+    assert abs(mean) > 1e-3 or abs(std - 1.0) > 1e-3

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from consumers.trainer.engines import TorchEngine, TrainModule
-from consumers.trainer.step import proximal_pass
+from consumers.trainer.forward import proximal_pass
 from consumers.trainer.tensors import build_batch, response_logits_slice
 from test_trainer_support import exact_logprobs, scored, tiny_policy, trainer_cfg
 
@@ -26,8 +26,8 @@ def test_hand_case_layout_and_alignment():
     assert batch.position_ids.tolist() == [[0, 1, 2, 3, 4, 4], [0, 0, 0, 1, 2, 3]]
     assert batch.response_ids.tolist() == [[6, 7, 0], [9, 10, 11]]
     assert batch.response_mask.tolist() == [[True, True, False], [True, True, True]]
-    assert torch.allclose(batch.behavior_logprobs, torch.tensor([[-0.1, -0.2, 0.0], [-0.3, -0.4, -0.5]]))
-    assert torch.allclose(batch.ref_logprobs, torch.tensor([[-0.5, -0.6, 0.0], [0.0, 0.0, 0.0]]))
+    assert torch.allclose(batch.behavior_logp, torch.tensor([[-0.1, -0.2, 0.0], [-0.3, -0.4, -0.5]]))
+    assert torch.allclose(batch.ref_logp, torch.tensor([[-0.5, -0.6, 0.0], [0.0, 0.0, 0.0]]))
     assert batch.has_ref.tolist() == [True, False]
     assert torch.allclose(batch.token_rewards, torch.tensor([[0.0, 0.25, 0.0], [0.0, 0.0, 0.0]]))
     assert batch.token_versions.tolist() == [[2, 2, 0], [1, 2, 2]]
@@ -53,21 +53,28 @@ def test_select_keeps_the_widths_and_group_ids_are_dense_by_first_appearance():
         build_batch([])
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_proximal_logprobs_equal_behaviour_logprobs_on_the_same_weights(temperature):
+def test_a_batch_mixing_temperatures_gives_each_row_the_logprobs_of_its_own_temperature():
+    """Rollouts sampled at T = 0.7, 1.0 and 1.3 share a batch; each row is scored under softmax(logits / its own T)."""
     model = tiny_policy(seed=3)
     rng = np.random.default_rng(1)
-    items = []
-    for i, (p_len, r_len) in enumerate([(2, 5), (6, 1), (4, 3), (3, 4), (5, 2)]):
+    items, temps = [], [0.7, 1.0, 0.7, 1.3, 1.0]
+    for i, ((p_len, r_len), t) in enumerate(zip([(2, 5), (6, 1), (4, 3), (3, 4), (5, 2)], temps)):
         prompt = rng.integers(3, 16, p_len).tolist()
         response = rng.integers(3, 16, r_len).tolist()
         items.append(scored(i, 0, prompt_ids=prompt, response_ids=response, group_size=1,
-                            behavior=exact_logprobs(model, prompt, response, temperature), temperature=temperature))
+                            behavior=exact_logprobs(model, prompt, response, t), temperature=t))
     batch = build_batch(items)
     assert (batch.attention_mask[:, 0] == 0).sum() >= 3  # left padding is really exercised
-    cfg = trainer_cfg(temperature=temperature, micro_batch_size=2)
-    logp, entropy, values = proximal_pass(TorchEngine(TrainModule(model), cfg), batch, cfg)
+    assert batch.temperatures.tolist() == pytest.approx(temps)
+    cfg = trainer_cfg(micro_batch_size=2)
+    prox = proximal_pass(TorchEngine(TrainModule(model), cfg), batch, cfg.micro_batch_size)
     mask = batch.response_mask
-    assert values is None
-    assert float((logp - batch.behavior_logprobs).abs()[mask].max()) < 1e-5
-    assert bool((logp[~mask] == 0).all()) and bool((entropy[mask] > 0).all())
+    assert prox.values is None
+    assert float((prox.logp - batch.behavior_logp).abs()[mask].max()) < 1e-5
+    assert bool((prox.logp[~mask] == 0).all()) and bool((prox.entropy[mask] > 0).all())
+    # and it is the temperature that does it: the same tokens at T = 1 give other numbers on the T != 1 rows
+    at_one = [exact_logprobs(model, it.rollout.prompt_token_ids, it.rollout.response_token_ids) for it in items]
+    for b, t in enumerate(temps):
+        n = int(mask[b].sum())
+        differs = float(abs(prox.logp[b, :n].numpy() - at_one[b]).max()) > 1e-3
+        assert differs == (t != 1.0), b

@@ -103,9 +103,10 @@ class ReferenceLogprobs:
         for row, rollout in enumerate(rollouts):
             n_prompt, n_response = len(rollout.prompt_token_ids), len(rollout.response_token_ids)
             begin = n_prompt - 1 - offset
-            scaled = logits[row, begin:begin + n_response].float() / rollout.temperature  # [R, V]
             labels = torch.as_tensor(rollout.response_token_ids, dtype=torch.long, device=self.device)  # [R]
-            logp = logprobs_from_logits(scaled, labels).clamp_(max=0.0)  # [R]
+            # 1 / T applied inside the chunked kernel: no float32 copy of the row's [R, V] logits
+            logp = logprobs_from_logits(logits[row, begin:begin + n_response], labels,
+                                        temperature=rollout.temperature).clamp_(max=0.0)  # [R]
             out.append(logp.cpu().numpy().astype(np.float32))
         return out
 

@@ -3,7 +3,10 @@
 Consumes: values from the config file, ``STREAM_RL_TRAINER__*`` variables and ``--set trainer.x=y`` flags.
 Produces: a validated :class:`TrainerConfig` with the nested :class:`KLConfig` and :class:`LossConfig`.
 Guarantees: every field has a description and bounds; combinations that cannot work (a decaying learning-rate
-schedule without ``max_steps``) are rejected here, not at step 1000.
+schedule without ``max_steps``, k1 as a loss term, an adaptive KL starting at 0) are rejected here, not at step
+1000; defaults that depend on another field (the GSPO clip range, the in-loss KL estimator, whitening for GAE) are
+resolved here, so ``--dry-run`` prints what the trainer will use. Rules across sections (the Dr. GRPO length
+normaliser against ``producer.max_new_tokens``) live in the root config.
 
 One trainer *step* consumes one batch of ``groups_per_step`` whole groups. Within a step the batch is split into
 ``minibatches`` optimizer updates, repeated for ``epochs`` passes; each update accumulates gradients over micro
@@ -14,7 +17,7 @@ count steps.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -23,35 +26,75 @@ from stream_rl.config_base import Section
 ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae")
 
 
+KL_IN_LOSS_DEFAULT = "k2"  # expected gradient grad KL(pi || ref): stream_rl.algorithms.kl
+KL_IN_REWARD_DEFAULT = "k3"  # an unbiased, low-variance value of KL(pi || ref) on sampled tokens
+# The defaults of stream_rl.algorithms.POLICY_LOSS_DEFAULTS (repeated here so that loading a config imports no
+# torch; a test checks that the two tables agree).
+LOSS_DEFAULTS: dict[str, dict[str, float | str]] = {
+    "ppo": {"clip_low": 0.2, "clip_high": 0.2, "agg": "token-mean"},
+    "gspo": {"clip_low": 3e-4, "clip_high": 4e-4, "agg": "seq-mean-token-mean"},
+}
+PPO_RANGE_CLIP = 0.01  # a GSPO clip at or above this is PPO-sized (the paper's are 3e-4 / 4e-4): warned about
+
+
 class KLConfig(Section):
     """KL regularisation towards the frozen reference policy (reference logprobs come from the scorer)."""
 
     coef: float = Field(0.0, ge=0.0, description="initial KL coefficient beta; 0 switches the penalty off "
                                                   "(KL to the reference is still reported when available)")
-    kind: Literal["k1", "k2", "k3"] = Field("k3", description="per-token KL estimator (Schulman 2020)")
+    kind: Literal["k1", "k2", "k3"] | None = Field(
+        None, description="per-token KL estimator (Schulman 2020); None: k2 in the loss (expected gradient "
+                          "grad KL(pi||ref)), k3 in the reward; k3 in the loss has the gradient of KL(ref||pi); "
+                          "k1 in the loss is rejected (zero expected gradient)")
     placement: Literal["reward", "loss"] = Field(
         "loss", description="'reward': subtract beta * KL from the rewards before the advantages (classic PPO); "
-                            "'loss': add beta * KL to the loss (GRPO)")
-    adaptive: bool = Field(False, description="adapt beta towards `target` (Ziegler et al. 2019) instead of fixed")
+                            "'loss': add beta * KL to the loss (GRPO), weighted like the policy term")
+    adaptive: bool = Field(False, description="adapt beta towards `target` (Ziegler et al. 2019) instead of fixed; "
+                                              "needs coef > 0 (a multiplicative controller never leaves 0)")
     target: float = Field(0.1, gt=0.0, description="adaptive KL: desired mean per-token KL to the reference")
     horizon: float = Field(10_000.0, gt=0.0, description="adaptive KL: samples over which beta moves <= 20 %")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KLConfig:
+        if self.kind is None:
+            self.kind = KL_IN_LOSS_DEFAULT if self.placement == "loss" else KL_IN_REWARD_DEFAULT
+        if self.kind == "k1" and self.placement == "loss":
+            raise ValueError("kind='k1' with placement='loss' has zero expected gradient: use kind='k2' "
+                             "(gradient of KL(pi||ref)) or 'k3' (gradient of KL(ref||pi)), or placement='reward'")
+        if self.adaptive and self.coef == 0:
+            raise ValueError("adaptive=true with coef=0 never moves (beta is updated multiplicatively): set coef > 0 "
+                             "or adaptive=false")
+        return self
 
 
 class LossConfig(Section):
     """The clipped policy loss of ``stream_rl.algorithms.policy_loss`` and its off-policy correction."""
 
     kind: Literal["ppo", "gspo"] = Field("ppo", description="per-token ratio (PPO) or per-sequence ratio (GSPO)")
-    clip_low: float = Field(0.2, gt=0.0, le=1.0, description="ratio lower clip: 1 - clip_low")
-    clip_high: float = Field(0.2, gt=0.0, description="ratio upper clip: 1 + clip_high (> clip_low: DAPO)")
+    clip_low: float | None = Field(None, gt=0.0, le=1.0, description="ratio lower clip: 1 - clip_low; None: "
+                                   "0.2 for ppo, 3e-4 for gspo (the GSPO paper's)")
+    clip_high: float | None = Field(None, gt=0.0, description="ratio upper clip: 1 + clip_high (> clip_low: DAPO); "
+                                    "None: 0.2 for ppo, 4e-4 for gspo")
     dual_clip: float | None = Field(None, gt=1.0, description="dual-clip constant c > 1 for A < 0; None: off")
     off_policy_correction: bool = Field(
         True, description="multiply each token's loss by pi_prox / mu (decoupled PPO / truncated IS), with mu the "
-                          "generator's behaviour logprobs")
+                          "generator's behaviour logprobs; gspo uses the sequence weight (geometric mean)")
     is_cap: float | None = Field(5.0, gt=0.0, description="cap C on the importance weight; None: uncapped; "
                                                         "ignored without off_policy_correction")
     is_mode: Literal["clamp", "mask"] = Field("clamp", description="'clamp': min(w, C); 'mask': w = 0 where w > C")
-    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
-        "token-mean", description="loss aggregation over tokens and sequences (see docs/algorithms.md)")
+    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None = Field(
+        None, description="loss aggregation over tokens and sequences (see docs/algorithms.md); None: token-mean "
+                          "for ppo, seq-mean-token-mean for gspo")
+    max_len: int | None = Field(
+        None, ge=1, description="seq-mean-token-sum-norm (Dr. GRPO): the constant length normaliser; None: "
+                                "producer.max_new_tokens (the generation budget)")
+
+    @model_validator(mode="after")
+    def _defaults(self) -> LossConfig:
+        for name, value in LOSS_DEFAULTS[self.kind].items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        return self
 
 
 class TrainerConfig(Section):
@@ -65,6 +108,13 @@ class TrainerConfig(Section):
         "grpo", description="advantage estimator; 'gae' adds a value head trained with the clipped value loss")
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount for reinforce_pp and gae")
     lam: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda")
+    whiten_advantages: bool | None = Field(
+        None, description="whiten the advantages over each batch's valid tokens (zero mean, unit variance); None: "
+                          "on for gae (as CleanRL and RLHF PPO do), off otherwise")
+    recompute_proximal: Literal["auto", "always"] = Field(
+        "auto", description="'auto': with epochs * minibatches == 1 the single update's own forward gives pi_prox "
+                            "(the ratio is exactly 1) and the separate proximal pass is skipped when nothing "
+                            "before the update needs it; 'always': always run it")
     vf_coef: float = Field(0.5, ge=0.0, description="weight of the value loss (advantage='gae' only)")
     value_clip: float = Field(0.2, gt=0.0, description="value-loss clip range (advantage='gae' only)")
     kl: KLConfig = Field(default_factory=KLConfig)
@@ -82,8 +132,6 @@ class TrainerConfig(Section):
     schedule: Literal["constant", "linear", "cosine"] = Field(
         "constant", description="after warm-up: constant, or linear/cosine decay to 0 at max_steps")
     grad_clip: float | None = Field(1.0, gt=0.0, description="clip the global gradient norm; None: no clipping")
-    temperature: float = Field(1.0, gt=0.0, description="logits are divided by this before log-softmax; must "
-                                                        "equal the producers' sampling temperature")
     success_threshold: float = Field(1.0, description="a rollout with reward >= this counts as a success in the "
                                                       "per-group success-rate metric")
     broadcast_every: int = Field(1, ge=1, description="publish policy version v+1 every this many steps")
@@ -94,8 +142,18 @@ class TrainerConfig(Section):
     poll_timeout_s: float = Field(1.0, gt=0.0, description="how long one poll of the scored topic waits")
     seed: int = Field(0, ge=0, description="seeds torch, numpy and python RNGs (minibatch shuffling)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "temperature" in data:
+            raise ValueError("trainer.temperature was removed: the trainer divides each rollout's logits by that "
+                             "rollout's own sampling temperature (Rollout.temperature, set by producer.temperature)")
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> TrainerConfig:
+        if self.whiten_advantages is None:
+            self.whiten_advantages = self.advantage == "gae"
         if not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"betas must each be in [0, 1), got {self.betas}")
         if self.schedule != "constant" and self.max_steps is None:

@@ -55,7 +55,8 @@ from consumers.trainer.batcher import Batcher, Group, StaleDrop
 from consumers.trainer.checkpoint import (latest_checkpoint, load_checkpoint, prune_checkpoints, read_json,
                                           read_tensors, save_checkpoint)
 from consumers.trainer.engines import MODEL_FILE, OPTIMIZER_FILE, OPTIMIZER_META, TrainModule, build_engine
-from consumers.trainer.step import TrainState, rollout_metrics, train_step
+from consumers.trainer.rollout_metrics import rollout_metrics
+from consumers.trainer.step import TrainState, train_step
 from consumers.trainer.tensors import build_batch
 from stream_rl.alerts.monitor import AlertStop
 from stream_rl.telemetry.role import RoleTelemetry

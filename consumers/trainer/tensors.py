@@ -36,8 +36,8 @@ class RolloutBatch:
     position_ids: Tensor  # [B, L] int64
     response_ids: Tensor  # [B, T] int64
     response_mask: Tensor  # [B, T] bool
-    behavior_logprobs: Tensor  # [B, T] float32, 0 on padding
-    ref_logprobs: Tensor  # [B, T] float32, 0 on padding and where has_ref is False
+    behavior_logp: Tensor  # [B, T] float32, 0 on padding: mu, the generator's (Rollout.behavior_logprobs)
+    ref_logp: Tensor  # [B, T] float32, 0 on padding and where has_ref is False (ScoredRollout.ref_logprobs)
     has_ref: Tensor  # [B] bool: the scorer attached reference logprobs
     token_versions: Tensor  # [B, T] int64, 0 on padding
     rewards: Tensor  # [B] float32: sequence-level reward
@@ -115,8 +115,8 @@ def build_batch(scored: Sequence[ScoredRollout], pad_token_id: int = 0) -> Rollo
         position_ids=position_ids,
         response_ids=response_ids,
         response_mask=response_mask,
-        behavior_logprobs=_padded([r.behavior_logprobs for r in rollouts], t_width, torch.float32),
-        ref_logprobs=_padded([s.ref_logprobs if s.ref_logprobs is not None else z for s, z in zip(scored, zeros)],
+        behavior_logp=_padded([r.behavior_logprobs for r in rollouts], t_width, torch.float32),
+        ref_logp=_padded([s.ref_logprobs if s.ref_logprobs is not None else z for s, z in zip(scored, zeros)],
                              t_width, torch.float32),
         has_ref=torch.tensor([s.ref_logprobs is not None for s in scored], dtype=torch.bool),
         token_versions=_padded([r.token_policy_versions for r in rollouts], t_width, torch.int64),

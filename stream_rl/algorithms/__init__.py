@@ -9,23 +9,31 @@ coefficient). Conventions:
 - every output is 0 at masked positions, and what masked positions hold never reaches a loss or a gradient;
 - losses return ``(loss, metrics)`` where ``metrics`` maps plain names (``clipfrac``, ``approx_kl``...) to 0-dim
   detached tensors: call ``.item()`` (once per step) when logging them;
-- bad arguments raise ``ValueError`` naming the argument.
+- bad arguments raise ``ValueError`` naming the argument;
+- the three policies are named the same everywhere: ``logp`` (pi_theta, being trained), ``prox_logp`` (pi_prox, the
+  proximal policy the ratio is taken against) and ``behavior_logp`` (mu, the generator's); the reference is
+  ``ref_logp``.
 """
 
-from .advantages import grpo_advantages, reinforce_pp_advantages, rloo_advantages, sequence_to_tokens
-from .reductions import AGG_MODES, aggregate, masked_mean, masked_sum
-from .kl import KL_KINDS, AdaptiveKLController, FixedKLController, adaptive_kl_coef, kl_penalty
+from .advantages import (grpo_advantages, reinforce_pp_advantages, rloo_advantages, sequence_to_tokens,
+                         whiten_advantages)
+from .reductions import AGG_MODES, aggregate, loss_normaliser, masked_mean, masked_sum
+from .kl import (KL_KINDS, KL_LOSS_KINDS, AdaptiveKLController, FixedKLController, adaptive_kl_coef, kl_loss,
+                 kl_penalty)
 from .logprobs import entropy_from_logits, logprobs_from_logits
-from .offpolicy import IS_MODES, importance_weights
-from .policy import POLICY_LOSS_KINDS, clipped_surrogate, policy_loss
+from .offpolicy import IS_LEVELS, IS_MODES, importance_weights
+from .policy import POLICY_LOSS_DEFAULTS, POLICY_LOSS_KINDS, clipped_surrogate, policy_loss
 from .returns import discounted_returns, gae
 from .staleness import max_lag_filter, policy_lag
 from .value import value_loss
 
 __all__ = [
     "AGG_MODES",
+    "IS_LEVELS",
     "IS_MODES",
     "KL_KINDS",
+    "KL_LOSS_KINDS",
+    "POLICY_LOSS_DEFAULTS",
     "POLICY_LOSS_KINDS",
     "AdaptiveKLController",
     "FixedKLController",
@@ -37,8 +45,10 @@ __all__ = [
     "gae",
     "grpo_advantages",
     "importance_weights",
+    "kl_loss",
     "kl_penalty",
     "logprobs_from_logits",
+    "loss_normaliser",
     "masked_mean",
     "masked_sum",
     "max_lag_filter",
@@ -48,4 +58,5 @@ __all__ = [
     "rloo_advantages",
     "sequence_to_tokens",
     "value_loss",
+    "whiten_advantages",
 ]

@@ -1,4 +1,4 @@
-"""Critic-free advantage estimators: GRPO, Dr. GRPO, RLOO (per sequence) and REINFORCE++ (per token).
+"""Critic-free advantage estimators: GRPO, Dr. GRPO, RLOO (per sequence), REINFORCE++ (per token), and whitening.
 
 Consumes: one scalar reward per sequence ``[B]`` plus a group id per sequence ``[B]`` (sequences sampled from the same
 prompt share an id; ids are any integers, in any order), or per-token rewards ``[B, T]`` with a right-padded mask.
@@ -85,25 +85,43 @@ def rloo_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
     return torch.where(count > 1, rewards - baseline, torch.zeros_like(rewards))  # [B]
 
 
+def whiten_advantages(advantages: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+    """Advantages whitened over every valid token of the batch: zero mean, unit variance.
+
+    Formula: with N valid tokens, mu = sum(A) / N and var = sum((A - mu)^2) / (N - 1) over valid tokens,
+    A'_t = (A_t - mu) * rsqrt(var + eps); A' = 0 at masked positions and when N <= 1.
+    Reference: the advantage normalisation of PPO implementations (OpenAI baselines ppo2, CleanRL's
+    ``norm_adv``; Ouyang et al. 2022's RLHF PPO); REINFORCE++ (Hu 2025) applies it to its returns.
+
+    ``advantages`` ``[B, T]``, ``mask`` ``[B, T]``, ``eps`` >= 0. Apply it to the whole batch, not micro batch by micro
+    batch, so every update sees the same advantages. Returns ``[B, T]``.
+    """
+    advantages = check_float(advantages, "advantages", ndim=2)
+    m = as_bool_mask(mask, advantages, "advantages")
+    if float(eps) < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    zero = torch.zeros((), dtype=advantages.dtype, device=advantages.device)
+    x = torch.where(m, advantages, zero)  # [B, T]
+    n = m.sum().to(x.dtype)
+    mean = x.sum() / n.clamp_min(1)
+    centered = torch.where(m, x - mean, zero)  # [B, T]
+    var = centered.square().sum() / (n - 1).clamp_min(1)
+    return torch.where(m, centered * torch.rsqrt(var + eps), zero)  # [B, T]
+
+
 def reinforce_pp_advantages(token_rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
     """REINFORCE++ advantages: discounted returns whitened over every valid token of the batch.
 
-    Formula: R = discounted_returns(token_rewards, mask, gamma); with N valid tokens, mu = sum(R) / N and
-    var = sum((R - mu)^2) / (N - 1) over valid tokens, A_t = (R_t - mu) * rsqrt(var + 1e-8). A = 0 when N <= 1.
-    Reference: Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models" (the
-    global-batch normalisation of OpenRLHF's ``reinforce_plus_plus`` estimator).
+    Formula: A = whiten_advantages(discounted_returns(token_rewards, mask, gamma), mask), i.e. with N valid tokens,
+    mu = sum(R) / N and var = sum((R - mu)^2) / (N - 1) over valid tokens, A_t = (R_t - mu) * rsqrt(var + 1e-8).
+    A = 0 when N <= 1. Reference: Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language
+    Models" (the global-batch normalisation of OpenRLHF's ``reinforce_plus_plus`` estimator).
 
     ``token_rewards`` ``[B, T]`` (per-token KL penalty already folded in, if any), ``mask`` ``[B, T]`` right-padded,
     ``gamma`` in [0, 1]. Returns ``[B, T]``.
     """
     returns = discounted_returns(token_rewards, mask, gamma)  # [B, T]; validates the arguments
-    m = as_bool_mask(mask, returns, "token_rewards")
-    zero = torch.zeros((), dtype=returns.dtype, device=returns.device)
-    n = m.sum().to(returns.dtype)
-    mean = returns.sum() / n.clamp_min(1)  # returns is 0 at masked positions
-    centered = torch.where(m, returns - mean, zero)  # [B, T]
-    var = centered.square().sum() / (n - 1).clamp_min(1)
-    return torch.where(m, centered * torch.rsqrt(var + 1e-8), zero)  # [B, T]
+    return whiten_advantages(returns, mask)  # [B, T]
 
 
 def sequence_to_tokens(seq_values: Tensor, mask: Tensor) -> Tensor:

@@ -1,18 +1,28 @@
-"""KL estimators between the policy and a reference policy, and the KL-coefficient controllers.
+"""KL estimators between the policy and a reference policy, the in-loss KL term, and the KL-coefficient controllers.
 
 Consumes: per-token log-probabilities of the sampled tokens under the policy (``logp``) and the reference
 (``ref_logp``), both ``[B, T]``.
-Produces: a per-token estimate ``[B, T]`` of KL(pi || ref); its mean over tokens sampled from pi estimates the
-sequence-level KL per token. Use it as a reward penalty (classic PPO: r_t -= beta * kl_t) or as a loss term
-(GRPO: loss += beta * mean(kl_t)).
+Produces: a per-token estimate ``[B, T]`` of KL(pi || ref) (:func:`kl_penalty`), for the reward (classic PPO:
+r_t -= beta * kl_t) or, through :func:`kl_loss`, a 0-dim loss term (GRPO: loss += beta * agg(kl_t)).
 
 Estimators (Schulman 2020, "Approximating KL Divergence", http://joschu.net/blog/kl-approx.html), with
-log rho = ref_logp - logp:
+log rho = ref_logp - logp, on tokens y ~ pi:
 
 - ``"k1"`` = -log rho = logp - ref_logp                   unbiased, high variance, can be negative
 - ``"k2"`` = 0.5 * (log rho)^2                            biased, low variance, >= 0
 - ``"k3"`` = rho - 1 - log rho = exp(log rho) - log rho - 1    unbiased, low variance, >= 0 (computed as expm1(x) - x,
   which is exact near 0 and never rounds below 0)
+
+As a *value* k1 and k3 are unbiased estimates of KL(pi || ref). As a *loss* what matters is the expected gradient of
+the sampled estimator, differentiated through logp only (the tokens are data). With sum_y pi grad log pi = 0:
+
+- k1: E_pi[grad log pi] = 0                                       zero expected gradient: useless in a loss
+- k2: E_pi[(log pi - log ref) grad log pi] = grad KL(pi || ref)   the reverse KL the RLHF objective regularises
+- k3: E_pi[(1 - ref / pi) grad log pi] = -sum_y ref grad log pi = grad KL(ref || pi)   the forward KL
+
+So the in-loss default is k2; k3 (GRPO's KL term, Shao et al. 2024 eq. 4) stays available and is what GRPO papers
+use, but its gradient is that of KL(ref || pi); k1 in a loss is rejected. ``tests/test_algorithms_kl_gradients.py``
+checks all three by enumerating every token of a small categorical distribution.
 
 The controllers implement the log-space proportional controller of Ziegler et al. 2019, "Fine-Tuning Language
 Models from Human Preferences":
@@ -28,8 +38,10 @@ import torch
 from torch import Tensor
 
 from ._checks import as_bool_mask, check_choice, check_float, check_positive, check_same_shape
+from .reductions import aggregate
 
 KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3")
+KL_LOSS_KINDS: tuple[str, ...] = ("k2", "k3")
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str, *, mask: Tensor | None = None) -> Tensor:
@@ -38,7 +50,9 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str, *, mask: Tensor | None
     Formula: with x = ref_logp - logp, k1 = -x, k2 = 0.5 * x^2, k3 = exp(x) - x - 1.
     Reference: Schulman 2020, "Approximating KL Divergence"; k3 is GRPO's KL term (Shao et al. 2024, eq. 4).
     All three are 0 where logp == ref_logp. Gradients flow to both arguments (detach ``ref_logp`` yourself if it
-    is not already). With ``mask``, masked positions are 0 and never affect the gradient.
+    is not already). With ``mask``, masked positions are 0 and never affect the gradient. Expected gradients on
+    tokens sampled from pi (module docstring): k1 0, k2 grad KL(pi || ref), k3 grad KL(ref || pi); for a loss term
+    use :func:`kl_loss`.
     """
     logp = check_float(logp, "logp")
     check_same_shape(logp, "logp", ref_logp=ref_logp)
@@ -53,6 +67,29 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str, *, mask: Tensor | None
     if kind == "k2":
         return 0.5 * log_rho.square()  # [B, T]
     return torch.expm1(log_rho) - log_rho  # [B, T]
+
+
+def kl_loss(logp: Tensor, ref_logp: Tensor, mask: Tensor, *, kind: str = "k2", weights: Tensor | None = None,
+            agg: str = "token-mean", max_len: int | None = None,
+            normaliser: Tensor | float | None = None) -> Tensor:
+    """The KL term of the loss: agg(w_t * k(logp_t, ref_logp_t)), a 0-dim tensor (multiply by beta yourself).
+
+    Formula: L_KL = aggregate(sg(w) * kl_penalty(logp, sg(ref_logp), kind), mask, agg); ``kind`` "k2" (expected
+    gradient grad KL(pi || ref)) or "k3" (grad KL(ref || pi)); see the module docstring. "k1" raises ValueError: its
+    expected gradient is 0. ``weights`` ``[B, T]`` (detached) are the off-policy importance weights pi_prox / mu of the
+    policy term: tokens sampled from mu, reweighted, estimate the expectation under pi_prox, which is pi at the first
+    update of a batch. ``agg``, ``max_len``, ``normaliser`` as in :func:`~stream_rl.algorithms.reductions.aggregate`.
+    Reference: Schulman 2020; Shao et al. 2024 (GRPO's in-loss KL).
+    """
+    if kind == "k1":
+        raise ValueError("kind='k1' has zero expected gradient as a loss term (E_pi[grad log pi] = 0): use 'k2' "
+                         "(grad KL(pi || ref)) or 'k3' (grad KL(ref || pi)), or put k1 into the reward")
+    check_choice(kind, "kind", KL_LOSS_KINDS)
+    per_token = kl_penalty(logp, ref_logp.detach(), kind, mask=mask)  # [B, T]
+    if weights is not None:
+        check_same_shape(per_token, "logp", weights=weights)
+        per_token = per_token * weights.detach()  # [B, T]
+    return aggregate(per_token, mask, agg, max_len=max_len, normaliser=normaliser)
 
 
 def adaptive_kl_coef(coef: float, observed_kl: float, n_steps: int, target: float, horizon: float) -> float:

@@ -33,12 +33,16 @@ def value_loss(
     mask: Tensor,
     clip: float | None = 0.2,
     agg: str = "token-mean",
+    *,
+    max_len: int | None = None,
+    normaliser: Tensor | float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped value loss 0.5 * max((V - R)^2, (old_V + clip(V - old_V, -clip, clip) - R)^2), aggregated by ``agg``.
 
     Reference: Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (value clipping as in OpenAI
     baselines' ppo2; Ouyang et al. 2022 use it for the RLHF critic). ``clip`` > 0 or None (no clipping);
-    ``agg`` one of :data:`~stream_rl.algorithms.reductions.AGG_MODES`.
+    ``agg`` one of :data:`~stream_rl.algorithms.reductions.AGG_MODES`; ``max_len`` and ``normaliser`` are passed to
+    :func:`~stream_rl.algorithms.reductions.aggregate`.
 
     ``metrics``: ``vf_clipfrac`` (fraction of valid tokens where the clipped term is strictly larger),
     ``values_mean``, ``returns_mean`` and ``vf_explained_var`` = 1 - Var(R - V) / Var(R) over valid tokens
@@ -61,7 +65,7 @@ def value_loss(
         values_clipped = old_values + (values - old_values).clamp(-clip, clip)  # [B, T]
         vf_loss2 = (values_clipped - returns).square()  # [B, T]
         vf_loss, clipped = 0.5 * torch.maximum(vf_loss1, vf_loss2), vf_loss2 > vf_loss1  # [B, T]
-    loss = aggregate(vf_loss, m, agg)
+    loss = aggregate(vf_loss, m, agg, max_len=max_len, normaliser=normaliser)
     with torch.no_grad():
         metrics = {
             "vf_clipfrac": masked_mean(clipped.to(values.dtype), m),

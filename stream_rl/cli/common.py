@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from stream_rl.config import ConfigError, dump_config, load_config, parse_sets
+from stream_rl.config import ConfigError, StreamRLConfig, config_warnings, dump_config, load_config, parse_sets
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML or YAML config file "
                                                 "(default: $STREAM_RL_CONFIG)")]
@@ -34,6 +34,9 @@ def resolve(config: Path | None, sets: list[str] | None, flags: dict[str, Any] |
         cfg = load_config(config, overrides=overrides, **({"model": model} if model else {}))
     except ConfigError as exc:
         fail(str(exc), 2)
+    if isinstance(cfg, StreamRLConfig):
+        for line in config_warnings(cfg):
+            typer.echo(f"warning: {line}", err=True)
     if dry_run:
         typer.echo(dump_config(cfg))
         raise typer.Exit(0)

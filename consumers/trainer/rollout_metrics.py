@@ -1,0 +1,78 @@
+"""Metrics read off the scored records of a step (no tensors, no model): rewards, lengths, staleness, stage times.
+
+Consumes: the ``ScoredRollout`` records of one trainer step and the trainer's current policy version.
+Produces: a flat dict of namespaced floats (``reward/*``, ``response/*``, ``staleness/*``, ``time/*``,
+``throughput/*``) that the trainer loop logs with the step's training metrics.
+Guarantees: pure; every value is computed from the records themselves (producer and scorer timings included).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from schemas import ScoredRollout
+
+
+def rollout_metrics(scored: Sequence[ScoredRollout], current_version: int,
+                    success_threshold: float) -> dict[str, float]:
+    """Metrics read off the records: rewards, group success, lengths, staleness, generate/score stage timings."""
+    rewards = torch.tensor([s.reward for s in scored], dtype=torch.float64)
+    groups: dict[str, list[float]] = {}
+    for s in scored:
+        groups.setdefault(s.group_id, []).append(s.reward)
+    success = [sum(r >= success_threshold for r in g) / len(g) for g in groups.values()]
+    lengths = [s.rollout.response_length for s in scored]
+    lags = [current_version - s.rollout.min_policy_version for s in scored]
+    score_s = [s.timings.get("score_s") for s in scored]
+    out = {
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std(unbiased=False)),
+        "reward/group_success_rate": sum(success) / len(success),
+        "reward/groups_any_success": sum(s > 0 for s in success) / len(success),
+        "reward/groups_zero_std": sum(max(g) == min(g) for g in groups.values()) / len(groups),
+        "response/length_mean": sum(lengths) / len(lengths),
+        "response/length_max": float(max(lengths)),
+        "response/truncated_frac": sum(s.rollout.finish_reason == "length" for s in scored) / len(scored),
+        "staleness/mean_lag": sum(lags) / len(lags),
+        "staleness/max_lag": float(max(lags)),
+    }
+    names = sorted({k for s in scored for k in s.reward_components})
+    for name in names:
+        values = [s.reward_components[name] for s in scored if name in s.reward_components]
+        out[f"reward/{name}"] = sum(values) / len(values)
+    out.update(_generate_metrics(scored))
+    out.update(_stage_metrics("score", score_s, lengths))
+    return out
+
+
+def _stage_metrics(stage: str, seconds: Sequence[float | None], lengths: Sequence[int]) -> dict[str, float]:
+    """Per-rollout shares of a stage's time (the scorer's ``score_s``): mean share and tokens per second."""
+    pairs = [(s, n) for s, n in zip(seconds, lengths) if s is not None]
+    if not pairs:
+        return {}
+    total_s = sum(s for s, _ in pairs)
+    return {f"time/{stage}_s_mean": total_s / len(pairs),
+            f"throughput/{stage}_tokens_per_s": sum(n for _, n in pairs) / total_s if total_s > 0 else math.nan}
+
+
+def _generate_metrics(scored: Sequence[ScoredRollout]) -> dict[str, float]:
+    """Producers stamp their whole generation batch's ``generate_s`` on every rollout of it: count each producer
+    batch (producer id, ``created_at``) once. Tokens/s is a lower bound when only part of a batch is here."""
+    batches: dict[tuple[str, float], list[int]] = {}
+    seconds: dict[tuple[str, float], float] = {}
+    for s in scored:
+        r = s.rollout
+        if "generate_s" not in r.timings:
+            continue
+        key = (r.producer_id, r.timings.get("created_at", -1.0))
+        batches.setdefault(key, []).append(r.response_length)
+        seconds[key] = r.timings["generate_s"]
+    if not batches:
+        return {}
+    total_s = sum(seconds.values())
+    tokens = sum(sum(lengths) for lengths in batches.values())
+    return {"time/generate_s_mean": total_s / len(batches),
+            "throughput/generate_tokens_per_s": tokens / total_s if total_s > 0 else math.nan}

@@ -1,0 +1,129 @@
+"""One optimizer update on a minibatch: micro-batch losses over one normaliser, accumulated, guarded, applied.
+
+Consumes: an engine, a :class:`~consumers.trainer.tensors.RolloutBatch`, its
+:class:`~consumers.trainer.targets.BatchTargets`, the rows of the minibatch, the trainer config, the KL coefficient
+and the learning rate.
+Produces: ``(applied, grad_norm, metrics)``; the weights change through the engine only when ``applied``.
+Guarantees:
+- Exact gradient accumulation: the minibatch's loss normaliser (``stream_rl.algorithms.loss_normaliser``: valid
+  tokens, non-empty sequences, or sequences times the generation budget) is computed once over all its rows, and
+  every micro batch's loss is divided by it, so the micro losses sum to the minibatch's loss for every ``agg`` and
+  their gradients to its gradient. (Data-parallel ranks all-reduce this one number.)
+- Off-policy correction weights the KL-in-loss term like the policy term: each token by the same importance weight
+  pi_prox / mu (the sequence weight for GSPO), so both are expectations under pi_prox, not under mu.
+- NaN/Inf guard: a non-finite micro loss aborts the update before any weight changes (the engine discards the
+  gradients); a non-finite gradient norm makes the engine skip the update. Either way the weights and the
+  optimizer state are untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from consumers.trainer.config import TrainerConfig
+from consumers.trainer.forward import evaluate
+from consumers.trainer.targets import BatchTargets
+from consumers.trainer.tensors import RolloutBatch
+from stream_rl import algorithms as alg
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ForwardRecord:
+    """pi_prox logprobs and entropy ``[B, T]`` read off the single update's forwards (when no proximal pass ran)."""
+
+    logp: Tensor
+    entropy: Tensor
+    seen: Tensor  # [B] bool: rows whose forward ran
+
+    @classmethod
+    def empty(cls, batch: RolloutBatch) -> ForwardRecord:
+        shape = batch.response_ids.shape
+        return cls(torch.zeros(shape), torch.zeros(shape), torch.zeros(batch.size, dtype=torch.bool))
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.seen.all())
+
+
+def _is_weights(prox_logp: Tensor, sub: RolloutBatch, cfg: TrainerConfig) -> Tensor | None:
+    """The policy term's importance weights ``[b, T]`` (None without off-policy correction)."""
+    lc = cfg.loss
+    if not lc.off_policy_correction:
+        return None
+    level = "token" if lc.kind == "ppo" else "sequence"
+    weights, _ = alg.importance_weights(prox_logp, sub.behavior_logp, sub.response_mask, is_cap=lc.is_cap,
+                                        is_mode=lc.is_mode, level=level)
+    return weights
+
+
+def micro_loss(engine, sub: RolloutBatch, tg: BatchTargets, idx: Tensor, cfg: TrainerConfig, kl_coef: float,
+               normaliser: Tensor, record: ForwardRecord | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """One micro batch's share of the minibatch loss (policy + KL-in-loss + value), over ``normaliser``."""
+    logp, ent, values = evaluate(engine, sub, entropy=record is not None)
+    mask, lc = sub.response_mask, cfg.loss
+    prox = tg.prox_logp[idx] if tg.prox_logp is not None else logp.detach()  # [b, T]
+    if record is not None:
+        record.logp[idx], record.entropy[idx], record.seen[idx] = prox.cpu().float(), ent.cpu().float(), True
+    common = {"agg": lc.agg, "max_len": lc.max_len, "normaliser": normaliser}
+    loss, metrics = alg.policy_loss(
+        logp, prox, tg.advantages[idx], mask, kind=lc.kind, clip_low=lc.clip_low, clip_high=lc.clip_high,
+        dual_clip=lc.dual_clip, behavior_logp=sub.behavior_logp if lc.off_policy_correction else None,
+        is_cap=lc.is_cap if lc.off_policy_correction else None, is_mode=lc.is_mode, **common)
+    metrics = {f"policy/{k}": v for k, v in metrics.items()}
+    metrics["loss/policy"] = loss.detach()
+    if cfg.kl.placement == "loss" and kl_coef > 0:
+        kl = alg.kl_loss(logp, sub.ref_logp, mask, kind=cfg.kl.kind, weights=_is_weights(prox, sub, cfg), **common)
+        loss = loss + kl_coef * kl
+        metrics["loss/kl"] = kl.detach()
+    if tg.returns is not None:
+        v_loss, v_metrics = alg.value_loss(values, tg.old_values[idx], tg.returns[idx], mask, clip=cfg.value_clip,
+                                           **common)
+        loss = loss + cfg.vf_coef * v_loss
+        metrics.update({f"value/{k}": v for k, v in v_metrics.items()})
+        metrics["loss/value"] = v_loss.detach()
+    return loss, metrics
+
+
+def merge(acc: dict[str, float], metrics: dict[str, Tensor | float], weight: float) -> None:
+    """Fold one part's metrics into ``acc``: ``*_max`` by max, ``*_min`` by min, ``loss/*`` summed (each part is
+    already its share of the loss), everything else weighted by ``weight``."""
+    for key, value in metrics.items():
+        v = float(value)
+        if key.endswith("_max"):
+            acc[key] = max(acc.get(key, -math.inf), v)
+        elif key.endswith("_min"):
+            acc[key] = min(acc.get(key, math.inf), v)
+        else:
+            acc[key] = acc.get(key, 0.0) + (v if key.startswith("loss/") else weight * v)
+
+
+def update(engine, batch: RolloutBatch, tg: BatchTargets, rows: Tensor, cfg: TrainerConfig, kl_coef: float,
+           lr: float, record: ForwardRecord | None = None) -> tuple[bool, float, dict[str, float]]:
+    """One optimizer update on the minibatch ``rows``; returns (applied, grad norm, metrics); after a non-finite
+    loss: (False, nan, {"loss/total": that loss})."""
+    lc = cfg.loss
+    total = alg.loss_normaliser(batch.response_mask[rows], lc.agg, max_len=lc.max_len)
+    micros = rows.split(cfg.micro_batch_size)
+    acc: dict[str, float] = {}
+    for i, idx in enumerate(micros):
+        sub = batch.select(idx)
+        loss, metrics = micro_loss(engine, sub, tg, idx, cfg, kl_coef, total, record)
+        if not bool(torch.isfinite(loss)):
+            log.warning("non-finite loss %s in micro batch %d: update skipped, gradients discarded",
+                        float(loss.detach()), i)
+            engine.discard(loss)
+            return False, math.nan, {"loss/total": float(loss.detach())}  # reported: alerts watch loss/total
+        engine.backward(loss, last_micro=i == len(micros) - 1)
+        share = float(alg.loss_normaliser(sub.response_mask, lc.agg, max_len=lc.max_len) / total)
+        merge(acc, {**metrics, "loss/total": loss.detach()}, share)
+    outcome = engine.step(lr)
+    if not outcome.applied:
+        log.warning("non-finite gradient norm %s: update skipped, gradients discarded", outcome.grad_norm)
+    return outcome.applied, outcome.grad_norm, acc

@@ -92,3 +92,18 @@ def test_a_deepspeed_checkpoint_loads_into_either_engine(tmp_path):
         train_step(engine, make_batch(1), cfg, TrainState(step=1))
     assert_same_weights(ds_engine, torch_engine)
     assert_same_weights(ds_engine, ds_fresh)
+
+
+def test_zero2_in_bf16_mixed_precision_equals_the_torch_engine_in_bf16():
+    """Both engines autocast the forward to bf16 around fp32 master weights: the same step, within bf16 rounding
+    of the summation order (the ZeRO tolerance above), and the DeepSpeed weights stay fp32."""
+    cfg = trainer_cfg(zero_stage=2, micro_batch_size=2, lr=1e-2, dtype="bfloat16")
+    torch_engine, ds_engine = engines(cfg)
+    batch = make_batch(0)
+    mt = train_step(torch_engine, batch, cfg, TrainState())
+    md = train_step(ds_engine, batch, cfg, TrainState())
+    assert md["optim/updates"] == 1.0
+    assert md["optim/grad_norm"] == pytest.approx(mt["optim/grad_norm"], rel=1e-3)
+    assert ds_engine.forward(batch)[0].dtype == torch.bfloat16
+    assert all(v.dtype == torch.float32 for v in ds_engine.state_dict().values())
+    assert_same_weights(torch_engine, ds_engine, atol=1e-5)

@@ -103,6 +103,11 @@ class TrainerConfig(Section):
     model_dir: Path | None = Field(None, description="local Hugging Face directory of the initial policy "
                                                      "(safetensors); required to train")
     engine: Literal["torch", "deepspeed"] = Field("torch", description="plain torch or DeepSpeed ZeRO")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
+                        description="'auto': cuda when torch sees a GPU, else cpu; or cpu, cuda, cuda:N")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="'bfloat16': mixed precision, bf16 compute under autocast with fp32 master weights, "
+                               "gradients and AdamW state; 'float32': everything in fp32")
     zero_stage: int = Field(2, ge=1, le=3, description="DeepSpeed ZeRO stage (engine='deepspeed' only)")
     advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"] = Field(
         "grpo", description="advantage estimator; 'gae' adds a value head trained with the clipped value loss")

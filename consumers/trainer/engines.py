@@ -1,4 +1,4 @@
-"""Training engines behind one interface: plain torch and DeepSpeed ZeRO (CPU, single process, gloo).
+"""Training engines behind one interface: plain torch and DeepSpeed ZeRO (single process; gloo on CPU).
 
 Consumes: a :class:`TrainModule` (the policy plus an optional value head) and the trainer config.
 Produces: ``forward`` (response-aligned logits and values), ``backward``, ``step`` (clip, guard, AdamW update),
@@ -14,6 +14,11 @@ Guarantees:
   A checkpoint written by one engine loads into the other.
 - Dropout is off (``eval()`` mode throughout): the proximal recomputation and the training forward see the same
   function, as the sampler did.
+- Device and precision: the module lives on ``trainer.device`` (``auto``: CUDA when torch sees a GPU, else CPU; an
+  explicit CUDA device without one is a ``ValueError`` naming the field). With ``trainer.dtype = "bfloat16"`` the
+  forward runs under ``torch.autocast`` in bf16 (the logits come out bf16 and go to the chunked logprob kernel as
+  they are), while the parameters, their gradients and the AdamW state stay fp32 (mixed precision with fp32
+  master weights). Checkpoints hold the fp32 weights either way.
 
 DeepSpeed notes: ZeRO stages 1-3 each skip a step whose gradient norm is not finite and clear their internal
 buffers; :meth:`DeepSpeedEngine.discard` routes a non-finite loss through that same path (it back-propagates a
@@ -86,11 +91,40 @@ def unique_state(module: nn.Module) -> dict[str, Tensor]:
     return {g[0]: state[g[0]].detach().to("cpu", copy=True).contiguous() for g in tie_groups(module)}
 
 
+def cast_floating(tensors: dict[str, Tensor], dtype: str) -> dict[str, Tensor]:
+    """The floating-point tensors of ``tensors`` in ``dtype`` (a torch dtype name, e.g. the producers'
+    ``producer.dtype``), the others as they are: what a broadcast sends, so a bf16 generator gets bf16 bytes."""
+    target = getattr(torch, dtype)
+    return {name: t.to(target) if t.is_floating_point() else t for name, t in tensors.items()}
+
+
+def resolve_device(name: str) -> torch.device:
+    """``trainer.device`` -> a torch device: ``auto`` is CUDA when torch sees a GPU, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"trainer.device={name!r} but torch sees no CUDA device here: use 'auto' or 'cpu'")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"trainer.device={name!r} but torch sees only {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
 class _EngineBase:
     module: TrainModule
+    device: torch.device = torch.device("cpu")
+    compute_dtype: torch.dtype = torch.float32
+
+    def _placed(self, cfg: TrainerConfig) -> None:
+        self.device = resolve_device(cfg.device)
+        self.compute_dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
 
     def forward(self, batch) -> tuple[Tensor, Tensor | None]:
-        return self._call(batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_width)
+        """Response logits ``[B, T, V]`` (bf16 under bf16 mixed precision) and values ``[B, T]`` (or None)."""
+        args = (t.to(self.device) for t in (batch.input_ids, batch.attention_mask, batch.position_ids))
+        bf16 = self.compute_dtype == torch.bfloat16
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
+            return self._call(*args, batch.response_width)
 
     def policy_state_dict(self) -> dict[str, Tensor]:
         """The policy's weights under their Hugging Face names (for the broadcast)."""
@@ -144,7 +178,8 @@ class TorchEngine(_EngineBase):
     """Plain torch: AdamW, ``clip_grad_norm_``, the finite-norm guard."""
 
     def __init__(self, module: TrainModule, cfg: TrainerConfig) -> None:
-        self.module = module.eval()
+        self._placed(cfg)
+        self.module = module.to(self.device, dtype=torch.float32).eval()  # fp32 master weights
         self.optimizer = make_optimizer(module, cfg)
         self.grad_clip = cfg.grad_clip
 
@@ -208,8 +243,10 @@ class TorchEngine(_EngineBase):
         if unknown:
             raise CheckpointError(f"optimizer state for unknown parameters: {unknown[:5]}")
         self.optimizer.state.clear()
-        for name, state in states.items():
-            self.optimizer.state[params[name]] = state
+        for name, state in states.items():  # moment tensors go where their parameter lives (the step stays a scalar)
+            device = params[name].device
+            self.optimizer.state[params[name]] = {
+                k: v.to(device) if isinstance(v, Tensor) and v.dim() > 0 else v for k, v in state.items()}
         for group, saved in zip(self.optimizer.param_groups, meta["param_groups"], strict=True):
             group.update({k: tuple(v) if k == "betas" else v for k, v in saved.items()})
 
@@ -232,6 +269,8 @@ class DeepSpeedEngine(_EngineBase):
         _dist_env()
         import deepspeed
 
+        self._placed(cfg)
+        module = module.to(self.device, dtype=torch.float32)  # fp32 master weights; bf16 compute by autocast
         self.stage = cfg.zero_stage
         config = {
             "train_batch_size": 1, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,

@@ -44,9 +44,8 @@ def proximal_pass(engine, batch: RolloutBatch, micro_batch_size: int) -> Proxima
     """pi_prox logprobs, entropy and values of the current weights, micro batch by micro batch; 0 on padding."""
     parts = [evaluate(engine, batch.select(idx), entropy=True)
              for idx in torch.arange(batch.size).split(micro_batch_size)]
-    zero = torch.zeros((), dtype=torch.float32)
-    mask = batch.response_mask
-    logp = torch.where(mask, torch.cat([p[0] for p in parts]), zero)
-    ent = torch.where(mask, torch.cat([p[1] for p in parts]), zero)
-    values = None if parts[0][2] is None else torch.where(mask, torch.cat([p[2] for p in parts]), zero)
+    mask = batch.response_mask.to(parts[0][0].device)
+    logp = torch.where(mask, torch.cat([p[0] for p in parts]), 0.0)
+    ent = torch.where(mask, torch.cat([p[1] for p in parts]), 0.0)
+    values = None if parts[0][2] is None else torch.where(mask, torch.cat([p[2] for p in parts]), 0.0)
     return Proximal(logp, ent, values)

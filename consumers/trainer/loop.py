@@ -2,7 +2,8 @@
 
 Consumes: ``ScoredRollout`` records from ``names.scored`` in the consumer group ``{prefix}.{run}.trainer``.
 Produces: ``StaleRollout`` records on ``names.stale`` (key ``group_id``) and re-queued ``Prompt`` records on
-``names.prompts`` (key ``prompt_id``); policy versions through :class:`~stream_rl.weights.WeightsPublisher`;
+``names.prompts`` (key ``prompt_id``); policy versions through :class:`~stream_rl.weights.WeightsPublisher`
+(floating tensors in ``producer.dtype``, the dtype the generators run);
 one JSON line of metrics per step in ``run_dir/metrics.jsonl``; one line per step in ``run_dir/trained.jsonl``
 naming the rollouts it trained (``{"step", "version", "rollout_ids"}``, ``version`` = the policy version the
 batch was trained at); checkpoints in ``trainer.checkpoint_dir`` (default ``run_dir/checkpoints``).
@@ -54,7 +55,8 @@ import torch
 from consumers.trainer.batcher import Batcher, Group, StaleDrop
 from consumers.trainer.checkpoint import (latest_checkpoint, load_checkpoint, prune_checkpoints, read_json,
                                           read_tensors, save_checkpoint)
-from consumers.trainer.engines import MODEL_FILE, OPTIMIZER_FILE, OPTIMIZER_META, TrainModule, build_engine
+from consumers.trainer.engines import (MODEL_FILE, OPTIMIZER_FILE, OPTIMIZER_META, TrainModule, build_engine,
+                                       cast_floating)
 from consumers.trainer.rollout_metrics import rollout_metrics
 from consumers.trainer.step import TrainState, train_step
 from consumers.trainer.tensors import build_batch
@@ -213,7 +215,7 @@ class Trainer:
         if stop is None and self.state.step % self.tcfg.broadcast_every == 0:
             t0 = time.monotonic()
             self.state.version += 1
-            self.publisher.publish(self.engine.policy_state_dict(), self.state.version, self.state.step)
+            self._publish()
             if self.state.version % self.cfg.weights.keep_last == 0:  # GC lists topics: not every version
                 self.publisher.collect_garbage(self.cfg.weights.keep_last)
             self._send_drops(self.batcher.expire(self.state.version))
@@ -294,7 +296,12 @@ class Trainer:
             log.warning("versions up to %d were published after the checkpoint (version %d); republishing the "
                         "checkpoint's weights as version %d", published, self.state.version, published + 1)
             self.state.version = published + 1
-        self.publisher.publish(self.engine.policy_state_dict(), self.state.version, self.state.step)
+        self._publish()
+
+    def _publish(self) -> None:
+        """Publish the policy as ``state.version``, in the dtype the generators run (``producer.dtype``)."""
+        weights = cast_floating(self.engine.policy_state_dict(), self.cfg.producer.dtype)
+        self.publisher.publish(weights, self.state.version, self.state.step)
 
     def close(self) -> None:
         self.source.close()

@@ -91,7 +91,7 @@ def _updates(engine, batch: RolloutBatch, tg: BatchTargets, cfg: TrainerConfig, 
     norms, applied_n, skipped_n, nonfinite_loss = [], 0, 0, None
     for _ in range(cfg.epochs):
         order = torch.randperm(batch.size, generator=generator)
-        for rows in order.tensor_split(min(cfg.minibatches, batch.size)):
+        for rows in order.to(batch.device).tensor_split(min(cfg.minibatches, batch.size)):
             applied, norm, metrics = update(engine, batch, tg, rows, cfg, state.kl_coef, lr, record)
             applied_n, skipped_n = applied_n + applied, skipped_n + (not applied)
             if applied:
@@ -105,6 +105,7 @@ def _updates(engine, batch: RolloutBatch, tg: BatchTargets, cfg: TrainerConfig, 
 def train_step(engine, batch: RolloutBatch, cfg: TrainerConfig, state: TrainState) -> dict[str, float]:
     """Train on one batch (``epochs`` x ``minibatches`` guarded updates); returns the step's metrics."""
     t0 = time.perf_counter()
+    batch = batch.to(engine.device)
     tg, prox = _targets(engine, batch, cfg, state.kl_coef)
     t1 = time.perf_counter()
     lr = lr_at(state.step, cfg)

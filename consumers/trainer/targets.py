@@ -70,9 +70,9 @@ def advantage_inputs(batch: RolloutBatch, kl_t: Tensor | None, kl_coef: float, c
     penalty = kl_coef * kl_t if in_reward else torch.zeros_like(batch.token_rewards)  # [B, T]
     last = (mask.sum(-1) - 1).clamp_min(0)  # [B] index of the last response token
     terminal = torch.zeros_like(batch.token_rewards)  # [B, T]
-    terminal[torch.arange(batch.size), last] = batch.rewards
+    terminal[torch.arange(batch.size, device=mask.device), last] = batch.rewards
     token_rewards = torch.where(batch.has_token_rewards[:, None], batch.token_rewards, terminal)  # [B, T]
-    token_rewards = torch.where(mask, token_rewards - penalty, torch.zeros(()))  # [B, T]
+    token_rewards = torch.where(mask, token_rewards - penalty, 0.0)  # [B, T]
     rewards = batch.rewards - alg.masked_sum(penalty, mask, dim=-1)  # [B]
     return AdvantageInputs(rewards, token_rewards, mask, batch.group_ids, values, cfg.gamma, cfg.lam)
 

@@ -59,13 +59,25 @@ class RolloutBatch:
     def n_tokens(self) -> int:
         return int(self.response_mask.sum())
 
+    @property
+    def device(self) -> torch.device:
+        return self.input_ids.device
+
     def select(self, index: Tensor) -> RolloutBatch:
-        """The rows ``index`` (a 1-D index tensor), keeping the widths P and T."""
+        """The rows ``index`` (a 1-D index tensor, on any device), keeping the widths P and T."""
+        index = index.to(self.device)
         values = {}
         for f in fields(self):
             value = getattr(self, f.name)
             values[f.name] = value.index_select(0, index) if isinstance(value, Tensor) else value
         return RolloutBatch(**values)
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """The same batch with every tensor on ``device`` (itself when it is there already)."""
+        if torch.device(device) == self.device:
+            return self
+        return RolloutBatch(**{f.name: getattr(self, f.name).to(device) if isinstance(getattr(self, f.name), Tensor)
+                               else getattr(self, f.name) for f in fields(self)})
 
 
 def response_logits_slice(prompt_width: int, response_width: int) -> slice:

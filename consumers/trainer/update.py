@@ -44,8 +44,9 @@ class ForwardRecord:
 
     @classmethod
     def empty(cls, batch: RolloutBatch) -> ForwardRecord:
-        shape = batch.response_ids.shape
-        return cls(torch.zeros(shape), torch.zeros(shape), torch.zeros(batch.size, dtype=torch.bool))
+        shape, device = batch.response_ids.shape, batch.device
+        return cls(torch.zeros(shape, device=device), torch.zeros(shape, device=device),
+                   torch.zeros(batch.size, dtype=torch.bool, device=device))
 
     @property
     def complete(self) -> bool:
@@ -70,7 +71,7 @@ def micro_loss(engine, sub: RolloutBatch, tg: BatchTargets, idx: Tensor, cfg: Tr
     mask, lc = sub.response_mask, cfg.loss
     prox = tg.prox_logp[idx] if tg.prox_logp is not None else logp.detach()  # [b, T]
     if record is not None:
-        record.logp[idx], record.entropy[idx], record.seen[idx] = prox.cpu().float(), ent.cpu().float(), True
+        record.logp[idx], record.entropy[idx], record.seen[idx] = prox.float(), ent.float(), True
     common = {"agg": lc.agg, "max_len": lc.max_len, "normaliser": normaliser}
     loss, metrics = alg.policy_loss(
         logp, prox, tg.advantages[idx], mask, kind=lc.kind, clip_low=lc.clip_low, clip_high=lc.clip_high,

@@ -65,19 +65,23 @@ def lr_at(step: int, cfg: TrainerConfig) -> float:
     return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def _kl_in_reward(cfg: TrainerConfig, kl_coef: float) -> bool:
+    """A KL penalty goes into the rewards, so the advantages need pi_prox before the first update."""
+    return cfg.kl.placement == "reward" and kl_coef > 0
+
+
 def needs_proximal_pass(cfg: TrainerConfig, kl_coef: float) -> bool:
     """True unless the single update's own forward can stand in for the proximal pass (module docstring)."""
     if cfg.recompute_proximal == "always" or cfg.epochs * cfg.minibatches > 1:
         return True
-    return cfg.advantage == "gae" or (cfg.kl.placement == "reward" and kl_coef > 0)
+    return cfg.advantage == "gae" or _kl_in_reward(cfg, kl_coef)
 
 
 def _targets(engine, batch: RolloutBatch, cfg: TrainerConfig, kl_coef: float) -> tuple[BatchTargets, Proximal | None]:
     """The batch's targets, and the proximal pass when one ran."""
     require_refs(batch, kl_coef)
     prox = proximal_pass(engine, batch, cfg.micro_batch_size) if needs_proximal_pass(cfg, kl_coef) else None
-    in_reward = cfg.kl.placement == "reward" and kl_coef > 0
-    kl_t = kl_to_reference(batch, prox.logp, cfg.kl.kind) if in_reward else None  # prox is set when in_reward
+    kl_t = kl_to_reference(batch, prox.logp, cfg.kl.kind) if _kl_in_reward(cfg, kl_coef) else None  # prox is set
     values = prox.values if prox is not None else None
     advantages, returns = batch_advantages(batch, cfg, kl_coef, kl_t, values)
     return BatchTargets(prox.logp if prox is not None else None, advantages, returns, values), prox

@@ -63,21 +63,19 @@ class RolloutBatch:
     def device(self) -> torch.device:
         return self.input_ids.device
 
+    def _map(self, fn) -> RolloutBatch:
+        """A batch with ``fn`` applied to every tensor field (the widths P and T are kept)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return RolloutBatch(**{k: fn(v) if isinstance(v, Tensor) else v for k, v in values.items()})
+
     def select(self, index: Tensor) -> RolloutBatch:
         """The rows ``index`` (a 1-D index tensor, on any device), keeping the widths P and T."""
         index = index.to(self.device)
-        values = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            values[f.name] = value.index_select(0, index) if isinstance(value, Tensor) else value
-        return RolloutBatch(**values)
+        return self._map(lambda t: t.index_select(0, index))
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         """The same batch with every tensor on ``device`` (itself when it is there already)."""
-        if torch.device(device) == self.device:
-            return self
-        return RolloutBatch(**{f.name: getattr(self, f.name).to(device) if isinstance(getattr(self, f.name), Tensor)
-                               else getattr(self, f.name) for f in fields(self)})
+        return self if torch.device(device) == self.device else self._map(lambda t: t.to(device))
 
 
 def response_logits_slice(prompt_width: int, response_width: int) -> slice:

@@ -27,6 +27,8 @@ No masking here: positions past the response are ordinary rows; multiply by the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -109,12 +111,27 @@ def _load(x: Tensor, start: int, stop: int, work: torch.dtype, inv: Tensor | Non
     return out if scale is None else out.mul_(scale)
 
 
-def _chunk_grad(grad_out: Tensor, inv: Tensor | None, start: int, stop: int, dtype: torch.dtype) -> Tensor:
-    """The incoming gradient of rows ``[start, stop)`` times 1 / tau (the chain rule through z / tau): ``[n, 1]``."""
-    g = grad_out[start:stop].to(dtype)  # [n]
-    if inv is not None:
-        g = g * inv[start:stop]  # g / tau
-    return g.unsqueeze(-1)  # [n, 1]
+def _chunked_backward(logits: Tensor, inv: Tensor | None, lse: Tensor, grad_out: Tensor, chunk: int,
+                      chunk_grad: Callable[[Tensor, Tensor, slice], Tensor]) -> Tensor:
+    """The gradient w.r.t. ``logits [M, R, V]`` (in their dtype), one chunk of rows at a time.
+
+    For each chunk, ``chunk_grad(logp, g, rows)`` gets ``logp`` = log softmax(s z) ``[n, V]`` (a fresh working-dtype
+    tensor it may modify in place), ``g`` = the incoming gradient times s = 1 / tau ``[n, 1]`` (the chain rule through
+    s z) and the chunk's ``rows``, and returns the chunk's ``[n, V]`` gradient.
+    """
+    grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)  # [M, R, V], dtype of logits
+    flat_grad = grad.view(-1, logits.shape[-1])  # [N, V]
+    n_rows = lse.shape[0]
+    for start in range(0, n_rows, chunk):
+        rows = slice(start, min(start + chunk, n_rows))
+        g = grad_out[rows].to(lse.dtype)  # [n]
+        if inv is not None:
+            g = g * inv[rows]  # g / tau
+        logp = _load(logits, rows.start, rows.stop, lse.dtype, inv, writable=True)  # [n, V], s z
+        logp.sub_(lse[rows].unsqueeze(-1))  # log softmax(s z)
+        flat_grad[rows] = chunk_grad(logp, g.unsqueeze(-1), rows)
+        del logp  # free the chunk before the next one is loaded
+    return grad
 
 
 class _LogSoftmaxGather(torch.autograd.Function):
@@ -141,18 +158,11 @@ class _LogSoftmaxGather(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):  # grad_out [N]
         logits, labels, inv, lse = ctx.saved_tensors
         flat_labels = labels.reshape(-1, 1)  # [N, 1]
-        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)  # [M, R, V], dtype of logits
-        flat_grad = grad.view(-1, logits.shape[-1])  # [N, V]
-        n_rows = lse.shape[0]
-        for start in range(0, n_rows, ctx.chunk):
-            stop = min(start + ctx.chunk, n_rows)
-            g = _chunk_grad(grad_out, inv, start, stop, lse.dtype)  # [n, 1]
-            probs = _load(logits, start, stop, lse.dtype, inv, writable=True)  # [n, V], s z
-            probs.sub_(lse[start:stop].unsqueeze(-1)).exp_()  # softmax(s z)
-            probs.mul_(-g).scatter_add_(-1, flat_labels[start:stop], g)  # g / tau * (onehot - p)
-            flat_grad[start:stop] = probs
-            del probs  # free the chunk before the next one is loaded
-        return grad, None, None, None
+
+        def chunk_grad(logp: Tensor, g: Tensor, rows: slice) -> Tensor:  # g / tau * (onehot - p)
+            return logp.exp_().mul_(-g).scatter_add_(-1, flat_labels[rows], g)
+
+        return _chunked_backward(logits, inv, lse, grad_out, ctx.chunk, chunk_grad), None, None, None
 
 
 class _Entropy(torch.autograd.Function):
@@ -181,18 +191,11 @@ class _Entropy(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor):  # grad_out [N]
         logits, inv, lse, entropy = ctx.saved_tensors
-        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)  # [M, R, V], dtype of logits
-        flat_grad = grad.view(-1, logits.shape[-1])  # [N, V]
-        n_rows = lse.shape[0]
-        for start in range(0, n_rows, ctx.chunk):
-            stop = min(start + ctx.chunk, n_rows)
-            g = _chunk_grad(grad_out, inv, start, stop, lse.dtype)  # [n, 1]
-            logp = _load(logits, start, stop, lse.dtype, inv, writable=True)  # [n, V], s z
-            logp.sub_(lse[start:stop].unsqueeze(-1))  # log softmax(s z)
-            weight = logp.exp().mul_(logp.add_(entropy[start:stop].unsqueeze(-1)))  # p * (log p + H)
-            flat_grad[start:stop] = weight.mul_(-g)
-            del logp, weight  # free the chunk before the next one is loaded
-        return grad, None, None
+
+        def chunk_grad(logp: Tensor, g: Tensor, rows: slice) -> Tensor:  # -g / tau * p * (log p + H)
+            return logp.exp().mul_(logp.add_(entropy[rows].unsqueeze(-1))).mul_(-g)
+
+        return _chunked_backward(logits, inv, lse, grad_out, ctx.chunk, chunk_grad), None, None
 
 
 def _inverse_temperature(temperature: object, logits: Tensor) -> Tensor | None:

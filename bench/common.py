@@ -325,12 +325,36 @@ def _gpu_section(results: Mapping[str, Any], gpu_json: Path | None) -> str:
             "weight-broadcast time) has not been run yet; its figures will be added here with the GPU named.\n")
 
 
+GPU_PIPELINE_JSON = Path(__file__).with_name("gpu_pipeline.json")
+"""Where ``python -m bench.gpu_pipeline --out DIR`` results go to be rendered (copy ``DIR/gpu_pipeline.json``)."""
+
+
+def _gpu_pipeline_section(path: Path | None) -> str:
+    head = "### The whole pipeline on a GPU (`python -m bench.gpu_pipeline`)\n\n"
+    if path is None or not path.is_file():
+        return head + ("Not measured yet: no GPU was lent to the session that built the script. It runs `stream-rl "
+                       "run` (local broker, HF producer, scorer with a reference model, trainer, all in bf16 on the "
+                       "GPU) on a ~0.45 B-parameter Llama built from a config, and is tested on CPU at tiny size "
+                       "(`tests/test_bench.py`). The GPU machine needs the project's Python dependencies "
+                       "(pydantic, kafka-python, msgpack, typer, the broker wheel) carried to it.\n")
+    r = json.loads(path.read_text())
+    f = r["figures"]
+    peaks = ", ".join(f"{role} {mib:,.0f} MiB" for role, mib in sorted(r["peak_memory_mib"].items()))
+    curve = ", ".join(f"{v:.3f}" for v in r["reward_curve"])
+    return head + (f"On **{r['device']}**, {r['model_params'] / 1e9:.2f} B parameters, {r['steps']} steps: generation "
+                   f"{fmt(f['generate_tokens_s'])} tokens/s, training {fmt(f['train_tokens_s'])} tokens/s, step "
+                   f"{fmt(f['step_s'])} s (of which waiting {fmt(f['wait_s'])} s), weight hand-over "
+                   f"{fmt(f['broadcast_s'])} s; peak {r['memory_kind']} per role: {peaks}; reward per step: "
+                   f"{curve}.\n")
+
+
 def render_doc(results: Mapping[str, Any], specs: Sequence[BenchSpec], gpu_json: Path | None = GPU_JSON) -> str:
     """The whole of docs/benchmarks.md, from the results JSON and the benchmark modules' tables and readings, and
     the GPU section from ``gpu_json`` (``bench/gpu_results.json``) when that file exists."""
     parts = [_INTRO, _how_to_run(specs), _machine_section(results), _summary(results, specs)]
     parts += [_section(spec, results["benchmarks"].get(spec.name)) for spec in specs]
     parts.append(_gpu_section(results, gpu_json))
+    parts.append(_gpu_pipeline_section(GPU_PIPELINE_JSON if gpu_json is not None else None))
     return "\n".join(parts)
 
 

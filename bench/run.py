@@ -49,6 +49,9 @@ BENCHMARKS: tuple[BenchSpec, ...] = (
     BenchSpec("scorers", 6, "Scorer scale-out", "bench.scorers",
               "Scorer-bound throughput with 1 and 2 scorer processes in one consumer group (reward model on, "
               "producers faster than scorers)."),
+    BenchSpec("ranks", 7, "Trainer ranks", "bench.ranks",
+              "The trainer's step on 1 and 2 data-parallel ranks (gloo) against 1 rank on 1 and 2 threads, the "
+              "gradient all-reduce alone, and the scaling model extrapolated to 8 GPUs and 2 nodes."),
 )
 BY_NAME = {spec.name: spec for spec in BENCHMARKS}
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import Field
 
 from schemas import ID_PATTERN
-from stream_rl.config_base import Section
+from stream_rl.config_base import DEVICE_PATTERN, Section
 
 
 class VLLMSettings(Section):
@@ -59,7 +59,9 @@ class ProducerConfig(Section):
         1.0, gt=0.0, description="how long one poll of the prompts topic waits for records")
     seed: int = Field(
         0, ge=0, description="base sampling seed; a batch's seed is derived from it and the batch's group ids")
-    device: str = Field("cpu", min_length=1, description="torch device of the hf engine, e.g. cpu, cuda:0")
+    device: str = Field("cpu", pattern=DEVICE_PATTERN,
+                        description="torch device of the hf engine: cpu, cuda, cuda:N, or 'auto' (cuda when torch "
+                                    "sees a GPU, else cpu); the vllm engine picks its own")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="weights and compute dtype of the engine")
     producer_id: str | None = Field(

@@ -135,6 +135,8 @@ class RunConfig(_Section):
 
     producers: int = Field(1, ge=1, description="producer processes")
     scorers: int = Field(1, ge=1, description="scorer processes (one consumer group)")
+    trainer_ranks: int = Field(1, ge=1, description="data-parallel trainer ranks (stream-rl train --nproc N): rank 0 "
+                                                   "consumes and checkpoints, every rank trains its share")
     demo_dir: Path | None = Field(Path("runs/demo-model"), description="built-in demo: built here by `demo init` "
                                   "when missing, and used for the policy, reference and prompts; None: no demo")
     prompts_file: Path | None = Field(None, description="JSON-lines prompts; default: the demo's prompts.jsonl")

@@ -106,8 +106,9 @@ def _die_with_parent() -> None:
         pass  # not Linux: the supervisor's own stop_all is the only guard
 
 
-def write_run_config(cfg, run_dir: Path) -> Path:
-    """The resolved config as YAML for the children, with secret fields left out (they stay in the env)."""
+def write_run_config(cfg, run_dir: Path, filename: str = "config.yaml") -> Path:
+    """The resolved config as YAML (``run_dir/filename``) for the children, with secret fields left out (they stay in
+    the env)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     from stream_rl.config import secret_fields
 
@@ -119,7 +120,7 @@ def write_run_config(cfg, run_dir: Path) -> Path:
             node = node.setdefault(section, {})
         node[name] = True
     data = cfg.model_dump(mode="json", exclude=exclude)
-    path = run_dir / "config.yaml"
+    path = run_dir / filename
     tmp = path.with_suffix(".tmp")
     tmp.write_text(yaml.safe_dump(data, sort_keys=True))
     tmp.replace(path)

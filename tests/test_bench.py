@@ -44,7 +44,7 @@ def test_tiny_run_produces_every_figure_and_regenerates_the_report(broker, tmp_p
         assert f"## {number}. {title}" in doc
     pending = [spec for spec in bench_run.BENCHMARKS if spec.module is None]
     assert doc.count("**Not yet measured** (not implemented yet)") == len(pending)
-    assert doc.count("**Not yet measured** (not run yet)") == 4 - len(pending)
+    assert doc.count("**Not yet measured** (not run yet)") == 5 - len(pending)
     assert "## GPU" in doc and "**Reading.**" in doc
     again = tmp_path / "again.md"
     assert bench_run.main(["--render", "--json", str(json_path), "--out", str(again)]) == 0
@@ -63,7 +63,7 @@ def test_unknown_or_unimplemented_names_and_too_few_repeats_exit_2(capsys):
 
 def test_default_selection_is_every_implemented_benchmark_in_order():
     implemented = [s.name for s in bench_run.BENCHMARKS if s.module is not None]
-    assert {"transport", "pipeline", "async", "weights", "scorers"} <= set(implemented)
+    assert {"transport", "pipeline", "async", "weights", "scorers", "ranks"} <= set(implemented)
     assert [s.name for s in bench_run.select([])] == implemented
     assert [s.name for s in bench_run.select(["weights", "transport"])] == ["transport", "weights"]
 
@@ -145,21 +145,25 @@ ASYNC_FIGURES = {  # tiny mode: lock-step against max_lag 1 only (full: 1, 2 and
 }
 SCORERS_FIGURES = {"scorers1_rollouts_s", "scorers2_rollouts_s", "scale_out", "prefill1_rollouts_s",
                    "prefill2_rollouts_s", "prefill_vs_one_scorer"}
+RANKS_FIGURES = {"r1t1_tokens_s", "r1t2_tokens_s", "r2t1_tokens_s", "two_ranks_vs_one_thread",
+                 "two_ranks_vs_two_threads", "allreduce_ms", "allreduce_mb_s", "model_vs_measured"}
 
 
 @pytest.mark.broker
 @pytest.mark.timeout(900)  # tiny: one round, 5 pipeline/scorer launches
 def test_tiny_demo_benchmarks_produce_every_figure(broker, demo_build, tmp_path, monkeypatch):
-    """Benchmarks 2, 3 and 6 on the session's demo build: real role processes, every figure finite and positive."""
+    """Benchmarks 2, 3, 6 and 7 on the session's demo build: real role processes (7: real torchrun ranks), every
+    figure finite and positive."""
     from bench import demo_runs
 
     monkeypatch.setenv(demo_runs.DEMO_DIR_ENV, str(demo_build[0]))
     json_path, md_path = tmp_path / "results.json", tmp_path / "benchmarks.md"
-    code = bench_run.main(["pipeline", "async", "scorers", "--tiny", "--bootstrap", broker.bootstrap,
+    code = bench_run.main(["pipeline", "async", "scorers", "ranks", "--tiny", "--bootstrap", broker.bootstrap,
                            "--json", str(json_path), "--out", str(md_path)])
     assert code == 0
     results = json.loads(json_path.read_text())["benchmarks"]
-    for name, expected in (("pipeline", PIPELINE_FIGURES), ("async", ASYNC_FIGURES), ("scorers", SCORERS_FIGURES)):
+    for name, expected in (("pipeline", PIPELINE_FIGURES), ("async", ASYNC_FIGURES), ("scorers", SCORERS_FIGURES),
+                           ("ranks", RANKS_FIGURES)):
         figures = results[name]["figures"]
         assert expected <= set(figures), expected - set(figures)
         assert all(math.isfinite(v) and v > 0 for v in figures.values()), figures
@@ -167,8 +171,10 @@ def test_tiny_demo_benchmarks_produce_every_figure(broker, demo_build, tmp_path,
     assert results["async"]["params"]["stages_reused"] is True  # benchmark 2 ran first in the same invocation
     assert all(count == 0 for count in results["async"]["params"]["stale"]["lockstep"])
     doc = md_path.read_text()
-    for number, title in ((2, "Pipeline efficiency"), (3, "Asynchronous vs synchronous"), (6, "Scorer scale-out")):
+    for number, title in ((2, "Pipeline efficiency"), (3, "Asynchronous vs synchronous"), (6, "Scorer scale-out"),
+                          (7, "Trainer ranks")):
         assert f"## {number}. {title}" in doc
+    assert "16 GPUs, 2 nodes" in doc  # the scaling model's extrapolation, from bench/gpu_results.json
 
 
 def test_demo_run_window_counts_the_steps_after_the_skipped_ones():
@@ -229,3 +235,20 @@ def test_offpolicy_tiny_run_produces_every_figure_and_paired_differences(demo_bu
                         "lag4.uncorrected.final_reward": [0.25, 0.5, 0.2]}}
     assert offpolicy.paired_difference(fake, 4, "uncorrected") == pytest.approx((0.1, -0.1, 0.25))
     assert offpolicy.paired_difference(fake, 4, "ppo_mu") is None
+
+
+@pytest.mark.broker
+@pytest.mark.timeout(600)
+def test_gpu_pipeline_check_runs_tiny_on_cpu_through_stream_rl_run(broker, tmp_path):
+    """The GPU pipeline check on CPU at tiny size: the product's `stream-rl run` (producer, scorer with a
+    reference model, trainer, bf16 settings on the CPU) reaches its step budget and every figure is recorded."""
+    from bench import gpu_pipeline
+
+    out = tmp_path / "out"
+    assert gpu_pipeline.main(["--out", str(out), "--device", "cpu", "--tiny", "--bootstrap", broker.bootstrap]) == 0
+    result = json.loads((out / "gpu_pipeline.json").read_text())
+    assert result["steps"] == 3 and result["mode"] == "tiny" and result["device"] == "cpu"
+    assert all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in result["figures"].values()), result
+    assert set(result["peak_memory_mib"]) == {"produce", "score", "train"}
+    assert all(v > 50 for v in result["peak_memory_mib"].values())  # a Python process with torch: > 50 MiB
+    assert len(result["reward_curve"]) == 3 and all(0.0 <= r <= 1.0 for r in result["reward_curve"])

@@ -177,6 +177,22 @@ def test_generate_refuses_prompts_that_do_not_fit(engine):
         engine.generate([[1, 99]], n=1, temperature=1.0, max_new_tokens=2, seed=0)
 
 
+def test_the_hf_engine_takes_the_shared_device_setting(model_dir):
+    from pydantic import ValidationError
+
+    for good in ("auto", "cpu", "cuda", "cuda:0"):
+        assert ProducerConfig(device=good).device == good
+    for bad in ("gpu", "cuda:x", ""):
+        with pytest.raises(ValidationError, match="device"):
+            ProducerConfig(device=bad)
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    engine = HFEngine.from_dir(model_dir, device="auto", dtype="bfloat16")
+    assert {(p.device.type, p.dtype) for p in engine.model.parameters()} == {(expected, torch.bfloat16)}
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="producer.device='cuda:1' but torch sees no CUDA device"):
+            HFEngine.from_dir(model_dir, device="cuda:1")
+
+
 def test_cut_at_stop_and_prompt_seeds():
     assert cut_at_stop([5, 2, 0, 0], [-1.0, -2.0, -3.0, -4.0], frozenset({2})) == Sample([5, 2], [-1.0, -2.0], "stop")
     assert cut_at_stop([5, 6], [-1.0, -2.0], frozenset({2})) == Sample([5, 6], [-1.0, -2.0], "length")

@@ -1,6 +1,8 @@
 """The recovery drill: every role a separate OS process on the real session broker, killed with SIGKILL mid-run.
 
-- Trainer: killed after a checkpoint and at least one more step, restarted with ``train --resume``: the step
+- Trainer (one rank, and two ranks whose follower is the one killed): killed after a checkpoint and at least one
+  more step, restarted with ``train --resume`` (``--nproc 2``: the launcher first stops the whole group and names
+  the dead rank): the step
   counter continues from the checkpoint, the lost steps are trained again, no rollout id is trained twice in the
   surviving history (``trained.jsonl`` after the resume's truncation), every (prompt, epoch) ends trained (possibly
   after a stale drop and re-queue) or dead-lettered with a reason, and the run reaches its step budget.
@@ -17,8 +19,10 @@ Prompts are loaded in waves (``stream_rl.prompts``) so that each kill lands whil
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -66,19 +70,51 @@ def _past_a_checkpoint(pipe: Pipeline) -> bool:
     return bool(checkpoints and steps) and max(steps) > max(checkpoints) and max(steps) % CHECKPOINT_EVERY != 0
 
 
+def _rank_pid(launcher_pid: int, rank: int) -> int | None:
+    """The PID of trainer rank ``rank`` among the launcher's child processes (its ``RANK`` variable)."""
+    for task in Path(f"/proc/{launcher_pid}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except FileNotFoundError:
+                continue
+            if f"RANK={rank}".encode() in env:
+                return int(pid)
+    return None
+
+
+def _kill_trainer(pipe: Pipeline, trainer, ranks: int) -> None:
+    """One rank: kill -9 the trainer. Two ranks: kill -9 rank 1 (a follower); the launcher must stop rank 0 too
+    and exit non-zero with a line naming rank 1, within a bounded time."""
+    if ranks == 1:
+        assert pipe.kill9(trainer) == -9
+        return
+    pid = _rank_pid(trainer.proc.pid, 1)
+    assert pid is not None, "rank 1 of the trainer not found among the launcher's children"
+    os.kill(pid, signal.SIGKILL)
+    code = trainer.proc.wait(timeout=60)  # the launcher notices, stops rank 0 and exits
+    pipe.running.remove(trainer)
+    assert code == 1, code
+    log = trainer.log.read_text()
+    assert "trainer rank 1 failed (killed by SIGKILL); every rank was stopped" in log, log[-2000:]
+    assert "stream-rl train --resume --nproc 2" in log
+
+
 @pytest.mark.timeout(600)
-def test_trainer_killed_mid_run_resumes_from_its_checkpoint(make_config, tmp_path):
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_trainer_killed_mid_run_resumes_from_its_checkpoint(make_config, tmp_path, ranks):
     cfg = _config(make_config, tmp_path)
     prompts = demo_prompts(tmp_path, N_PROMPTS, EPOCHS, GROUP_SIZE)
     first_wave = 7 * GROUPS_PER_STEP  # 7 steps: not a checkpoint step, so the kill condition is always reached
+    nproc = ("--nproc", str(ranks)) if ranks > 1 else ()
     with Pipeline(cfg) as pipe:
         pipe.load(prompts[:first_wave])
-        trainer = pipe.start("train", 0)
+        trainer = pipe.start("train", 0, *nproc)
         pipe.start("score", 0)
         pipe.start("produce", 0)
         pipe.wait_until(lambda: _past_a_checkpoint(pipe), "a checkpoint and a step after it", 300,
                         diagnose=lambda: _status(pipe))
-        assert pipe.kill9(trainer) == -9
+        _kill_trainer(pipe, trainer, ranks)
         killed_at = time.time()
         checkpoint = max(pipe.checkpoint_steps())
         before_rows, before_lines = pipe.metrics(), pipe.trained()
@@ -86,7 +122,7 @@ def test_trainer_killed_mid_run_resumes_from_its_checkpoint(make_config, tmp_pat
         assert lost > checkpoint, f"the drill needs steps after the checkpoint: last step {lost}, ckpt {checkpoint}"
 
         pipe.load(prompts[first_wave:])
-        resumed = pipe.start("train", 0, "--resume")
+        resumed = pipe.start("train", 0, "--resume", *nproc)
         pipe.wait_until(lambda: pipe.finished(resumed), f"the resumed trainer to reach step {STEPS}", 300,
                         may_exit=[resumed], diagnose=lambda: _status(pipe))
         rows, lines = pipe.metrics(), pipe.trained()

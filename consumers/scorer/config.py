@@ -4,7 +4,9 @@ Consumes: values from the config file, ``STREAM_RL_SCORER__*`` environment varia
 Produces: a validated :class:`ScorerConfig`.
 Guarantees: at least one reward source (a rule-based function or a reward model) is configured; a reward
 function reference is syntactically ``module:function`` (whether it imports is checked when the scorer starts,
-see :mod:`consumers.scorer.rewards`); weights are finite. Nothing heavy is imported here.
+see :mod:`consumers.scorer.rewards`); weights are finite; ``device`` is ``auto``, ``cpu``, ``cuda`` or ``cuda:N``
+(whether that CUDA device exists is checked when the models load, see :mod:`stream_rl.models.devices`). The
+removed ``half_precision`` is refused with its replacement (``dtype``). Nothing heavy is imported here.
 
 How the reward is combined (one rule, no options to get wrong)::
 
@@ -22,7 +24,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from schemas.ids import ID_PATTERN
-from stream_rl.config_base import Section
+from stream_rl.config_base import DEVICE_PATTERN, Section
 
 DEFAULT_REWARD_FN = "stream_rl.demo.task:addition_reward"
 """The built-in demo's verifier: exact answer of a two-digit addition, reward in [0, 1]."""
@@ -49,15 +51,20 @@ class ScorerConfig(Section):
     batch_size: int = Field(
         16, ge=1, le=4096, description="rollouts polled and scored per batch (also the model forward batch)")
     poll_timeout_s: float = Field(1.0, gt=0, le=60, description="longest wait for rollouts in one poll")
-    half_precision: bool = Field(
-        False, description="run the reference and reward models in bfloat16 (also on CPU); float32 otherwise")
     token_level_rewards: bool = Field(
         False, description="attach per-token rewards: the function's 'token_rewards' if it returns them, else "
                            "the sequence reward on the last response token (plus the reward model's score there)")
     scorer_id: str | None = Field(
         None, pattern=ID_PATTERN.pattern, description="id written into every scored rollout; None: the "
                                                       "transport's instance id (scorer-<random>)")
-    device: str = Field("cpu", min_length=1, description="torch device of the models, e.g. 'cpu' or 'cuda:0'")
+    REMOVED = {"half_precision": "scorer.half_precision was removed: set scorer.dtype ('bfloat16' for what "
+                                 "half_precision=true did, 'float32' for false)"}
+    device: str = Field("auto", pattern=DEVICE_PATTERN,
+                        description="torch device of the reference and reward models; 'auto': cuda when torch sees "
+                                    "a GPU, else cpu; or cpu, cuda, cuda:N")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="weights and compute dtype of the reference and reward models (frozen: no fp32 "
+                               "master copy); ref_logprobs and reward scores are float32 either way")
 
     @field_validator("reward_fn")
     @classmethod

@@ -19,7 +19,11 @@ then equal the trainer's log-probabilities and the KL term is exactly zero; a te
 instead make the KL non-zero at initialisation whenever the sampling temperature is not 1, penalising the
 temperature rather than the policy's drift. Rollouts of different temperatures may share a batch.
 
-Guarantees: float32 results (bfloat16 models are upcast per row before the division), finite and <= 0 or the
+Precision: the model runs in the dtype it was loaded in (``scorer.dtype``; a frozen model needs no float32 master
+copy). Its logits stay in that dtype; :func:`~stream_rl.algorithms.logprobs.logprobs_from_logits` upcasts one chunk
+of rows at a time to float32 and does the division and the log-softmax there, so only the forward pass is 16-bit.
+
+Guarantees: float32 results (16-bit logits are upcast per chunk before the division), finite and <= 0 or the
 rollout is reported; ``check`` rejects a rollout the model cannot score (a token id outside the vocabulary, a
 sequence longer than ``max_position_embeddings``) with the reason, before any forward pass. No gradients.
 """
@@ -49,11 +53,6 @@ def right_pad(sequences: Sequence[np.ndarray], pad_id: int,
     return ids.to(device), mask.to(device)
 
 
-def model_dtype(half_precision: bool) -> torch.dtype:
-    """bfloat16 when half precision is asked for (on CPU too: it has no float16 matmul worth using), else float32."""
-    return torch.bfloat16 if half_precision else torch.float32
-
-
 class ReferenceLogprobs:
     """Batched log pi_ref of response tokens under a frozen causal LM (see the module docstring)."""
 
@@ -71,12 +70,13 @@ class ReferenceLogprobs:
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     @classmethod
-    def from_dir(cls, path: str | os.PathLike, *, half_precision: bool = False, batch_size: int = 16,
+    def from_dir(cls, path: str | os.PathLike, *, dtype: str = "float32", batch_size: int = 16,
                  device: str | torch.device = "cpu") -> ReferenceLogprobs:
-        """Load the reference strictly from a local directory (every weight key checked)."""
-        from stream_rl.models.loading import load_reference
+        """Load the reference strictly from a local directory (every weight key checked), its weights in ``dtype``
+        (``scorer.dtype``: float32, bfloat16 or float16)."""
+        from stream_rl.models import load_reference, torch_dtype
 
-        model, _ = load_reference(path, dtype=model_dtype(half_precision), device=device)
+        model, _ = load_reference(path, dtype=torch_dtype(dtype), device=device)
         return cls(model, batch_size=batch_size, device=device)
 
     def check(self, rollout: Rollout) -> None:

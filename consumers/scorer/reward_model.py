@@ -2,7 +2,7 @@
 
 Consumes: rollouts and a frozen ``AutoModelForSequenceClassification`` with ``num_labels == 1`` (loaded strictly by
 :func:`stream_rl.models.loading.load_reward_model`, or given directly) and, in ``"text"`` mode, its tokenizer.
-Produces: one float score per rollout (the classifier's logit).
+Produces: one float score per rollout (the classifier's logit, upcast to float32 whatever dtype the model runs in).
 
 Inputs: ``"tokens"`` mode feeds ``prompt_token_ids + response_token_ids`` as they are (the reward model shares
 the policy's tokenizer; ids are checked against its vocabulary). ``"text"`` mode re-tokenises
@@ -27,7 +27,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from consumers.scorer.reference import check_token_ids, model_dtype, right_pad
+from consumers.scorer.reference import check_token_ids, right_pad
 from schemas import Rollout
 
 
@@ -60,12 +60,13 @@ class RewardModelScorer:
 
     @classmethod
     def from_dir(cls, path: str | os.PathLike, *, input_mode: Literal["tokens", "text"] = "tokens",
-                 half_precision: bool = False, batch_size: int = 16,
+                 dtype: str = "float32", batch_size: int = 16,
                  device: str | torch.device = "cpu") -> RewardModelScorer:
-        """Load the reward model and its tokenizer strictly from a local directory."""
-        from stream_rl.models.loading import load_reward_model
+        """Load the reward model and its tokenizer strictly from a local directory, its weights in ``dtype``
+        (``scorer.dtype``: float32, bfloat16 or float16)."""
+        from stream_rl.models import load_reward_model, torch_dtype
 
-        model, tokenizer = load_reward_model(path, dtype=model_dtype(half_precision), device=device)
+        model, tokenizer = load_reward_model(path, dtype=torch_dtype(dtype), device=device)
         return cls(model, tokenizer, input_mode=input_mode, batch_size=batch_size, device=device)
 
     def token_ids(self, rollout: Rollout) -> np.ndarray:

@@ -73,19 +73,24 @@ class Scoring:
 
 
 def load_scoring(cfg: ScorerConfig, scorer_id: str) -> Scoring:
-    """Import the reward function and load the models named by ``cfg`` (strict key checks, frozen)."""
+    """Import the reward function and load the models named by ``cfg`` (strict key checks, frozen) on
+    ``cfg.device`` (``auto`` resolved here) in ``cfg.dtype``."""
     reward_model = reference = None
+    if cfg.reward_model_dir is not None or cfg.reference_model_dir is not None:
+        from stream_rl.models import resolve_device
+
+        device = resolve_device(cfg.device, "scorer.device")  # before any weights are read
     if cfg.reward_model_dir is not None:
         from consumers.scorer.reward_model import RewardModelScorer
 
         reward_model = RewardModelScorer.from_dir(
-            cfg.reward_model_dir, input_mode=cfg.reward_model_input, half_precision=cfg.half_precision,
-            batch_size=cfg.batch_size, device=cfg.device)
+            cfg.reward_model_dir, input_mode=cfg.reward_model_input, dtype=cfg.dtype, batch_size=cfg.batch_size,
+            device=device)
     if cfg.reference_model_dir is not None:
         from consumers.scorer.reference import ReferenceLogprobs
 
-        reference = ReferenceLogprobs.from_dir(cfg.reference_model_dir, half_precision=cfg.half_precision,
-                                               batch_size=cfg.batch_size, device=cfg.device)
+        reference = ReferenceLogprobs.from_dir(cfg.reference_model_dir, dtype=cfg.dtype, batch_size=cfg.batch_size,
+                                               device=device)
     return Scoring(
         scorer_id=scorer_id, reward_fn=load_reward_fn(cfg.reward_fn) if cfg.reward_fn else None,
         reward_fn_weight=cfg.reward_fn_weight, reward_model=reward_model,

@@ -17,11 +17,11 @@ count steps.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
-from stream_rl.config_base import Section
+from stream_rl.config_base import DEVICE_PATTERN, Section
 
 ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae")
 
@@ -100,15 +100,20 @@ class LossConfig(Section):
 class TrainerConfig(Section):
     """The ``stream-rl train`` role: batching, staleness, advantages, KL, loss, optimiser, broadcast, checkpoints."""
 
+    REMOVED = {"temperature": "trainer.temperature was removed: the trainer divides each rollout's logits by that "
+                              "rollout's own sampling temperature (Rollout.temperature, set by producer.temperature)"}
     model_dir: Path | None = Field(None, description="local Hugging Face directory of the initial policy "
                                                      "(safetensors); required to train")
     engine: Literal["torch", "deepspeed"] = Field("torch", description="plain torch or DeepSpeed ZeRO")
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
+    device: str = Field("auto", pattern=DEVICE_PATTERN,
                         description="'auto': cuda when torch sees a GPU, else cpu; or cpu, cuda, cuda:N")
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="'bfloat16': mixed precision, bf16 compute under autocast with fp32 master weights, "
                                "gradients and AdamW state; 'float32': everything in fp32")
     zero_stage: int = Field(2, ge=1, le=3, description="DeepSpeed ZeRO stage (engine='deepspeed' only)")
+    collective_timeout_s: float = Field(
+        600.0, gt=0.0, description="data-parallel ranks (stream-rl train --nproc N, torchrun): a collective that "
+                                   "does not complete in this many seconds (a rank died or hung) stops the trainer")
     advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"] = Field(
         "grpo", description="advantage estimator; 'gae' adds a value head trained with the clipped value loss")
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount for reinforce_pp and gae")
@@ -146,14 +151,6 @@ class TrainerConfig(Section):
     max_steps: int | None = Field(None, ge=1, description="stop after this many steps; None: run until stopped")
     poll_timeout_s: float = Field(1.0, gt=0.0, description="how long one poll of the scored topic waits")
     seed: int = Field(0, ge=0, description="seeds torch, numpy and python RNGs (minibatch shuffling)")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _removed(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "temperature" in data:
-            raise ValueError("trainer.temperature was removed: the trainer divides each rollout's logits by that "
-                             "rollout's own sampling temperature (Rollout.temperature, set by producer.temperature)")
-        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainerConfig:

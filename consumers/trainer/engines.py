@@ -1,29 +1,36 @@
-"""Training engines behind one interface: plain torch and DeepSpeed ZeRO (single process; gloo on CPU).
+"""Training engines behind one interface: plain torch and DeepSpeed ZeRO, on one rank or many (gloo/NCCL).
 
-Consumes: a :class:`TrainModule` (the policy plus an optional value head) and the trainer config.
+Consumes: a :class:`TrainModule` (the policy plus an optional value head), the trainer config and the
+:class:`~consumers.trainer.ranks.Ranks` it trains on (one by default).
 Produces: ``forward`` (response-aligned logits and values), ``backward``, ``step`` (clip, guard, AdamW update),
-``discard``, ``zero_grad``, ``state_dict`` (full CPU weights), ``optimizer_state``/``load_optimizer_state`` and
+``zero_grad``, ``state_dict`` (full CPU weights), ``optimizer_state``/``load_optimizer_state`` and
 ``save``/``load`` of ``model.safetensors`` + ``optimizer.safetensors`` + ``optimizer.json`` in a directory.
 Guarantees:
 - ``step`` applies an update only when the global gradient norm is finite; otherwise the gradients are discarded,
   the weights and the optimizer state are left untouched and ``StepOutcome.applied`` is False.
 - Gradients accumulate over every ``backward`` until ``step``; callers pre-scale each micro loss, the engines
   never divide by an accumulation count (DeepSpeed runs with ``scale_wrt_gas=False`` and a manual boundary).
+- Data parallel: the gradient after ``step``'s reduction is the *sum* of the ranks' gradients (each micro loss is
+  already divided by the minibatch's global normaliser), so N ranks compute the one-rank gradient. The torch
+  engine sums every gradient in one flat all-reduce before clipping (weights and AdamW state stay replicated and
+  identical); DeepSpeed averages over ranks, so its backward scales the loss by the world size, and ZeRO 1/2/3
+  shard the optimizer state, gradients and (3) parameters across the ranks.
 - The optimizer state is stored per parameter name (``{name}::exp_avg`` ...) in the same neutral format by both
   engines, with no pickle: tensors in safetensors, scalars (AdamW's step count) and hyper-parameters in JSON.
   A checkpoint written by one engine loads into the other.
 - Dropout is off (``eval()`` mode throughout): the proximal recomputation and the training forward see the same
   function, as the sampler did.
 - Device and precision: the module lives on ``trainer.device`` (``auto``: CUDA when torch sees a GPU, else CPU; an
-  explicit CUDA device without one is a ``ValueError`` naming the field). With ``trainer.dtype = "bfloat16"`` the
+  explicit CUDA device without one is a ``ValueError`` naming the field; with several ranks each uses
+  ``cuda:LOCAL_RANK``). With ``trainer.dtype = "bfloat16"`` the
   forward runs under ``torch.autocast`` in bf16 (the logits come out bf16 and go to the chunked logprob kernel as
   they are), while the parameters, their gradients and the AdamW state stay fp32 (mixed precision with fp32
   master weights). Checkpoints hold the fp32 weights either way.
 
 DeepSpeed notes: ZeRO stages 1-3 each skip a step whose gradient norm is not finite and clear their internal
-buffers; :meth:`DeepSpeedEngine.discard` routes a non-finite loss through that same path (it back-propagates a
-NaN so the gradients are non-finite) because ZeRO keeps accumulated gradients in private buffers that a plain
-``zero_grad`` does not clear. A ``torch.optim.AdamW`` instance is passed in, so no fused-Adam JIT build happens.
+buffers (a plain ``zero_grad`` does not clear them); the trainer therefore routes a non-finite loss through that
+same path on every engine (it back-propagates NaN, see :mod:`~consumers.trainer.update`). A ``torch.optim.AdamW``
+instance is passed in, so no fused-Adam JIT build happens.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from torch import Tensor, nn
 
 from consumers.trainer.checkpoint import CheckpointError, read_json, read_tensors, write_json, write_tensors
 from consumers.trainer.config import TrainerConfig
+from consumers.trainer.ranks import SOLO, Ranks
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -98,25 +106,24 @@ def cast_floating(tensors: dict[str, Tensor], dtype: str) -> dict[str, Tensor]:
     return {name: t.to(target) if t.is_floating_point() else t for name, t in tensors.items()}
 
 
-def resolve_device(name: str) -> torch.device:
-    """``trainer.device`` -> a torch device: ``auto`` is CUDA when torch sees a GPU, else CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"trainer.device={name!r} but torch sees no CUDA device here: use 'auto' or 'cpu'")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"trainer.device={name!r} but torch sees only {torch.cuda.device_count()} CUDA device(s)")
-    return device
+def resolve_device(name: str, ranks: Ranks = SOLO) -> torch.device:
+    """``trainer.device`` -> a torch device (:func:`stream_rl.models.resolve_device`); with several ranks, CUDA
+    means this rank's ``cuda:LOCAL_RANK``."""
+    from stream_rl.models import resolve_device as resolve
+
+    device = resolve(name, "trainer.device")
+    return ranks.device if ranks.world > 1 and device.type == "cuda" else device
 
 
 class _EngineBase:
     module: TrainModule
+    ranks: Ranks = SOLO
     device: torch.device = torch.device("cpu")
     compute_dtype: torch.dtype = torch.float32
 
-    def _placed(self, cfg: TrainerConfig) -> None:
-        self.device = resolve_device(cfg.device)
+    def _placed(self, cfg: TrainerConfig, ranks: Ranks) -> None:
+        self.ranks = ranks
+        self.device = resolve_device(cfg.device, ranks)
         self.compute_dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
 
     def forward(self, batch) -> tuple[Tensor, Tensor | None]:
@@ -131,10 +138,14 @@ class _EngineBase:
         prefix = "policy."
         return {k[len(prefix):]: v for k, v in self.state_dict().items() if k.startswith(prefix)}
 
+    def full_state(self) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Any]]:
+        """Consolidated weights, optimizer tensors and optimizer JSON (collectives under ZeRO: every rank calls)."""
+        return self.state_dict(), *self.optimizer_state()
+
     def save(self, directory: str | os.PathLike) -> None:
         directory = Path(directory)
-        write_tensors(directory / MODEL_FILE, self.state_dict())
-        tensors, meta = self.optimizer_state()
+        weights, tensors, meta = self.full_state()
+        write_tensors(directory / MODEL_FILE, weights)
         write_tensors(directory / OPTIMIZER_FILE, tensors)
         write_json(directory / OPTIMIZER_META, meta)
 
@@ -177,8 +188,8 @@ def _group_json(group: dict[str, Any]) -> dict[str, Any]:
 class TorchEngine(_EngineBase):
     """Plain torch: AdamW, ``clip_grad_norm_``, the finite-norm guard."""
 
-    def __init__(self, module: TrainModule, cfg: TrainerConfig) -> None:
-        self._placed(cfg)
+    def __init__(self, module: TrainModule, cfg: TrainerConfig, ranks: Ranks = SOLO) -> None:
+        self._placed(cfg, ranks)
         self.module = module.to(self.device, dtype=torch.float32).eval()  # fp32 master weights
         self.optimizer = make_optimizer(module, cfg)
         self.grad_clip = cfg.grad_clip
@@ -190,6 +201,8 @@ class TorchEngine(_EngineBase):
         loss.backward()
 
     def step(self, lr: float) -> StepOutcome:
+        if self.ranks.world > 1:  # every rank ends with the sum: identical clipping and updates everywhere
+            self.ranks.all_reduce_grads(list(self.module.parameters()))
         params = [p for p in self.module.parameters() if p.grad is not None]
         if not params:
             return StepOutcome(False, 0.0)
@@ -202,9 +215,6 @@ class TorchEngine(_EngineBase):
         self.optimizer.step()
         self.zero_grad()
         return StepOutcome(True, norm)
-
-    def discard(self, loss: Tensor) -> None:
-        self.zero_grad()
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -252,7 +262,7 @@ class TorchEngine(_EngineBase):
 
 
 def _dist_env() -> None:
-    """Single-process torch.distributed settings for DeepSpeed, unless the caller set them."""
+    """Single-process torch.distributed settings for DeepSpeed, unless torchrun (or the caller) set them."""
     if "MASTER_PORT" not in os.environ:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
@@ -263,17 +273,17 @@ def _dist_env() -> None:
 
 
 class DeepSpeedEngine(_EngineBase):
-    """DeepSpeed ZeRO (``cfg.zero_stage``) in one CPU process; see the module docstring."""
+    """DeepSpeed ZeRO (``cfg.zero_stage``) over the trainer's ranks; see the module docstring."""
 
-    def __init__(self, module: TrainModule, cfg: TrainerConfig) -> None:
+    def __init__(self, module: TrainModule, cfg: TrainerConfig, ranks: Ranks = SOLO) -> None:
         _dist_env()
         import deepspeed
 
-        self._placed(cfg)
+        self._placed(cfg, ranks)
         module = module.to(self.device, dtype=torch.float32)  # fp32 master weights; bf16 compute by autocast
         self.stage = cfg.zero_stage
         config = {
-            "train_batch_size": 1, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+            "train_batch_size": ranks.world, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
             "gradient_clipping": float(cfg.grad_clip or 0.0), "zero_optimization": {"stage": cfg.zero_stage},
             "steps_per_print": 2**31 - 1, "wall_clock_breakdown": False,
         }
@@ -286,7 +296,7 @@ class DeepSpeedEngine(_EngineBase):
 
     def backward(self, loss: Tensor, *, last_micro: bool = True) -> None:
         self.ds.set_gradient_accumulation_boundary(last_micro)
-        self.ds.backward(loss, scale_wrt_gas=False)
+        self.ds.backward(loss * self.ranks.world, scale_wrt_gas=False)  # ZeRO averages over ranks; we sum
 
     def step(self, lr: float) -> StepOutcome:
         for group in self.optimizer.param_groups:
@@ -297,13 +307,6 @@ class DeepSpeedEngine(_EngineBase):
         norm = math.inf if norm is None else float(norm)
         applied = bool(self.ds.was_step_applied()) and math.isfinite(norm)
         return StepOutcome(applied, norm)
-
-    def discard(self, loss: Tensor) -> None:
-        """Drop the accumulated gradients through ZeRO's own non-finite-gradient path (module docstring)."""
-        self.backward(loss * float("nan"), last_micro=True)
-        outcome = self.step(0.0)
-        if outcome.applied:
-            raise RuntimeError("DeepSpeed applied a step with NaN gradients; refusing to continue")
 
     def zero_grad(self) -> None:
         self.ds.zero_grad()
@@ -385,7 +388,7 @@ class _NullContext:
         return False
 
 
-def build_engine(module: TrainModule, cfg: TrainerConfig) -> TorchEngine | DeepSpeedEngine:
-    """The engine ``cfg.engine`` names, around ``module``."""
+def build_engine(module: TrainModule, cfg: TrainerConfig, ranks: Ranks = SOLO) -> TorchEngine | DeepSpeedEngine:
+    """The engine ``cfg.engine`` names, around ``module``, on ``ranks``."""
     engines = {"torch": TorchEngine, "deepspeed": DeepSpeedEngine}
-    return engines[cfg.engine](module, cfg)
+    return engines[cfg.engine](module, cfg, ranks)

@@ -8,6 +8,8 @@ Guarantees:
   share a batch and each is scored under the distribution it was sampled from.
 - The 1/T scale is folded into the chunked kernels of ``stream_rl.algorithms.logprobs``: no full ``[B, T, V]``
   float32 copy of the logits is made, whatever their dtype (bf16 included).
+- With several ranks the proximal pass is sharded: each rank evaluates its own rows (the lockstep plan of
+  :meth:`~consumers.trainer.ranks.Ranks.chunks`) and one sum over ranks gives every rank the whole batch's values.
 """
 
 from __future__ import annotations
@@ -42,10 +44,16 @@ class Proximal:
 @torch.no_grad()
 def proximal_pass(engine, batch: RolloutBatch, micro_batch_size: int) -> Proximal:
     """pi_prox logprobs, entropy and values of the current weights, micro batch by micro batch; 0 on padding."""
-    parts = [evaluate(engine, batch.select(idx), entropy=True)
-             for idx in torch.arange(batch.size).split(micro_batch_size)]
-    mask = batch.response_mask.to(parts[0][0].device)
-    logp = torch.where(mask, torch.cat([p[0] for p in parts]), 0.0)
-    ent = torch.where(mask, torch.cat([p[1] for p in parts]), 0.0)
-    values = None if parts[0][2] is None else torch.where(mask, torch.cat([p[2] for p in parts]), 0.0)
+    ranks, mask = engine.ranks, batch.response_mask
+    zeros = lambda: torch.zeros(batch.response_ids.shape, device=batch.device)  # noqa: E731  [B, T]
+    logp, ent = zeros(), zeros()
+    values = zeros() if engine.module.value_head is not None else None
+    for idx, real in ranks.chunks(torch.arange(batch.size, device=batch.device), micro_batch_size):
+        lp, en, v = evaluate(engine, batch.select(idx), entropy=True)  # a ghost keeps the ranks in lockstep
+        if real:
+            logp[idx], ent[idx] = lp.float(), en.float()
+            if values is not None:
+                values[idx] = v
+    logp, ent = (torch.where(mask, ranks.sum_(t), 0.0) for t in (logp, ent))
+    values = torch.where(mask, ranks.sum_(values), 0.0) if values is not None else None
     return Proximal(logp, ent, values)

@@ -33,6 +33,10 @@ Guarantees:
   with ``step <=`` the checkpoint's step (none without a checkpoint) and dropping a line torn by a crash: what
   survives is the history the restored state contains, each step once, no rollout id in two surviving lines.
   ``time/checkpoint_s`` in a row is therefore the duration of the checkpoint written after the previous row.
+- Data-parallel ranks (``stream-rl train --nproc N``, torchrun): this loop is rank 0's alone, so everything above
+  holds unchanged; before each step's training, each weight gather (broadcast, finite check) and each checkpoint it
+  sends the other ranks the command that keeps them in lockstep (:mod:`consumers.trainer.replica`), and it ends
+  them with STOP when it closes. A lost rank surfaces as :class:`~consumers.trainer.ranks.RankFailure`.
 - Errors propagate (a broker that does not acknowledge, a model that cannot load, rollouts without reference
   logprobs while ``kl.coef > 0``); the consumer and producer are closed on the way out.
 """
@@ -53,10 +57,10 @@ import numpy as np
 import torch
 
 from consumers.trainer.batcher import Batcher, Group, StaleDrop
-from consumers.trainer.checkpoint import (latest_checkpoint, load_checkpoint, prune_checkpoints, read_json,
-                                          read_tensors, save_checkpoint)
-from consumers.trainer.engines import (MODEL_FILE, OPTIMIZER_FILE, OPTIMIZER_META, TrainModule, build_engine,
-                                       cast_floating)
+from consumers.trainer.checkpoint import prune_checkpoints, save_checkpoint
+from consumers.trainer.engines import cast_floating
+from consumers.trainer.ranks import SOLO, Command, Ranks
+from consumers.trainer.replica import checkpoint_root, restore, run_follower, step_payload
 from consumers.trainer.rollout_metrics import rollout_metrics
 from consumers.trainer.step import TrainState, train_step
 from consumers.trainer.tensors import build_batch
@@ -100,12 +104,11 @@ def _finite(value: Any) -> Any:
 class Trainer:
     """One trainer process: transport, model, engine, batcher, publisher (see the module docstring)."""
 
-    def __init__(self, cfg, resume: bool = False):
-        from stream_rl.models import load_policy, load_state_dict_strict
+    def __init__(self, cfg, resume: bool = False, ranks: Ranks = SOLO):
         from stream_rl.transport.client import Transport
         from stream_rl.weights import WeightsPublisher
 
-        self.cfg, self.tcfg = cfg, cfg.trainer
+        self.cfg, self.tcfg, self.ranks = cfg, cfg.trainer, ranks
         if self.tcfg.model_dir is None:
             raise ValueError("trainer.model_dir is not set: point it at the initial policy's directory")
         _seed_everything(self.tcfg.seed)
@@ -114,23 +117,16 @@ class Trainer:
         self.names = self.transport.names
         self.telemetry = RoleTelemetry(cfg, "trainer", self.transport, group=trainer_group(cfg),
                                        topics=[self.names.scored])
-        self.root = Path(self.tcfg.checkpoint_dir or Path(cfg.run_dir) / "checkpoints")
+        self.root = checkpoint_root(cfg)
         self.metrics_path = Path(cfg.run_dir) / "metrics.jsonl"
         self.trained_path = Path(cfg.run_dir) / "trained.jsonl"
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         self.checkpoint_s = 0.0  # duration of the checkpoint written since the last metrics row
-        policy, tokenizer = load_policy(self.tcfg.model_dir)
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        module = TrainModule(policy, value_head=self.tcfg.advantage == "gae")
-        path = latest_checkpoint(self.root) if resume else None
-        ckpt = load_checkpoint(path) if path is not None else None
+        replica = restore(cfg, ranks, resume)
+        self.engine, self.pad_id, ckpt = replica.engine, replica.pad_id, replica.checkpoint
         if ckpt is not None:
-            load_state_dict_strict(module, read_tensors(path / MODEL_FILE))
-        self.engine = build_engine(module, self.tcfg)
-        if ckpt is not None:
-            self.engine.load_optimizer_state(read_tensors(path / OPTIMIZER_FILE), read_json(path / OPTIMIZER_META))
-            ckpt.restore_rng()
-            log.info("resumed from %s (step %d, version %d)", path, ckpt.step, ckpt.version)
+            log.info("resumed from %s (step %d, version %d) on %d rank(s)", replica.path, ckpt.step, ckpt.version,
+                     ranks.world)
         elif resume:
             log.warning("--resume: no complete checkpoint in %s, starting from %s", self.root, self.tcfg.model_dir)
         if resume:  # the surviving history: what the restored state contains
@@ -180,6 +176,7 @@ class Trainer:
             if groups is None:
                 if self.sink.pending:
                     self.sink.flush()
+                self.ranks.heartbeat()
                 continue
             self._step(groups, wait_s=time.monotonic() - waiting_since)
             waiting_since = time.monotonic()
@@ -197,6 +194,7 @@ class Trainer:
                 "stream_rl.policy_version": self.state.version,
                 "stream_rl.rollouts": len(scored),
                 "stream_rl.response_tokens": tokens}):
+            self.ranks.send(Command.STEP, step_payload(self.state, scored) if self.ranks.world > 1 else b"")
             batch = build_batch(scored, self.pad_id)
             metrics = rollout_metrics(scored, self.state.version, self.tcfg.success_threshold)
             metrics.update(train_step(self.engine, batch, self.tcfg, self.state))
@@ -259,6 +257,7 @@ class Trainer:
         """Flush, checkpoint atomically, prune, then commit the same safe offsets to the consumer group."""
         self.sink.flush()
         offsets = {**self.positioner.start, **self.batcher.safe_offsets()}
+        self.ranks.send(Command.SAVE)
         path = save_checkpoint(self.root, step=self.state.step, version=self.state.version, engine=self.engine,
                                offsets=offsets, ledger=self.batcher.ledger_state(), state=self.state.to_json())
         prune_checkpoints(self.root, self.tcfg.keep_checkpoints)
@@ -275,6 +274,7 @@ class Trainer:
         become the newest checkpoint a ``--resume`` would load; the last periodic checkpoint stays the newest)."""
         if self.state.step <= self.last_checkpoint_step:
             return
+        self.ranks.send(Command.WEIGHTS)
         if all(bool(torch.isfinite(t).all()) for t in self.engine.policy_state_dict().values()):
             self._checkpoint()
         else:
@@ -300,10 +300,14 @@ class Trainer:
 
     def _publish(self) -> None:
         """Publish the policy as ``state.version``, in the dtype the generators run (``producer.dtype``)."""
+        self.ranks.send(Command.WEIGHTS)
         weights = cast_floating(self.engine.policy_state_dict(), self.cfg.producer.dtype)
         self.publisher.publish(weights, self.state.version, self.state.step)
 
     def close(self) -> None:
+        if not self.ranks.broken:
+            self.ranks.send(Command.STOP)
+        self.ranks.close()
         self.source.close()
         self.sink.close()
         self.telemetry.close()
@@ -340,9 +344,22 @@ def _seed_everything(seed: int) -> None:
     random.seed(seed)
 
 
-def run_trainer(cfg, stop_event: threading.Event | None = None, resume: bool = False) -> TrainState:
-    """Train until ``stop_event`` is set or ``trainer.max_steps`` steps are done; returns the final state."""
-    trainer = Trainer(cfg, resume=resume)
+def run_trainer(cfg, stop_event: threading.Event | None = None, resume: bool = False) -> TrainState | None:
+    """Train until ``stop_event`` is set or ``trainer.max_steps`` steps are done; returns the final state.
+
+    Under torchrun (``WORLD_SIZE`` > 1) rank 0 is the trainer of this module and every other rank runs
+    :func:`~consumers.trainer.replica.run_follower` (returns None)."""
+    from consumers.trainer.engines import resolve_device
+
+    use_cuda = resolve_device(cfg.trainer.device).type == "cuda"
+    ranks = Ranks.from_env(cfg.trainer.collective_timeout_s, use_cuda=use_cuda)
+    if ranks.world > 1:
+        from consumers.trainer.launch import die_with_launcher
+
+        die_with_launcher()
+    if not ranks.leader:
+        return run_follower(cfg, ranks, resume)
+    trainer = Trainer(cfg, resume=resume, ranks=ranks)
     try:
         return trainer.run(stop_event)
     finally:

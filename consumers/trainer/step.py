@@ -15,6 +15,9 @@ Guarantees:
   update needs it (GAE's values, a KL penalty in the reward) or ``trainer.recompute_proximal = "always"``.
 - NaN/Inf guard (in :func:`~consumers.trainer.update.update`): a skipped update leaves weights and optimizer state
   untouched and ``optim/skipped_updates`` counts it.
+- Data parallel (``engine.ranks``): each rank runs its share of every pass; pi_prox, the recorded logprobs and the
+  metrics are reduced over ranks, so the state and the metrics are the same on every rank and equal (to float
+  rounding) what one rank computes.
 """
 
 from __future__ import annotations
@@ -107,7 +110,9 @@ def _updates(engine, batch: RolloutBatch, tg: BatchTargets, cfg: TrainerConfig, 
 
 
 def train_step(engine, batch: RolloutBatch, cfg: TrainerConfig, state: TrainState) -> dict[str, float]:
-    """Train on one batch (``epochs`` x ``minibatches`` guarded updates); returns the step's metrics."""
+    """Train on one batch (``epochs`` x ``minibatches`` guarded updates); returns the step's metrics.
+
+    On several ranks every rank calls this with the same batch and state and gets the same metrics and state."""
     t0 = time.perf_counter()
     batch = batch.to(engine.device)
     tg, prox = _targets(engine, batch, cfg, state.kl_coef)
@@ -116,8 +121,8 @@ def train_step(engine, batch: RolloutBatch, cfg: TrainerConfig, state: TrainStat
     record = ForwardRecord.empty(batch) if prox is None else None
     acc, norms, applied_n, skipped_n, nonfinite_loss = _updates(engine, batch, tg, cfg, state, lr, record)
     t2 = time.perf_counter()
-    if prox is None and not record.complete:  # the update stopped early (non-finite loss): measure pi_prox now
-        prox = proximal_pass(engine, batch, cfg.micro_batch_size)
+    if record is not None:
+        record.gather(engine.ranks)
     prox_logp, entropy = (prox.logp, prox.entropy) if prox is not None else (record.logp, record.entropy)
     state.applied_updates += applied_n
     state.skipped_updates += skipped_n

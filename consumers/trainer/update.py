@@ -8,12 +8,15 @@ Guarantees:
 - Exact gradient accumulation: the minibatch's loss normaliser (``stream_rl.algorithms.loss_normaliser``: valid
   tokens, non-empty sequences, or sequences times the generation budget) is computed once over all its rows, and
   every micro batch's loss is divided by it, so the micro losses sum to the minibatch's loss for every ``agg`` and
-  their gradients to its gradient. (Data-parallel ranks all-reduce this one number.)
+  their gradients to its gradient. Every rank holds the whole batch, so this one number is the global count, and
+  data-parallel ranks, each back-propagating its own micro batches, sum to the one-rank gradient.
 - Off-policy correction weights the KL-in-loss term like the policy term: each token by the same importance weight
   pi_prox / mu (the sequence weight for GSPO), so both are expectations under pi_prox, not under mu.
-- NaN/Inf guard: a non-finite micro loss aborts the update before any weight changes (the engine discards the
-  gradients); a non-finite gradient norm makes the engine skip the update. Either way the weights and the
-  optimizer state are untouched.
+- NaN/Inf guard: a non-finite micro loss is back-propagated as NaN, so the (global) gradient norm is not finite and
+  the engine skips the update on every rank, through the path ZeRO itself uses for overflows; a non-finite
+  gradient norm alone does the same. Either way the weights and the optimizer state are untouched. The remaining
+  micro batches still run, so the ranks stay in lockstep.
+- Metrics are reduced over ranks as over micro batches (shares summed, ``*_max`` / ``*_min`` by max / min).
 """
 
 from __future__ import annotations
@@ -48,9 +51,13 @@ class ForwardRecord:
         return cls(torch.zeros(shape, device=device), torch.zeros(shape, device=device),
                    torch.zeros(batch.size, dtype=torch.bool, device=device))
 
-    @property
-    def complete(self) -> bool:
-        return bool(self.seen.all())
+    def gather(self, ranks) -> None:
+        """Every rank's recorded rows, on every rank (each row was recorded by exactly one rank)."""
+        self.logp, self.entropy = ranks.sum_(self.logp), ranks.sum_(self.entropy)
+        seen = ranks.sum_(self.seen.to(torch.float32))
+        if not bool((seen == 1).all()):
+            raise RuntimeError(f"the single update recorded {int((seen == 1).sum())} of {seen.numel()} rows once")
+        self.seen = seen.bool()
 
 
 def _is_weights(prox_logp: Tensor, sub: RolloutBatch, cfg: TrainerConfig) -> Tensor | None:
@@ -111,20 +118,29 @@ def update(engine, batch: RolloutBatch, tg: BatchTargets, rows: Tensor, cfg: Tra
     loss: (False, nan, {"loss/total": that loss})."""
     lc = cfg.loss
     total = alg.loss_normaliser(batch.response_mask[rows], lc.agg, max_len=lc.max_len)
-    micros = rows.split(cfg.micro_batch_size)
+    micros = engine.ranks.chunks(rows, cfg.micro_batch_size)
     acc: dict[str, float] = {}
-    for i, idx in enumerate(micros):
+    bad: float | None = None
+    for i, (idx, real) in enumerate(micros):
         sub = batch.select(idx)
-        loss, metrics = micro_loss(engine, sub, tg, idx, cfg, kl_coef, total, record)
+        loss, metrics = micro_loss(engine, sub, tg, idx, cfg, kl_coef, total, record if real else None)
         if not bool(torch.isfinite(loss)):
             log.warning("non-finite loss %s in micro batch %d: update skipped, gradients discarded",
                         float(loss.detach()), i)
-            engine.discard(loss)
-            return False, math.nan, {"loss/total": float(loss.detach())}  # reported: alerts watch loss/total
-        engine.backward(loss, last_micro=i == len(micros) - 1)
-        share = float(alg.loss_normaliser(sub.response_mask, lc.agg, max_len=lc.max_len) / total)
-        merge(acc, {**metrics, "loss/total": loss.detach()}, share)
+            bad = float(loss.detach())
+            loss = loss * math.nan  # NaN gradients: the engine's finite-norm guard skips the update on every rank
+        engine.backward(loss if real else loss * 0.0, last_micro=i == len(micros) - 1)
+        if real:
+            share = float(alg.loss_normaliser(sub.response_mask, lc.agg, max_len=lc.max_len) / total)
+            merge(acc, {**metrics, "loss/total": loss.detach()}, share)
+    parts = engine.ranks.gather_json({"metrics": acc, "bad": bad})
     outcome = engine.step(lr)
+    bad = next((p["bad"] for p in parts if p["bad"] is not None), None)
+    if bad is not None:
+        return False, math.nan, {"loss/total": bad}  # reported: alerts watch loss/total
     if not outcome.applied:
         log.warning("non-finite gradient norm %s: update skipped, gradients discarded", outcome.grad_norm)
+    acc = {}
+    for part in parts:
+        merge(acc, part["metrics"], 1.0)
     return outcome.applied, outcome.grad_norm, acc

@@ -29,8 +29,6 @@ from producers.engines.base import (
     EngineError, GenerationEngine, Sample, WeightsMismatch, check_generate_args, cut_at_stop, prompt_seed,
 )
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 class _TemperatureLogSoftmax:
     """Logits processor: ``log softmax(logits / T)``; records the logprob of each token sampled from it."""
@@ -97,10 +95,12 @@ class HFEngine(GenerationEngine):
     @classmethod
     def from_dir(cls, model_dir: str | os.PathLike, *, device: str = "cpu", dtype: str = "float32",
                  version: int = 0) -> HFEngine:
-        """Load the policy in ``model_dir`` with the strict loader (key checks, safetensors only)."""
-        from stream_rl.models.loading import load_policy
+        """Load the policy in ``model_dir`` with the strict loader (key checks, safetensors only) on ``device``
+        (``producer.device``; ``auto``: CUDA when torch sees one, else CPU) in ``dtype`` (``producer.dtype``)."""
+        from stream_rl.models import load_policy, resolve_device, torch_dtype
 
-        model, tokenizer = load_policy(model_dir, dtype=_DTYPES[dtype], device=device)
+        placed = resolve_device(device, "producer.device")  # before any weights are read
+        model, tokenizer = load_policy(model_dir, dtype=torch_dtype(dtype), device=placed)
         return cls(model, tokenizer, version=version)
 
     @property

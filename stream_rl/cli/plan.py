@@ -1,8 +1,11 @@
-"""``stream-rl plan``: estimate per-GPU memory of every role and recommend colocated or separate placement.
+"""``stream-rl plan``: estimate per-GPU memory of every role, recommend colocated or separate placement, and print
+the ``stream-rl train`` line for the trainer's data-parallel ranks.
 
 The model comes from a Hugging Face ``config.json`` (``--config-json``) or a parameter count (``--params 7e9``;
-activations, logits and KV cache then stay out of the totals). Invalid options exit 2 with one line naming the
-option. The planner is pure Python: no torch import, no GPU needed. Formulas: ``docs/planner.md``.
+activations, logits and KV cache then stay out of the totals). ``--trainer-ranks N`` fixes the trainer's ranks
+(its ZeRO shards are then over N; colocation needs N equal to ``--gpus``); without it the trainer takes every GPU
+colocated and the fewest that fit separate. Invalid options exit 2 with one line naming the option. The planner
+is pure Python: no torch import, no GPU needed. Formulas: ``docs/planner.md``.
 """
 
 from __future__ import annotations
@@ -47,9 +50,16 @@ def plan(
     dtype: Annotated[str, typer.Option(help="training and inference dtype: fp32, bf16, fp16")] = "bf16",
     optimizer: Annotated[str, typer.Option(help="adamw or sgd (with momentum)")] = "adamw",
     master_weights: Annotated[bool | None, typer.Option(
-        "--master-weights/--no-master-weights", help="fp32 master weights (default: on for 16-bit dtypes)")] = None,
-    zero_stage: Annotated[int, typer.Option(help="ZeRO stage 0-3 (0: plain data parallel)")] = 0,
+        "--master-weights/--no-master-weights", help="fp32 parameters, gradients and optimizer state with 16-bit "
+        "autocast compute, as the trainer does (default: on for 16-bit dtypes); off: pure 16-bit")] = None,
+    zero_stage: Annotated[int, typer.Option(help="ZeRO stage 0-3 (0: plain data parallel, trainer.engine=torch; "
+                                                 "1-3: trainer.engine=deepspeed)")] = 0,
     gpus: Annotated[int, typer.Option(help="GPUs available")] = 1,
+    trainer_ranks: Annotated[int | None, typer.Option(
+        help="data-parallel trainer ranks, one GPU each (stream-rl train --nproc); default: every GPU colocated, "
+             "the fewest that fit separate")] = None,
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs per machine: more trainer ranks than this launch on "
+                                                    "several machines (--nnodes)")] = 8,
     gpu_memory_gib: Annotated[float, typer.Option(help="memory of one GPU in GiB")] = 80.0,
     micro_batch: Annotated[int, typer.Option(help="trainer sequences per forward/backward per GPU")] = 1,
     seq_len: Annotated[int | None, typer.Option(help="trainer sequence length (default: prompt + new)")] = None,
@@ -63,7 +73,8 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
 ) -> None:
     """Estimate per-GPU memory (weights, gradients, optimizer, activations, KV cache, reference/reward models) with
-    20% headroom, and recommend colocated or separate placement of trainer, generator and scorer."""
+    20% headroom, recommend colocated or separate placement of trainer, generator and scorer, and print the
+    trainer's launch line."""
     from stream_rl.planner import PlanInputs, make_plan, render_table
 
     if (config_json is None) == (params is None):
@@ -75,7 +86,8 @@ def plan(
     try:
         inputs = PlanInputs(
             model=shape, params=None if params is None else round(params), dtype=dtype, optimizer=optimizer,
-            master_weights=master_weights, zero_stage=zero_stage, gpus=gpus, gpu_memory_gib=gpu_memory_gib,
+            master_weights=master_weights, zero_stage=zero_stage, gpus=gpus, trainer_ranks=trainer_ranks,
+            gpus_per_node=gpus_per_node, gpu_memory_gib=gpu_memory_gib,
             micro_batch=micro_batch, seq_len=seq_len, gen_batch=gen_batch, prompt_len=prompt_len,
             max_new_tokens=max_new_tokens, grad_checkpointing=grad_checkpointing, flash_attention=flash_attention,
             reference=reference, reward_model_params=round(reward_model_params))

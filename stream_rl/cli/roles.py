@@ -91,18 +91,49 @@ def score(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt
     run_role(run_scorer, cfg, stop_event=stop_on_signals(), max_batches=max_batches)
 
 
+NprocOpt = Annotated[int, typer.Option(min=1, help="data-parallel trainer ranks on this machine (torchrun's "
+                                       "--nproc-per-node); gloo on CPU, NCCL on CUDA")]
+NnodesOpt = Annotated[int, typer.Option(min=1, help="machines in the job; each runs this same command")]
+RdzvOpt = Annotated[str | None, typer.Option(help="HOST:PORT of the rendezvous (one of the machines), the same on "
+                                             "every machine; needed with --nnodes > 1")]
+
+
 def train(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt = None, run: RunOpt = None,
           instance: InstanceOpt = None,
           resume: Annotated[bool, typer.Option(help="continue from the newest complete checkpoint")] = False,
           max_steps: Annotated[int | None, typer.Option(help="trainer.max_steps")] = None,
+          nproc: NprocOpt = 1, nnodes: NnodesOpt = 1, rdzv_endpoint: RdzvOpt = None,
           dry_run: DryRunOpt = False) -> None:
-    """Train on scored rollouts, broadcast weights, checkpoint."""
+    """Train on scored rollouts, broadcast weights, checkpoint (on one rank, or N per machine with --nproc)."""
     flags = {**_role_flags(bootstrap, run), "trainer.max_steps": max_steps}
+    if nnodes > 1 and not rdzv_endpoint:
+        fail("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every machine)", 2)
     cfg = resolve(config, set_, flags, dry_run)
     setup_logging()
+    if nproc > 1 or nnodes > 1:
+        _launch_ranks(cfg, resume, nproc, nnodes, rdzv_endpoint, instance)
+        return
+    from consumers.trainer.launch import record_errors
     from consumers.trainer.loop import run_trainer
 
-    run_role(run_trainer, cfg, stop_event=stop_on_signals(), resume=resume)
+    run_role(record_errors(run_trainer), cfg, stop_event=stop_on_signals(), resume=resume)
+
+
+def _launch_ranks(cfg, resume: bool, nproc: int, nnodes: int, rdzv_endpoint: str | None,
+                  instance: int | None) -> None:
+    """Every rank reads one resolved config file (``run_dir/trainer-ranks.yaml``); the first failure is one line."""
+    from consumers.trainer.launch import RankDied, launch_ranks
+    from stream_rl.orchestrator import write_run_config
+
+    config_file = write_run_config(cfg, Path(cfg.run_dir), filename="trainer-ranks.yaml")
+    args = ["train", "--config", str(config_file), *(["--resume"] if resume else []),
+            *(["--instance", str(instance)] if instance is not None else [])]
+    try:
+        launch_ranks(args, nproc=nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, run_id=cfg.topics.run)
+    except RankDied as exc:
+        fail(f"{exc}; continue with: stream-rl train --resume --nproc {nproc}"
+             + (f" --nnodes {nnodes} --rdzv-endpoint {rdzv_endpoint}" if nnodes > 1 else "")
+             + " (logs above name the cause)")
 
 
 class Dedup(str, Enum):

@@ -107,7 +107,8 @@ def _launch(cfg) -> None:
 
     config_file = write_run_config(cfg, Path(cfg.run_dir))
     sup = Supervisor(Path(cfg.run_dir), config_file)
-    sup.start("train", 0)
+    ranks = cfg.run.trainer_ranks
+    sup.start("train", 0, ["--nproc", str(ranks)] if ranks > 1 else None)
     for i in range(cfg.run.scorers):
         sup.start("score", i)
     for i in range(cfg.run.producers):

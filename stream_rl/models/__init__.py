@@ -1,8 +1,10 @@
-"""Models: strict local loading of policy, reference and reward models, atomic saves, broadcast state dicts.
+"""Models: strict local loading of policy, reference and reward models, atomic saves, broadcast state dicts, and
+the device and dtype settings as torch objects.
 
-See `stream_rl.models.loading` for what is checked and guaranteed.
+See `stream_rl.models.loading` for what is checked and guaranteed, `stream_rl.models.devices` for devices.
 """
 
+from stream_rl.models.devices import resolve_device, torch_dtype
 from stream_rl.models.loading import (
     ModelLoadError,
     check_weight_keys,
@@ -27,8 +29,10 @@ __all__ = [
     "load_reward_model",
     "load_state_dict_strict",
     "load_tokenizer",
+    "resolve_device",
     "safetensors_shapes",
     "save_model",
     "state_dict_for_broadcast",
     "tie_groups",
+    "torch_dtype",
 ]

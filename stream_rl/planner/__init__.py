@@ -2,12 +2,14 @@
 
 - :mod:`~stream_rl.planner.model_size`: parameter counts from a Hugging Face ``config.json``.
 - :mod:`~stream_rl.planner.memory`: one pure function per memory formula, in bytes.
-- :mod:`~stream_rl.planner.plan`: :class:`PlanInputs` -> :func:`make_plan` -> :class:`Plan`, and the table renderer.
+- :mod:`~stream_rl.planner.plan`: :class:`PlanInputs` -> :func:`make_plan` -> :class:`Plan` (with the trainer's
+  :class:`TrainerLaunch`), and the table renderer.
 
 Pure Python: importing the planner imports neither torch nor transformers.
 """
 
 from stream_rl.planner.model_size import ModelShape, count_params, shape_from_hf_config
-from stream_rl.planner.plan import Plan, PlanInputs, make_plan, render_table
+from stream_rl.planner.plan import Plan, PlanInputs, TrainerLaunch, make_plan, render_table
 
-__all__ = ["ModelShape", "Plan", "PlanInputs", "count_params", "make_plan", "render_table", "shape_from_hf_config"]
+__all__ = ["ModelShape", "Plan", "PlanInputs", "TrainerLaunch", "count_params", "make_plan", "render_table",
+           "shape_from_hf_config"]

@@ -4,15 +4,24 @@ Consumes: plain numbers (parameter count P, dtype names, batch and sequence size
 Produces: byte counts (``int``); :func:`gib` converts for display.
 Guarantees: every function is pure and its formula is in its docstring; ``docs/planner.md`` gives the sources and a
 worked example, and ``tests/test_planner.py`` checks each against hand computations, the weights, gradients,
-AdamW states and KV cache also against tensors measured on CPU.
+AdamW states, autocast copies and KV cache also against tensors measured on CPU.
 
 Symbols: P parameters, s sequence length, b micro batch (sequences), h hidden size, a attention heads, f MLP
-width, L layers, V vocabulary, e bytes per element of the compute dtype, N GPUs.
+width, L layers, V vocabulary, e bytes per element of the compute dtype, N data-parallel trainer ranks (one GPU
+each).
+
+The trainer's layout is this repo's (``consumers/trainer/engines.py``), not the ZeRO paper's: with a 16-bit
+dtype the parameters stay fp32 (they are the master weights), their gradients are fp32, and ``torch.autocast``
+makes 16-bit copies of the weights for compute. The paper's mixed-precision Adam keeps 16-bit parameters and
+gradients instead (2P + 2P + 12P bytes); here it is 4P weights + 4P gradients + 8P moments + eP autocast copies,
+and DeepSpeed's ZeRO optimizer adds an fp32 copy of each rank's partition (4P / N).
 
 Sources:
-- Weights, gradients, optimizer states and ZeRO partitioning: Rajbhandari et al. 2020, "ZeRO: Memory Optimizations
-  Toward Training Trillion Parameter Models" (mixed-precision Adam: 2P + 2P + 12P bytes; stage 1 shards the
-  optimizer states, stage 2 also the gradients, stage 3 also the parameters).
+- ZeRO partitioning: Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+  Models" (stage 1 shards the optimizer states, stage 2 also the gradients, stage 3 also the parameters).
+- DeepSpeed 0.19's ``zero/stage_1_and_2.py`` and ``zero/stage3.py``: the fp32 partition each rank's optimizer
+  updates is a clone (``.clone()`` at stages 1-2; at stage 3 the "already fp32" shortcut compares a
+  ``torch.device`` with a string and never fires), so it exists even for an fp32 module.
 - Activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", sec. 4.1:
   ``s*b*h*(34 + 5*a*s/h)`` bytes per layer at 16 bits for a GPT layer (MLP width 4h, dropout, no parallelism).
   :func:`activation_bytes_per_layer` keeps their accounting term by term but generalises it to GQA, gated (SwiGLU)
@@ -28,7 +37,7 @@ DTYPE_BYTES = MappingProxyType({"fp32": 4, "bf16": 2, "fp16": 2})
 DTYPE_ALIASES = MappingProxyType({"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
                                   "float": "fp32"})
 OPTIMIZER_STATES = MappingProxyType({"adamw": 2, "sgd": 1})  # fp32 tensors of P elements each
-ZERO_SHARDED_FROM = MappingProxyType({"optimizer": 1, "gradients": 2, "weights": 3})
+ZERO_SHARDED_FROM = MappingProxyType({"optimizer": 1, "master_copy": 1, "gradients": 2, "weights": 3})
 FP32_BYTES = 4
 GIB = 1024**3
 
@@ -51,27 +60,68 @@ def weights_bytes(params: int, dtype: str) -> int:
     return params * dtype_bytes(dtype)
 
 
-def gradients_bytes(params: int, dtype: str) -> int:
-    """Gradients, one per parameter in the training dtype: ``P * bytes(dtype)`` (ZeRO's 2P at 16 bits)."""
-    return params * dtype_bytes(dtype)
+def trained_param_dtype(dtype: str, master_weights: bool) -> str:
+    """The dtype the trainer keeps its parameters (and so their gradients) in: fp32 with master weights, else ``dtype``.
 
-
-def optimizer_bytes(params: int, optimizer: str, master_weights: bool) -> int:
-    """Optimizer states: ``P * 4 * (n_states + master)``, all fp32.
-
-    AdamW keeps two moments (n_states = 2: 8P bytes), SGD with momentum one (4P). Mixed precision adds an fp32
-    master copy of the weights (4P) that the optimizer updates; mixed-precision AdamW is ZeRO's K = 12 bytes/param.
+    Mixed precision as this repo's trainer does it (``trainer.dtype=bfloat16``): the module stays fp32 and
+    ``torch.autocast`` computes in 16 bits, so the parameters are the fp32 master weights. Without master weights
+    (pure 16-bit training) the parameters are 16-bit.
     """
+    return "fp32" if master_weights else canonical_dtype(dtype)
+
+
+def gradients_bytes(params: int, param_dtype: str) -> int:
+    """Gradients, one per parameter in the parameters' dtype: ``P * bytes(param_dtype)``.
+
+    Autograd gives each gradient its parameter's dtype, so under autocast mixed precision they are fp32 (4P), not
+    16-bit (the ZeRO paper's 2P assumes 16-bit parameters). Pass :func:`trained_param_dtype`.
+    """
+    return params * dtype_bytes(param_dtype)
+
+
+def autocast_copy_bytes(params: int, dtype: str, master_weights: bool) -> int:
+    """16-bit copies of the fp32 weights that mixed precision computes with: ``P * e``, else 0.
+
+    ``torch.autocast`` casts each weight a matmul uses to 16 bits, caches the copy until the forward's autocast
+    region ends and autograd keeps it until backward has passed that layer, so all of them are alive at the end of
+    the forward, whatever the ZeRO stage (at stage 3 each copy is of the gathered, full weight). An upper bound by
+    ``e * (embeddings + norm weights)``, which autocast does not cast.
+    """
+    return params * dtype_bytes(dtype) if master_weights and canonical_dtype(dtype) != "fp32" else 0
+
+
+def optimizer_bytes(params: int, optimizer: str) -> int:
+    """Optimizer states: ``P * 4 * n_states``, fp32: AdamW keeps two moments (8P bytes), SGD with momentum one (4P)."""
     if optimizer not in OPTIMIZER_STATES:
         raise ValueError(f"unknown optimizer {optimizer!r} (choose from {', '.join(OPTIMIZER_STATES)})")
-    return params * FP32_BYTES * (OPTIMIZER_STATES[optimizer] + int(master_weights))
+    return params * FP32_BYTES * OPTIMIZER_STATES[optimizer]
+
+
+def zero_master_copy_bytes(params: int, zero_stage: int) -> int:
+    """DeepSpeed ZeRO's fp32 copy of the parameters its optimizer updates: ``4P`` at stages 1-3, 0 at stage 0.
+
+    Each rank's ZeRO optimizer steps a separate fp32 copy of its partition (sharded like the optimizer states, so
+    ``4P / N`` per GPU) and copies the result back into the parameters; it does so even when the parameters are
+    already fp32. Stage 0 (plain torch DDP) steps the parameters themselves.
+    """
+    return params * FP32_BYTES if zero_stage >= 1 else 0
+
+
+def flat_allreduce_bytes(gradients: int, zero_stage: int, ranks: int) -> int:
+    """The torch engine's flat gradient buffer at the step: ``gradients`` at stage 0 with ``ranks > 1``, else 0.
+
+    Plain data parallelism here sums every gradient in one ``torch.cat`` of them (``Ranks.all_reduce_grads``): for
+    the step, one more copy of all gradients. ZeRO reduces in fixed-size buckets instead (not counted).
+    """
+    return gradients if zero_stage == 0 and ranks > 1 else 0
 
 
 def zero_shard_bytes(total: int, kind: str, zero_stage: int, gpus: int) -> int:
-    """Per-GPU share of ``kind`` ("weights", "gradients" or "optimizer") under ZeRO: ``ceil(total / N)`` or ``total``.
+    """Per-GPU share of ``kind`` under ZeRO over ``gpus`` ranks: ``ceil(total / N)`` or ``total``.
 
-    ``kind`` is partitioned over the N data-parallel GPUs when ``zero_stage >= ZERO_SHARDED_FROM[kind]`` (optimizer
-    from stage 1, gradients from 2, weights from 3); otherwise every GPU holds all of it (stage 0 = plain DDP).
+    ``kind`` ("weights", "gradients", "optimizer" or "master_copy") is partitioned over the N data-parallel GPUs
+    when ``zero_stage >= ZERO_SHARDED_FROM[kind]`` (optimizer states and the master copy from stage 1, gradients
+    from 2, weights from 3); otherwise every GPU holds all of it (stage 0 = plain DDP).
     """
     if not 0 <= zero_stage <= 3:
         raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage}")

@@ -1,20 +1,22 @@
-"""The placement plan: per-GPU memory of each role, colocated vs separate, and a recommendation.
+"""The placement plan: per-GPU memory of each role, colocated vs separate, a recommendation and the trainer's launch.
 
 Consumes: :class:`PlanInputs` (the model as a :class:`~stream_rl.planner.model_size.ModelShape` or a parameter
-count, dtypes, optimizer, ZeRO stage, GPUs, batch and generation sizes).
-Produces: a :class:`Plan` with per-GPU byte breakdowns for the three roles (trainer: weights, gradients, optimizer,
-activations, logits; generator: weights, KV cache; scorer: reference and reward weights) in two placements, and a
-recommendation; :func:`render_table` prints it, :meth:`Plan.to_dict` serialises it.
+count, dtypes, optimizer, ZeRO stage, GPUs, trainer ranks, batch and generation sizes).
+Produces: a :class:`Plan` with per-GPU byte breakdowns for the three roles (trainer: weights, autocast copy,
+gradients, optimizer, master copy, all-reduce buffer, activations, logits; generator: weights, KV cache; scorer:
+reference and reward weights) in two placements, a recommendation and, for it, the ``stream-rl train`` line
+(:class:`TrainerLaunch`); :func:`render_table` prints it, :meth:`Plan.to_dict` serialises it.
 
 Placements:
-- **colocated**: every role on each of the N GPUs. The trainer is data parallel over N (ZeRO shards over N); each
-  GPU also holds one generator (tensor parallel 1, ``gen_batch`` sequences) and the scorer's models.
-- **separate**: each role on its own GPUs, each given the fewest that fit: the trainer the fewest data-parallel GPUs
-  (only ZeRO >= 1 gains from more), the generator and the scorer the fewest power-of-two tensor-parallel degree
-  (weights and KV cache split evenly).
+- **colocated**: every role on each of the G GPUs. The trainer is data parallel over G ranks (ZeRO shards over G);
+  each GPU also holds one generator (tensor parallel 1, ``gen_batch`` sequences) and the scorer's models. With
+  ``trainer_ranks`` set to anything but G it does not apply (:data:`Placement.reason` says why).
+- **separate**: each role on its own GPUs: the trainer on ``trainer_ranks`` data-parallel GPUs, or when that is
+  None the fewest that fit (only ZeRO >= 1 gains from more); the generator and the scorer the fewest power-of-two
+  tensor-parallel degree (weights and KV cache split evenly).
 
 A placement fits when each GPU's estimate plus the headroom (default 20 %) is at most the GPU's memory. We
-recommend colocating when that fits, otherwise separate roles when their GPUs add up to at most N.
+recommend colocating when that fits, otherwise separate roles when they fit and their GPUs add up to at most G.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from stream_rl.planner import memory as mem
 from stream_rl.planner.model_size import ModelShape, count_params
 
 MAX_GPUS = 4096
+ENGINE_DTYPE = {"fp32": "float32", "bf16": "bfloat16"}  # planner dtype -> trainer.dtype (the trainer has no fp16)
 
 
 class PlanInputs(BaseModel):
@@ -39,9 +42,17 @@ class PlanInputs(BaseModel):
     params: int | None = Field(None, ge=1, description="parameter count when no architecture is given")
     dtype: str = Field("bf16", description="training and inference dtype: fp32, bf16 or fp16")
     optimizer: Literal["adamw", "sgd"] = Field("adamw", description="adamw: 2 fp32 moments; sgd: 1 (momentum)")
-    master_weights: bool | None = Field(None, description="fp32 master weights; None: yes for 16-bit dtypes")
-    zero_stage: int = Field(0, ge=0, le=3, description="ZeRO stage; 0 replicates everything (plain DDP)")
+    master_weights: bool | None = Field(
+        None, description="mixed precision as the trainer does it: fp32 parameters (the master weights), gradients "
+                          "and optimizer state, 16-bit compute under autocast; False: pure 16-bit parameters and "
+                          "gradients (a layout this repo's trainer does not have); None: yes for 16-bit dtypes")
+    zero_stage: int = Field(0, ge=0, le=3, description="ZeRO stage; 0 replicates everything (plain DDP, "
+                                                       "trainer.engine=torch)")
     gpus: int = Field(1, ge=1, le=MAX_GPUS, description="GPUs available")
+    trainer_ranks: int | None = Field(
+        None, ge=1, le=MAX_GPUS, description="data-parallel trainer ranks, one GPU each (stream-rl train --nproc); "
+                                             "None: every GPU colocated, the fewest that fit separate")
+    gpus_per_node: int = Field(8, ge=1, le=MAX_GPUS, description="GPUs per machine, for the trainer's launch line")
     gpu_memory_gib: float = Field(80.0, gt=0, description="memory of one GPU in GiB")
     micro_batch: int = Field(1, ge=1, description="trainer sequences per forward/backward, per GPU")
     seq_len: int | None = Field(None, ge=1, description="trainer sequence length; None: prompt_len + max_new_tokens")
@@ -65,6 +76,9 @@ class PlanInputs(BaseModel):
             raise ValueError("give exactly one of the model's config (--config-json) and a parameter count (--params)")
         if self.master_weights and self.dtype == "fp32":
             raise ValueError("fp32 master weights only apply to a 16-bit dtype (--dtype bf16 or fp16)")
+        if self.trainer_ranks is not None and self.trainer_ranks > self.gpus:
+            raise ValueError(f"--trainer-ranks {self.trainer_ranks} is more than --gpus {self.gpus}: each trainer "
+                             f"rank needs a GPU of its own")
         return self
 
     @property
@@ -91,7 +105,10 @@ class RoleMemory:
 
 @dataclass(frozen=True)
 class Placement:
-    """Roles and their per-GPU memory under one placement; ``per_gpu`` is the fullest GPU's estimate."""
+    """Roles and their per-GPU memory under one placement; ``per_gpu`` is the fullest GPU's estimate.
+
+    ``reason`` is set when the placement does not apply to the inputs (then ``roles`` is empty and ``fits`` False).
+    """
 
     name: str
     roles: tuple[RoleMemory, ...]
@@ -99,6 +116,34 @@ class Placement:
     needed_per_gpu: int  # per_gpu with headroom
     gpus: int | None
     fits: bool
+    reason: str | None = None
+
+    @property
+    def trainer_ranks(self) -> int | None:
+        return next((r.gpus for r in self.roles if r.role == "trainer"), None)
+
+
+@dataclass(frozen=True)
+class TrainerLaunch:
+    """The ``stream-rl train`` line for ``ranks`` data-parallel ranks: ``nnodes`` machines of ``nproc_per_node``."""
+
+    ranks: int
+    nnodes: int
+    nproc_per_node: int
+    zero_stage: int
+    trainer_dtype: str | None  # trainer.dtype; None: the planned dtype is not one the trainer has (fp16, pure 16-bit)
+
+    @property
+    def settings(self) -> tuple[str, ...]:
+        engine = (("trainer.engine=torch",) if self.zero_stage == 0 else
+                  ("trainer.engine=deepspeed", f"trainer.zero_stage={self.zero_stage}"))
+        return engine + ((f"trainer.dtype={self.trainer_dtype}",) if self.trainer_dtype else ())
+
+    @property
+    def command(self) -> str:
+        nodes = f" --nnodes {self.nnodes} --rdzv-endpoint HOST:PORT" if self.nnodes > 1 else ""
+        sets = "".join(f" --set {s}" for s in self.settings)
+        return f"stream-rl train --nproc {self.nproc_per_node}{nodes}{sets}"
 
 
 @dataclass(frozen=True)
@@ -110,18 +155,24 @@ class Plan:
     recommendation: Literal["colocated", "separate", "does-not-fit"]
     message: str
     notes: tuple[str, ...]
+    trainer_launch: TrainerLaunch | None = None  # for the recommended placement; None when nothing fits
 
     def to_dict(self) -> dict:
         def placement(p: Placement) -> dict:
             out = asdict(p)
+            out["trainer_ranks"] = p.trainer_ranks
             out["roles"] = [{"role": r.role, "gpus": r.gpus, "total_bytes": r.total,
                              "components": dict(r.components)} for r in p.roles]
             return out
 
+        launch = self.trainer_launch
         return {"inputs": self.inputs.model_dump(mode="json"), "params": self.params,
                 "gpu_memory_bytes": _gpu_bytes(self.inputs), "colocated": placement(self.colocated),
                 "separate": placement(self.separate), "recommendation": self.recommendation,
-                "message": self.message, "notes": list(self.notes)}
+                "message": self.message,
+                "trainer_launch": None if launch is None else {**asdict(launch), "settings": list(launch.settings),
+                                                               "command": launch.command},
+                "notes": list(self.notes)}
 
 
 def _gpu_bytes(inputs: PlanInputs) -> int:
@@ -133,22 +184,39 @@ def _fits(inputs: PlanInputs, per_gpu: int) -> bool:
 
 
 def trainer_memory(inputs: PlanInputs, params: int, gpus: int) -> RoleMemory:
-    """The trainer's per-GPU bytes when data parallel over ``gpus`` with ZeRO ``inputs.zero_stage``."""
+    """The trainer's per-GPU bytes when data parallel over ``gpus`` ranks with ZeRO ``inputs.zero_stage``.
+
+    Components (``docs/planner.md``): weights and gradients in the trained parameters' dtype (fp32 under mixed
+    precision), autocast's 16-bit weight copies, optimizer moments, DeepSpeed's fp32 master copy (stages 1-3),
+    each sharded from its ZeRO stage; with the architecture, activations and logits; and ``allreduce``, what the
+    torch engine's flat gradient buffer (stage 0, several ranks) adds at the step beyond the autocast copies,
+    activations and logits that backward has freed by then, so the total is the larger of the two peaks.
+    """
     stage, dtype = inputs.zero_stage, inputs.dtype
-    parts = [("weights", mem.zero_shard_bytes(mem.weights_bytes(params, dtype), "weights", stage, gpus)),
-             ("gradients", mem.zero_shard_bytes(mem.gradients_bytes(params, dtype), "gradients", stage, gpus)),
-             ("optimizer", mem.zero_shard_bytes(
-                 mem.optimizer_bytes(params, inputs.optimizer, inputs.use_master_weights), "optimizer", stage, gpus))]
+    param_dtype = mem.trained_param_dtype(dtype, inputs.use_master_weights)
+    gradients = mem.gradients_bytes(params, param_dtype)
+    autocast = mem.autocast_copy_bytes(params, dtype, inputs.use_master_weights)
+    parts = [("weights", mem.zero_shard_bytes(mem.weights_bytes(params, param_dtype), "weights", stage, gpus)),
+             ("autocast_copy", autocast),
+             ("gradients", mem.zero_shard_bytes(gradients, "gradients", stage, gpus)),
+             ("optimizer", mem.zero_shard_bytes(mem.optimizer_bytes(params, inputs.optimizer), "optimizer", stage,
+                                                gpus)),
+             ("master_copy", mem.zero_shard_bytes(mem.zero_master_copy_bytes(params, stage), "master_copy", stage,
+                                                  gpus))]
     shape = inputs.model
     if shape is not None:
         s, b, h, e = inputs.train_seq_len, inputs.micro_batch, shape.hidden_size, mem.dtype_bytes(dtype)
         per_layer = mem.activation_bytes_per_layer(
             s, b, h, shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim, shape.num_heads,
             shape.intermediate_size, gated=shape.gated_mlp, flash_attention=inputs.flash_attention, e=e)
-        parts.append(("activations", mem.activations_bytes(shape.num_layers, per_layer, e * s * b * h,
-                                                           inputs.grad_checkpointing)))
-        parts.append(("logits", mem.logits_bytes(b, s, shape.vocab_size)))
-    return RoleMemory("trainer", gpus, tuple(parts))
+        transient = [("activations", mem.activations_bytes(shape.num_layers, per_layer, e * s * b * h,
+                                                            inputs.grad_checkpointing)),
+                     ("logits", mem.logits_bytes(b, s, shape.vocab_size))]
+    else:
+        transient = []
+    freed = autocast + sum(n for _, n in transient)  # alive through backward, gone by the step
+    allreduce = max(0, mem.flat_allreduce_bytes(gradients, stage, gpus) - freed)
+    return RoleMemory("trainer", gpus, tuple(parts + [("allreduce", allreduce)] + transient))
 
 
 def generator_memory(inputs: PlanInputs, params: int, tp: int) -> RoleMemory:
@@ -173,6 +241,10 @@ def scorer_memory(inputs: PlanInputs, params: int, tp: int) -> RoleMemory:
 
 def _colocated(inputs: PlanInputs, params: int) -> Placement:
     n = inputs.gpus
+    if inputs.trainer_ranks is not None and inputs.trainer_ranks != n:
+        reason = (f"colocation puts a trainer rank on every GPU, and --trainer-ranks {inputs.trainer_ranks} is "
+                  f"not --gpus {n}")
+        return Placement("colocated", (), 0, 0, None, False, reason)
     roles = (trainer_memory(inputs, params, n), generator_memory(inputs, params, 1), scorer_memory(inputs, params, 1))
     roles = tuple(RoleMemory(r.role, n if r.gpus else 0, r.components) for r in roles)
     per_gpu = sum(r.total for r in roles)
@@ -180,8 +252,13 @@ def _colocated(inputs: PlanInputs, params: int) -> Placement:
                      _fits(inputs, per_gpu))
 
 
-def _fewest_trainer_gpus(inputs: PlanInputs, params: int) -> RoleMemory:
-    """The trainer on the fewest GPUs that fit; stage 0 gains nothing from more, so it fits on 1 or never."""
+def _separate_trainer(inputs: PlanInputs, params: int) -> RoleMemory:
+    """The trainer on ``--trainer-ranks`` GPUs, or on the fewest that fit (``gpus`` None: no number fits).
+
+    Stage 0 replicates everything (and adds the all-reduce buffer above one rank), so it fits on 1 or never.
+    """
+    if inputs.trainer_ranks is not None:
+        return trainer_memory(inputs, params, inputs.trainer_ranks)
     limit = 1 if inputs.zero_stage == 0 else MAX_GPUS
     for n in range(1, limit + 1):
         role = trainer_memory(inputs, params, n)
@@ -202,13 +279,13 @@ def _fewest_tp(inputs: PlanInputs, build) -> RoleMemory:
 
 
 def _separate(inputs: PlanInputs, params: int) -> Placement:
-    roles = (_fewest_trainer_gpus(inputs, params),
+    roles = (_separate_trainer(inputs, params),
              _fewest_tp(inputs, lambda tp: generator_memory(inputs, params, tp)),
              _fewest_tp(inputs, lambda tp: scorer_memory(inputs, params, tp)))
     per_gpu = max(r.total for r in roles)
     counts = [r.gpus for r in roles]
     gpus = None if None in counts else sum(counts)
-    fits = gpus is not None and gpus <= inputs.gpus
+    fits = gpus is not None and gpus <= inputs.gpus and _fits(inputs, per_gpu)
     return Placement("separate", roles, per_gpu, mem.with_headroom(per_gpu, inputs.headroom), gpus, fits)
 
 
@@ -222,6 +299,12 @@ def _recommend(inputs: PlanInputs, colocated: Placement, separate: Placement) ->
         spare = inputs.gpus - separate.gpus
         extra = f"; {spare} spare (more generator replicas)" if spare else ""
         return "separate", f"separate roles on {separate.gpus} of {inputs.gpus} GPU(s): {counts}{extra}"
+    trainer = separate.roles[0]
+    if inputs.trainer_ranks is not None and not _fits(inputs, trainer.total):
+        return "does-not-fit", (f"the trainer on --trainer-ranks {inputs.trainer_ranks} needs "
+                                f"{gib(mem.with_headroom(trainer.total, inputs.headroom)):.1f} GiB per GPU of "
+                                f"{cap:g} GiB: try more --trainer-ranks, a higher --zero-stage, a smaller "
+                                f"--micro-batch/--seq-len, or larger GPUs")
     if separate.gpus is not None:
         return "does-not-fit", (f"separate roles need {separate.gpus} GPU(s) ({counts}); only {inputs.gpus} "
                                 f"available")
@@ -229,13 +312,34 @@ def _recommend(inputs: PlanInputs, colocated: Placement, separate: Placement) ->
                             f"smaller --micro-batch/--seq-len or --gen-batch, or larger GPUs")
 
 
-def _notes(inputs: PlanInputs, colocated: Placement) -> tuple[str, ...]:
+def trainer_launch(inputs: PlanInputs, ranks: int) -> TrainerLaunch:
+    """``ranks`` data-parallel ranks as ``stream-rl train`` runs them: on one machine when they fit one (at most
+    ``gpus_per_node``), else on M machines of ``ranks / M`` each, M the smallest divisor of ``ranks`` that is at
+    least ``ceil(ranks / gpus_per_node)`` (torchrun starts the same number of ranks on every machine)."""
+    nnodes = -(-ranks // inputs.gpus_per_node)
+    while ranks % nnodes:
+        nnodes += 1
+    trainer_dtype = ENGINE_DTYPE.get(inputs.dtype) if inputs.use_master_weights or inputs.dtype == "fp32" else None
+    return TrainerLaunch(ranks, nnodes, ranks // nnodes, inputs.zero_stage, trainer_dtype)
+
+
+def _notes(inputs: PlanInputs, params: int, launch: TrainerLaunch | None) -> tuple[str, ...]:
     notes = ["not counted: CUDA context and allocator fragmentation (the headroom is for them), the scorer's and "
-             "generator's forward activations, CUDA graphs"]
+             "generator's forward activations, CUDA graphs, ZeRO's communication buckets"]
     if inputs.model is None:
         notes.append("activations, logits and KV cache need the architecture (--config-json): left out, so the "
                      "totals are lower bounds")
-    generator = next(r for r in colocated.roles if r.role == "generator")
+    if inputs.grad_checkpointing and inputs.model is not None:
+        notes.append("activations assume gradient checkpointing, which stream-rl's trainer does not enable: "
+                     "--no-grad-checkpointing plans what it keeps today")
+    if launch is not None and launch.trainer_dtype is None:
+        notes.append(f"the trainer trains in float32 or bfloat16 with fp32 master weights only: this plan's "
+                     f"{inputs.dtype}{'' if inputs.use_master_weights else ' without master weights'} layout "
+                     f"has no trainer.dtype, so the launch line leaves it out")
+    if launch is not None and launch.nnodes > 1 and launch.nproc_per_node < inputs.gpus_per_node:
+        notes.append(f"{launch.ranks} ranks do not divide into machines of {inputs.gpus_per_node} GPUs: "
+                     f"{launch.nproc_per_node} per machine on {launch.nnodes} machines")
+    generator = generator_memory(inputs, params, 1)
     share = mem.with_headroom(generator.total, inputs.headroom) / _gpu_bytes(inputs)
     notes.append(f"vLLM preallocates gpu_memory_utilization of the GPU: colocated, the generator needs about "
                  f"{share:.2f} (producer.vllm.gpu_memory_utilization)")
@@ -243,36 +347,71 @@ def _notes(inputs: PlanInputs, colocated: Placement) -> tuple[str, ...]:
 
 
 def make_plan(inputs: PlanInputs) -> Plan:
-    """Estimate every role's per-GPU memory in both placements and recommend one (module doc)."""
+    """Estimate every role's per-GPU memory in both placements, recommend one and give its trainer launch line."""
     params = count_params(inputs.model) if inputs.model is not None else inputs.params
     colocated, separate = _colocated(inputs, params), _separate(inputs, params)
     recommendation, message = _recommend(inputs, colocated, separate)
-    return Plan(inputs, params, colocated, separate, recommendation, message, _notes(inputs, colocated))
+    chosen = {"colocated": colocated, "separate": separate}.get(recommendation)
+    launch = trainer_launch(inputs, chosen.trainer_ranks) if chosen is not None else None
+    return Plan(inputs, params, colocated, separate, recommendation, message, _notes(inputs, params, launch), launch)
 
 
-def _role_rows(colocated: RoleMemory, separate: RoleMemory) -> list[tuple[str, str, str, str]]:
-    gpus = "-" if separate.gpus is None else str(separate.gpus)
-    rows = [(colocated.role, "GPUs", str(colocated.gpus), gpus)]
-    sep = dict(separate.components)
-    rows += [("", name, f"{mem.gib(n):.2f}", f"{mem.gib(sep[name]):.2f}") for name, n in colocated.components]
-    rows.append(("", "total", f"{mem.gib(colocated.total):.2f}", f"{mem.gib(separate.total):.2f}"))
+def _role_rows(colocated: RoleMemory | None, separate: RoleMemory) -> list[tuple[str, str, str, str]]:
+    def gpus(r: RoleMemory | None) -> str:
+        return "n/a" if r is None else "-" if r.gpus is None else str(r.gpus)
+
+    def gib(r: RoleMemory | None, name: str | None = None) -> str:
+        if r is None:
+            return "n/a"
+        return f"{mem.gib(dict(r.components)[name] if name else r.total):.2f}"
+
+    label = "ranks (GPUs)" if separate.role == "trainer" else "GPUs"
+    rows = [(separate.role, label, gpus(colocated), gpus(separate))]
+    rows += [("", name, gib(colocated, name), gib(separate, name)) for name, _ in separate.components]
+    rows.append(("", "total", gib(colocated), gib(separate)))
     return rows
 
 
-def render_table(plan: Plan) -> str:
-    """A plain-text table of per-GPU GiB per role and component, colocated vs separate, and the recommendation."""
+def _head(plan: Plan) -> str:
     i = plan.inputs
-    master = " + fp32 master" if i.use_master_weights else ""
-    head = (f"{plan.params / 1e9:.3f} B parameters, {i.dtype}, {i.optimizer}{master}, ZeRO {i.zero_stage}, "
+    if i.dtype == "fp32":
+        precision = f"fp32, {i.optimizer}"
+    elif i.use_master_weights:
+        precision = f"{i.dtype} compute, fp32 weights/gradients/{i.optimizer}"
+    else:
+        precision = f"{i.dtype} weights/gradients, fp32 {i.optimizer}"
+    ranks = i.trainer_ranks if i.trainer_ranks is not None else "fewest that fit"
+    return (f"{plan.params / 1e9:.3f} B parameters, {precision}, ZeRO {i.zero_stage}, trainer ranks {ranks}, "
             f"{i.gpus} x {i.gpu_memory_gib:g} GiB, headroom {i.headroom:.0%}")
-    rows = [("role", "component", "colocated GiB/GPU", "separate GiB/GPU")]
-    for c, s in zip(plan.colocated.roles, plan.separate.roles):
-        rows += _role_rows(c, s)
+
+
+def _launch_lines(plan: Plan) -> list[str]:
+    launch = plan.trainer_launch
+    if launch is None:
+        return []
+    sharded = {0: "nothing sharded (plain DDP)", 1: "optimizer states sharded", 2: "optimizer states and gradients "
+               "sharded", 3: "optimizer states, gradients and weights sharded"}[launch.zero_stage]
+    where = (f"on each of {launch.nnodes} machines, {launch.nproc_per_node} ranks each "
+             f"(--gpus-per-node {plan.inputs.gpus_per_node})" if launch.nnodes > 1 else "on one machine")
+    return [f"trainer: {launch.ranks} data-parallel rank(s), ZeRO {launch.zero_stage}: {sharded} over "
+            f"{launch.ranks}", f"launch, {where}: {launch.command}"]
+
+
+def render_table(plan: Plan) -> str:
+    """A plain-text table of per-GPU GiB per role and component, colocated vs separate, the recommendation and
+    the trainer's launch line."""
     co, se = plan.colocated, plan.separate
-    rows.append(("all", "per GPU + headroom", f"{mem.gib(co.needed_per_gpu):.2f}", f"{mem.gib(se.needed_per_gpu):.2f}"))
-    rows.append(("all", "fits", "yes" if co.fits else "no", "yes" if se.fits else "no"))
+    rows = [("role", "component", "colocated GiB/GPU", "separate GiB/GPU")]
+    colocated_roles = co.roles or (None,) * len(se.roles)
+    for c, s in zip(colocated_roles, se.roles):
+        rows += _role_rows(c, s)
+    na = co.reason is not None
+    rows.append(("all", "per GPU + headroom", "n/a" if na else f"{mem.gib(co.needed_per_gpu):.2f}",
+                 f"{mem.gib(se.needed_per_gpu):.2f}"))
+    rows.append(("all", "fits", "n/a" if na else "yes" if co.fits else "no", "yes" if se.fits else "no"))
     widths = [max(len(r[k]) for r in rows) for k in range(4)]
-    lines = [head, ""] + ["  ".join(r[k].ljust(widths[k]) if k < 2 else r[k].rjust(widths[k]) for k in range(4))
-                          for r in rows]
-    lines += ["", f"recommendation: {plan.message}"] + [f"note: {n}" for n in plan.notes]
+    lines = [_head(plan), ""] + ["  ".join(r[k].ljust(widths[k]) if k < 2 else r[k].rjust(widths[k])
+                                           for k in range(4)) for r in rows]
+    lines += [""] + ([f"colocated: not applicable ({co.reason})"] if na else [])
+    lines += [f"recommendation: {plan.message}"] + _launch_lines(plan) + [f"note: {n}" for n in plan.notes]
     return "\n".join(lines)

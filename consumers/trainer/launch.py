@@ -6,7 +6,7 @@ one rank (``python -m stream_rl.cli.main train --config FILE ...``: a resolved c
 machine trains under the same settings).
 Produces: N local rank processes with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``
 set (global rank 0 is the leader that owns Kafka; see :mod:`consumers.trainer.ranks`); on failure a
-:class:`RankDied` naming the first rank that failed.
+:class:`RankDied` naming the rank that failed first on its own (not one that only lost its peer).
 Guarantees:
 - One failure stops the group: when a rank exits with an error or is killed, the launcher stops every other local
   rank (SIGTERM, then SIGKILL after ``SHUTDOWN_S``) and does not restart them (``max_restarts=0``): the restart is
@@ -86,5 +86,13 @@ def launch_ranks(rank_args: Sequence[str], *, nproc: int, nnodes: int = 1, rdzv_
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", "stream_rl.cli.main", *rank_args)
     except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
+        rank, failure = root_cause(exc.failures)
         raise RankDied(rank, failure.exitcode, _detail(failure)) from None
+
+
+def root_cause(failures: dict) -> tuple[int, object]:
+    """The failed rank to name: the earliest that did not fail only because a peer was lost (a ``RankFailure``,
+    which every surviving rank raises after the real failure); the earliest of all if each one did."""
+    ranked = sorted(failures.items(), key=lambda item: (item[1].timestamp, item[0]))
+    own = [item for item in ranked if "RankFailure" not in str(item[1].message or "")]
+    return (own or ranked)[0]

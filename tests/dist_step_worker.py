@@ -3,7 +3,8 @@
 ``python -m torch.distributed.run --nproc-per-node N tests/dist_step_worker.py OUT`` trains the same two steps
 with the torch engine and with ZeRO-2 and ZeRO-3 on N gloo ranks, and writes, per engine and rank,
 ``OUT/{engine}-rank{r}.safetensors`` (the consolidated weights after the steps) and ``OUT/{engine}-rank{r}.json``
-(each step's metrics). The test computes the one-rank reference in its own process with :func:`run_steps`.
+(each step's metrics), and rank 0 a checkpoint in ``OUT/{engine}-ckpt``. The test computes the one-rank reference in
+its own process with :func:`run_steps`.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ def step_batches():
     return out
 
 
-def run_steps(name: str, ranks) -> tuple[dict[str, torch.Tensor], list[dict[str, float]]]:
-    """Two steps of engine ``name`` on ``ranks``: (consolidated weights, per-step metrics)."""
+def run_steps(name: str, ranks, checkpoint: Path | None = None) -> tuple[dict[str, torch.Tensor], list[dict[str, float]]]:
+    """Two steps of engine ``name`` on ``ranks``: (consolidated weights, per-step metrics); with ``checkpoint``,
+    the leader also writes a checkpoint there (every rank joins the gathers, as a follower's SAVE does)."""
     from consumers.trainer.engines import TrainModule, build_engine
     from consumers.trainer.step import TrainState, train_step
     from test_trainer_support import tiny_policy
@@ -53,6 +55,12 @@ def run_steps(name: str, ranks) -> tuple[dict[str, torch.Tensor], list[dict[str,
     engine = build_engine(TrainModule(tiny_policy(seed=0)), cfg, ranks)
     state = TrainState(kl_coef=cfg.kl.coef)
     metrics = [train_step(engine, batch, cfg, state) for batch in step_batches()]
+    if checkpoint is not None and ranks.leader:
+        from consumers.trainer.checkpoint import save_checkpoint
+
+        save_checkpoint(checkpoint, step=2, version=2, engine=engine, offsets={}, ledger={}, state=state.to_json())
+    elif checkpoint is not None:
+        engine.full_state()
     return engine.state_dict(), metrics
 
 
@@ -64,7 +72,7 @@ def main(out: Path) -> None:
     torch.set_num_threads(1)
     ranks = Ranks.from_env(timeout_s=120.0, use_cuda=False)
     for name in sys.argv[2:] or ENGINES:
-        weights, metrics = run_steps(name, ranks)
+        weights, metrics = run_steps(name, ranks, checkpoint=out / f"{name}-ckpt")
         save_file(weights, str(out / f"{name}-rank{ranks.rank}.safetensors"))
         (out / f"{name}-rank{ranks.rank}.json").write_text(json.dumps(metrics))
     ranks.close()

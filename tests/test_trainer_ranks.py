@@ -58,8 +58,27 @@ def _two_rank_run(out: Path) -> None:
 TOLERANCE = {"torch": 1e-6, "zero2": 1e-4, "zero3": 5e-4}
 
 
+def _assert_resumable_on_one_rank(root: Path, weights: dict) -> None:
+    """The 2-rank checkpoint is consolidated: it loads into a plain one-rank torch engine, weights exactly, with the
+    full AdamW state of every parameter (a different N resumes from it)."""
+    from consumers.trainer.checkpoint import latest_checkpoint
+    from consumers.trainer.engines import TorchEngine, TrainModule
+    from dist_step_worker import step_config
+    from test_trainer_support import tiny_policy
+
+    engine = TorchEngine(TrainModule(tiny_policy(seed=5)), step_config())
+    engine.load(latest_checkpoint(root))
+    loaded = engine.state_dict()
+    assert all(torch.equal(loaded[k], weights[k]) for k in weights)
+    tensors, meta = engine.optimizer_state()
+    names = {n for n, _ in engine.module.named_parameters()}
+    assert {k.rsplit("::", 1)[0] for k in tensors} == names and meta["scalars"]
+
+
 @pytest.mark.slow
 def test_two_ranks_compute_the_one_rank_steps_for_torch_zero2_and_zero3(tmp_path):
+    """Same batches, same seed: the 2-rank weights equal the 1-rank ones (TOLERANCE), and each engine's 2-rank
+    checkpoint resumes on 1 rank."""
     pytest.importorskip("deepspeed", reason="deepspeed is not installed (optional extra 'deepspeed')")
     from safetensors.torch import load_file
 
@@ -79,6 +98,7 @@ def test_two_ranks_compute_the_one_rank_steps_for_torch_zero2_and_zero3(tmp_path
             diff = max(float((weights[k] - ranked[k]).abs().max()) for k in weights)
             assert diff <= TOLERANCE[name], (name, rank, diff)
             ranked_metrics = json.loads((tmp_path / f"{name}-rank{rank}.json").read_text())
+            _assert_resumable_on_one_rank(tmp_path / f"{name}-ckpt", ranked)
             for one, two in zip(metrics, ranked_metrics, strict=True):
                 assert one.keys() == two.keys()
                 assert two["optim/updates"] == 4.0 and two["batch/sequences"] == 6.0

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -51,11 +52,6 @@ def _launch(policy: Path, out: Path, ranks: int, threads: int, rows: int, steps:
     return json.loads(out.read_text())
 
 
-def _median(values) -> float:
-    values = sorted(values)
-    return values[len(values) // 2] if len(values) % 2 else (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2
-
-
 def run(ctx: BenchContext) -> dict[str, Any]:
     demo, size = dr.demo_dir(ctx), sizes(ctx)
     facts: dict[str, Any] = {}
@@ -67,9 +63,9 @@ def run(ctx: BenchContext) -> dict[str, Any]:
             got = _launch(demo / "policy", ctx.workdir / f"ranks-{name}.json", ranks, threads, size["rows"],
                           size["steps"])
             facts.update(tokens=got["tokens"], grad_bytes=got["grad_bytes"])
-            out = {f"{name}_step_s": _median(got["step_s"])}
+            out = {f"{name}_step_s": statistics.median(got["step_s"])}
             if ranks > 1:
-                out["allreduce_s"] = _median(got["allreduce_s"])
+                out["allreduce_s"] = statistics.median(got["allreduce_s"])
             return out
         return name, measure
 

@@ -58,7 +58,7 @@ class Supervisor:
         # start one thread per core fight over the cores (measured: 3-4x slower steps on 2 cores)
         env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1"}
         proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=die_with_parent)
         log_fh.close()
         child = Child(f"{role}-{index}", proc, log_path)
         self.children.append(child)
@@ -96,14 +96,15 @@ class Supervisor:
                     child.proc.wait()
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux to SIGTERM this process when the supervisor dies."""
+def die_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when its parent dies: a role child of the supervisor (called before exec)
+    or a trainer rank of the launcher (called at its start)."""
     try:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
-        pass  # not Linux: the supervisor's own stop_all is the only guard
+        pass  # not Linux: the parent's own shutdown (stop_all, the launcher's) is the only guard
 
 
 def write_run_config(cfg, run_dir: Path, filename: str = "config.yaml") -> Path:

@@ -56,34 +56,39 @@ def reference_tempered_entropy(logits, tau):
     return -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
 
 
+def large_vocab_case(seed: int, B: int, dtype: torch.dtype, T: int = 5,
+                     V: int = 50_257) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random logits ``[B, T, V]`` (scale 3, in ``dtype``) and labels ``[B, T]`` on a GPT-2-sized vocabulary."""
+    torch.manual_seed(seed)
+    logits = (torch.randn(B, T, V) * 3).to(dtype)  # [B, T, V]
+    return logits, torch.randint(0, V, (B, T))  # [B, T]
+
+
+def assert_every_chunking_matches(logits: torch.Tensor, labels: torch.Tensor, expected: torch.Tensor, **kw) -> None:
+    """``logprobs_from_logits`` at chunk sizes 1, 7 and all rows: float32 ``[B, T]``, within 2e-5 of ``expected``."""
+    for chunk_rows in (1, 7, None):
+        out = logprobs_from_logits(logits, labels, chunk_rows=chunk_rows, **kw)
+        assert out.shape == labels.shape and out.dtype == torch.float32
+        torch.testing.assert_close(out.double(), expected, rtol=0, atol=2e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_logprobs_match_log_softmax_gather_on_a_large_vocabulary(dtype):
-    torch.manual_seed(0)
-    B, T, V = 2, 5, 50_257
-    logits = (torch.randn(B, T, V) * 3).to(dtype)  # [B, T, V]
-    labels = torch.randint(0, V, (B, T))  # [B, T]
+    logits, labels = large_vocab_case(0, 2, dtype)
     expected = reference_logprobs(logits, labels)  # [B, T], float64 on the same (rounded) logits
-    for chunk_rows in (1, 7, None):
-        out = logprobs_from_logits(logits, labels, chunk_rows=chunk_rows)
-        assert out.shape == (B, T) and out.dtype == torch.float32
-        torch.testing.assert_close(out.double(), expected, rtol=0, atol=2e-5)
+    assert_every_chunking_matches(logits, labels, expected)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_per_row_temperature_gives_each_row_its_own_tempered_log_softmax(dtype):
     """Rows at tau = 0.7, 1.0, 1.3 (the trainer's mixed batch): each row is log_softmax(z / tau_row), in float64."""
-    torch.manual_seed(10)
-    B, T, V = 3, 5, 50_257
-    logits = (torch.randn(B, T, V) * 3).to(dtype)  # [B, T, V]
-    labels = torch.randint(0, V, (B, T))  # [B, T]
+    logits, labels = large_vocab_case(10, 3, dtype)
+    B, T = labels.shape
     tau = torch.tensor([0.7, 1.0, 1.3])  # [B]
     expected = reference_tempered_logprobs(logits, labels, tau)  # [B, T]
     # The temperature matters: ignoring it would be off by far more than the tolerance on the rows at tau != 1.
     assert (expected - reference_logprobs(logits, labels)).abs()[[0, 2]].min() > 1e-2
-    for chunk_rows in (1, 7, None):
-        out = logprobs_from_logits(logits, labels, temperature=tau, chunk_rows=chunk_rows)
-        assert out.shape == (B, T) and out.dtype == torch.float32
-        torch.testing.assert_close(out.double(), expected, rtol=0, atol=2e-5)
+    assert_every_chunking_matches(logits, labels, expected, temperature=tau)
     # Entropy on the vocabulary size of test_entropy_matches_the_definition: torch's float32 CPU softmax is only
     # accurate to ~1e-5 relative, which over 50k entries puts the float32 entropy itself ~1e-4 off.
     logits = (torch.randn(B, T, 1000) * 4).to(dtype)  # [B, T, V]

@@ -106,14 +106,6 @@ def test_two_ranks_compute_the_one_rank_steps_for_torch_zero2_and_zero3(tmp_path
                     assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), (name, key)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.broker
 @pytest.mark.timeout(600)
@@ -148,10 +140,11 @@ def test_two_machines_each_running_train_nnodes_2_form_one_trainer(make_config, 
     """The multi-node command, on one machine: two launchers (`train --nproc 1 --nnodes 2 --rdzv-endpoint ...`)
     meet at the rendezvous and train as global ranks 0 and 1; only the leader consumes."""
     from pipeline_harness import Pipeline, demo_prompts, role_overrides, tiny_policy_dir
+    from stream_rl.broker import free_port
 
     cfg = make_config(**role_overrides(tiny_policy_dir(tmp_path / "policy"), **{
         "trainer.max_steps": 2, "trainer.checkpoint_every": 2, "trainer.collective_timeout_s": 60}))
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_port()}"
     node = ("--nproc", "1", "--nnodes", "2", "--rdzv-endpoint", endpoint)
     with Pipeline(cfg) as pipe:
         pipe.load(demo_prompts(tmp_path, 8, 1, 4))

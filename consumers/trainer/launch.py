@@ -48,17 +48,6 @@ def _detail(failure) -> str:
     return f"exit code {failure.exitcode}" + (f": {first}" if first else "")
 
 
-def die_with_launcher() -> None:
-    """In a rank: ask Linux for SIGTERM when the launcher dies, so no rank outlives it (the leader then checkpoints
-    and stops the followers, as on any SIGTERM)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: the launcher's own shutdown is the only guard
-
-
 def record_errors(fn):
     """``fn`` writing its exception to the launcher's error file when it runs as a rank (torch's ``record``), so
     :class:`RankDied` can name the error; ``fn`` itself otherwise."""

@@ -354,9 +354,9 @@ def run_trainer(cfg, stop_event: threading.Event | None = None, resume: bool = F
     use_cuda = resolve_device(cfg.trainer.device).type == "cuda"
     ranks = Ranks.from_env(cfg.trainer.collective_timeout_s, use_cuda=use_cuda)
     if ranks.world > 1:
-        from consumers.trainer.launch import die_with_launcher
+        from stream_rl.orchestrator import die_with_parent
 
-        die_with_launcher()
+        die_with_parent()  # no rank outlives its launcher (the leader then checkpoints and stops the followers)
     if not ranks.leader:
         return run_follower(cfg, ranks, resume)
     trainer = Trainer(cfg, resume=resume, ranks=ranks)

@@ -9,7 +9,8 @@ Pure Python: importing the planner imports neither torch nor transformers.
 """
 
 from stream_rl.planner.model_size import ModelShape, count_params, shape_from_hf_config
-from stream_rl.planner.plan import Plan, PlanInputs, TrainerLaunch, make_plan, render_table
+from stream_rl.planner.plan import Plan, PlanInputs, TrainerLaunch, make_plan
+from stream_rl.planner.render import render_table
 
 __all__ = ["ModelShape", "Plan", "PlanInputs", "TrainerLaunch", "count_params", "make_plan", "render_table",
            "shape_from_hf_config"]

@@ -5,7 +5,7 @@ count, dtypes, optimizer, ZeRO stage, GPUs, trainer ranks, batch and generation 
 Produces: a :class:`Plan` with per-GPU byte breakdowns for the three roles (trainer: weights, autocast copy,
 gradients, optimizer, master copy, all-reduce buffer, activations, logits; generator: weights, KV cache; scorer:
 reference and reward weights) in two placements, a recommendation and, for it, the ``stream-rl train`` line
-(:class:`TrainerLaunch`); :func:`render_table` prints it, :meth:`Plan.to_dict` serialises it.
+(:class:`TrainerLaunch`); :func:`stream_rl.planner.render.render_table` prints it, :meth:`Plan.to_dict` serialises it.
 
 Placements:
 - **colocated**: every role on each of the G GPUs. The trainer is data parallel over G ranks (ZeRO shards over G);
@@ -354,64 +354,3 @@ def make_plan(inputs: PlanInputs) -> Plan:
     chosen = {"colocated": colocated, "separate": separate}.get(recommendation)
     launch = trainer_launch(inputs, chosen.trainer_ranks) if chosen is not None else None
     return Plan(inputs, params, colocated, separate, recommendation, message, _notes(inputs, params, launch), launch)
-
-
-def _role_rows(colocated: RoleMemory | None, separate: RoleMemory) -> list[tuple[str, str, str, str]]:
-    def gpus(r: RoleMemory | None) -> str:
-        return "n/a" if r is None else "-" if r.gpus is None else str(r.gpus)
-
-    def gib(r: RoleMemory | None, name: str | None = None) -> str:
-        if r is None:
-            return "n/a"
-        return f"{mem.gib(dict(r.components)[name] if name else r.total):.2f}"
-
-    label = "ranks (GPUs)" if separate.role == "trainer" else "GPUs"
-    rows = [(separate.role, label, gpus(colocated), gpus(separate))]
-    rows += [("", name, gib(colocated, name), gib(separate, name)) for name, _ in separate.components]
-    rows.append(("", "total", gib(colocated), gib(separate)))
-    return rows
-
-
-def _head(plan: Plan) -> str:
-    i = plan.inputs
-    if i.dtype == "fp32":
-        precision = f"fp32, {i.optimizer}"
-    elif i.use_master_weights:
-        precision = f"{i.dtype} compute, fp32 weights/gradients/{i.optimizer}"
-    else:
-        precision = f"{i.dtype} weights/gradients, fp32 {i.optimizer}"
-    ranks = i.trainer_ranks if i.trainer_ranks is not None else "fewest that fit"
-    return (f"{plan.params / 1e9:.3f} B parameters, {precision}, ZeRO {i.zero_stage}, trainer ranks {ranks}, "
-            f"{i.gpus} x {i.gpu_memory_gib:g} GiB, headroom {i.headroom:.0%}")
-
-
-def _launch_lines(plan: Plan) -> list[str]:
-    launch = plan.trainer_launch
-    if launch is None:
-        return []
-    sharded = {0: "nothing sharded (plain DDP)", 1: "optimizer states sharded", 2: "optimizer states and gradients "
-               "sharded", 3: "optimizer states, gradients and weights sharded"}[launch.zero_stage]
-    where = (f"on each of {launch.nnodes} machines, {launch.nproc_per_node} ranks each "
-             f"(--gpus-per-node {plan.inputs.gpus_per_node})" if launch.nnodes > 1 else "on one machine")
-    return [f"trainer: {launch.ranks} data-parallel rank(s), ZeRO {launch.zero_stage}: {sharded} over "
-            f"{launch.ranks}", f"launch, {where}: {launch.command}"]
-
-
-def render_table(plan: Plan) -> str:
-    """A plain-text table of per-GPU GiB per role and component, colocated vs separate, the recommendation and
-    the trainer's launch line."""
-    co, se = plan.colocated, plan.separate
-    rows = [("role", "component", "colocated GiB/GPU", "separate GiB/GPU")]
-    colocated_roles = co.roles or (None,) * len(se.roles)
-    for c, s in zip(colocated_roles, se.roles):
-        rows += _role_rows(c, s)
-    na = co.reason is not None
-    rows.append(("all", "per GPU + headroom", "n/a" if na else f"{mem.gib(co.needed_per_gpu):.2f}",
-                 f"{mem.gib(se.needed_per_gpu):.2f}"))
-    rows.append(("all", "fits", "n/a" if na else "yes" if co.fits else "no", "yes" if se.fits else "no"))
-    widths = [max(len(r[k]) for r in rows) for k in range(4)]
-    lines = [_head(plan), ""] + ["  ".join(r[k].ljust(widths[k]) if k < 2 else r[k].rjust(widths[k])
-                                           for k in range(4)) for r in rows]
-    lines += [""] + ([f"colocated: not applicable ({co.reason})"] if na else [])
-    lines += [f"recommendation: {plan.message}"] + _launch_lines(plan) + [f"note: {n}" for n in plan.notes]
-    return "\n".join(lines)

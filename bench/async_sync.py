@@ -16,7 +16,7 @@ streaming). Reward reached: mean ``reward/mean`` over the last ``steps`` trainer
 the trainer's batcher (a lock-step run must have none).
 
 Lock-step really is lock-step: with ``versions_ahead = 0`` the producer's budget at version v is
-``(v - v0 + 1) * 32`` groups (:func:`producers.loop._over_budget`), so it generates one step's 32 groups and polls
+``(v - v0 + 1) * 32`` groups (:class:`producers.budget.Budget`), so it generates one step's 32 groups and polls
 the weights topic until version v+1 appears; the trainer takes exactly 32 groups per step and publishes v+1 after
 it. A poll may return fewer than 32 prompts and the next one may overshoot the budget; such overshoot is what the
 stale count would show.

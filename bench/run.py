@@ -111,7 +111,7 @@ def _with_broker(args: argparse.Namespace, workdir: Path, body) -> None:
     from stream_rl import broker
     from stream_rl.config import BrokerConfig
 
-    cfg = BrokerConfig(state_dir=workdir / "broker")
+    cfg = BrokerConfig(state_dir=workdir / "broker", storage="memory")  # BROKER_DESCRIPTION; transport adds durable
     state = broker.up(cfg)
     try:
         body(state.bootstrap, state.pid)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from schemas import ID_PATTERN
 from stream_rl.config_base import DEVICE_PATTERN, Section
@@ -46,6 +46,10 @@ class ProducerConfig(Section):
     group_size: int | None = Field(
         None, ge=1,
         description="samples per prompt; None takes each prompt's own group_size (set by `prompts load`)")
+    max_group_size: int = Field(
+        256, ge=1, le=65536,
+        description="largest group (samples per prompt) the producer generates; a prompt asking for more is "
+                    "dead-lettered with the reason instead of exhausting the engine")
     temperature: float = Field(
         1.0, ge=0.01, le=100.0,
         description="sampling temperature; behaviour logprobs are log softmax(logits / temperature), and the "
@@ -75,9 +79,21 @@ class ProducerConfig(Section):
     versions_ahead: int = Field(
         1, ge=0, description="backpressure: how many versions' shares a producer may generate beyond the weights "
                              "it holds (0: lock-step with the trainer; keep it below trainer.max_lag)")
+    backpressure_timeout_s: float | None = Field(
+        300.0, gt=0.0,
+        description="backpressure: after waiting this long over budget with no newer weights, re-derive the "
+                    "budget as a restart would (a drop the producer could not see never stalls the pipeline "
+                    "longer); None: wait for weights forever. Keep it above the trainer's time per version")
     weights_check_every_batches: int = Field(
         1, ge=1, description="look for a newer weights version every this many generation batches")
     weights_startup_wait_s: float = Field(
         5.0, ge=0.0,
         description="at start-up, wait up to this long for the newest complete version (late joiners catch up)")
     vllm: VLLMSettings = Field(default_factory=VLLMSettings, description="settings of the vllm engine")
+
+    @model_validator(mode="after")
+    def _group_size_within_bound(self) -> ProducerConfig:
+        if self.group_size is not None and self.group_size > self.max_group_size:
+            raise ValueError(f"producer.group_size={self.group_size} exceeds producer.max_group_size="
+                             f"{self.max_group_size}")
+        return self

@@ -6,25 +6,40 @@ Consumes: ``Prompt`` records from the run's prompts topic, in the consumer group
 Produces: ``Rollout`` records on the rollouts topic keyed by ``group_id`` (a group stays on one partition);
 prompts that cannot be generated for go to the dead-letter topic with the reason.
 
-One batch::
+One iteration::
 
     [between batches] newer manifest? ─ yes ─> fetch + verify ─> engine.load_weights ─> version v'
-                                                   └─ WeightsError / WeightsMismatch: log, keep version v
-    poll <= prompts_per_batch prompts ─> produce_rollouts (pure) ─> send rollouts ─> flush (acks) ─> commit
+                        └─ WeightsError / WeightsMismatch: log, try the next newest version above v, else keep v
+    stale records of groups this producer generated? ─> returned to the backpressure budget
+    over budget? ─ yes ─> wait for newer weights (up to poll_timeout_s), next iteration
+    poll <= prompts_per_batch prompts (or take the carried ones) ─> check_prompts ─> plan_batch:
+       a rejected run leads a partition ─> dead-letter those runs ─> flush ─> commit     (nothing generated)
+       else the leading accepted runs   ─> produce_rollouts (pure) ─> send ─> flush (acks) ─> commit
+       the records after those runs are carried to the next iteration, uncommitted
 
-Backpressure: with ``producer.max_groups_per_version`` set (this producer's share of the groups the trainer
-consumes per version), a producer that has generated its share for ``versions_ahead`` versions beyond the weights
-it holds waits for a newer version before taking more prompts. Generation then overlaps training, and rollouts
-stay about ``versions_ahead`` versions old instead of piling up until they are dropped as stale.
+Backpressure (:mod:`producers.budget`): with ``producer.max_groups_per_version`` set (this producer's share of
+the groups the trainer consumes per version), a producer with ``versions_ahead`` versions' shares in flight beyond
+the weights it holds waits for a newer version before taking more prompts. Groups the trainer drops as stale
+(read from the stale topic) no longer count, so its re-queued prompts are generated; after
+``producer.backpressure_timeout_s`` without a newer version the budget is re-derived, as a restart would. Generation
+then overlaps training, and rollouts stay about ``versions_ahead`` versions old instead of piling up until they
+are dropped as stale, and the pipeline never deadlocks on the budget.
 
 Guarantees:
-- Offsets are committed only after every rollout (and dead letter) of the batch was acknowledged by the broker:
-  a crash before the commit regenerates the batch (same rollout ids; consumers drop duplicates by id), a restart
-  after it reads no prompt twice.
+- Offsets are committed only after every rollout (and dead letter) of the batch was acknowledged by the broker,
+  and only up to the first carried record: a crash before the commit regenerates the batch (same rollout ids;
+  consumers drop duplicates by id), a restart after it reads no prompt twice.
+- A prompt the producer rejects (untokenisable, empty, too long, a group above ``producer.max_group_size``) is
+  dead-lettered with the reason and committed before anything after it in its partition is generated, so a crash
+  never makes a restart dead-letter it again or die on it. (A record the transport edge cannot decode is
+  dead-lettered when it is polled and committed with its batch: a crash while that batch generates may
+  dead-letter it a second time.)
+- Heartbeats report the number of generated batches in ``step``.
 - Weights change only between batches, after the whole version was fetched and verified; a version that fails
-  verification or does not fit the model is logged and skipped (the same manifest is not retried; a version
-  re-published with another payload is), and generation continues on the previous version. At start-up the
-  producer first catches up with the newest complete version.
+  verification or does not fit the model is logged with the reason and skipped (the same manifest is not retried;
+  a version re-published with another payload is), and the producer loads the newest verified version above the
+  one it holds instead (v3 corrupt, v2 complete: v2), else continues on its version. At start-up the producer
+  first catches up with the newest complete version the same way.
 - Processing runs inside ``source.process_span("generate", batch)``, so rollouts carry the prompts' trace context.
 """
 
@@ -36,9 +51,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from producers.budget import Budget
 from producers.config import ProducerConfig
 from producers.engines.base import GenerationEngine, WeightsMismatch
-from producers.step import StepResult, produce_rollouts
+from producers.stale_feed import StaleFeed
+from producers.step import StepResult, check_prompts, plan_batch, produce_rollouts
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +73,15 @@ class ProducerStats:
     version: int = 0
     groups: int = 0
     start_version: int = 0
+    groups_returned: int = 0  # groups the trainer dropped as stale, returned to the backpressure budget
+    budget_resets: int = 0  # times the budget was re-derived after producer.backpressure_timeout_s
 
 
 class _WeightsFollower:
-    """Moves the engine to the newest verified weights version; remembers versions it rejected."""
+    """Moves the engine to the newest verified weights version; remembers versions it rejected.
+
+    When the newest version fails verification (or does not fit the model) it falls back to the next newest one
+    above the version it holds, and so on: a corrupt v3 leaves the producer on v2, not on v0."""
 
     def __init__(self, receiver, engine: GenerationEngine, stats: ProducerStats):
         self.receiver = receiver
@@ -69,15 +91,26 @@ class _WeightsFollower:
         self.newest_seen = -1  # newest manifest version seen (staleness of the weights this producer holds)
 
     def update(self, timeout_s: float = 0.0, wait_for_newer: bool = False) -> None:
-        """Load the newest verified version; with ``wait_for_newer``, wait up to ``timeout_s`` for one."""
+        """Load the newest verified version; with ``wait_for_newer``, wait up to ``timeout_s`` for a version above
+        both the one held and every rejected one."""
+        newest_rejected = max((v for v, _ in self._rejected), default=-1)
+        newer_than = max(self.engine.version, newest_rejected) if wait_for_newer else None
+        latest = self.receiver.poll_latest(timeout_s, newer_than=newer_than)
+        if latest is not None:
+            self.newest_seen = max(self.newest_seen, latest.version)
+        rejected_now: list[int] = []
+        for manifest in self.receiver.candidates(self.engine.version):
+            if (manifest.version, manifest.sha256) in self._rejected:
+                continue
+            if rejected_now:
+                log.warning("weights v%d rejected: falling back to v%d", rejected_now[-1], manifest.version)
+            if self._load(manifest):
+                return
+            rejected_now.append(manifest.version)
+
+    def _load(self, manifest) -> bool:
         from stream_rl.weights.receiver import WeightsError
 
-        manifest = self.receiver.poll_latest(timeout_s, newer_than=self.engine.version if wait_for_newer else None)
-        if manifest is not None:
-            self.newest_seen = max(self.newest_seen, manifest.version)
-        if (manifest is None or manifest.version <= self.engine.version
-                or (manifest.version, manifest.sha256) in self._rejected):
-            return
         old = self.engine.version
         try:
             tensors = self.receiver.fetch(manifest)
@@ -85,10 +118,12 @@ class _WeightsFollower:
         except (WeightsError, WeightsMismatch) as exc:
             self._rejected.add((manifest.version, manifest.sha256))
             self.stats.rejected_versions.append(manifest.version)
-            log.error("rejected weights v%d, still generating with v%d: %s", manifest.version, old, exc)
-            return
+            log.error("rejected weights v%d (%s: %s); generating with v%d until a newer verified version loads",
+                      manifest.version, type(exc).__name__, exc, old)
+            return False
         self.stats.weight_updates.append(manifest.version)
         log.info("weights v%d -> v%d (step %d)", old, manifest.version, manifest.step)
+        return True
 
 
 def run_producer(cfg, stop_event: threading.Event | None = None, max_batches: int | None = None, *,
@@ -108,7 +143,6 @@ def run_producer(cfg, stop_event: threading.Event | None = None, max_batches: in
     stop_event = stop_event or threading.Event()
     transport = Transport(cfg, "producer")
     transport.ensure_topics()
-    producer_id = pcfg.producer_id or transport.instance_id
     own_engine = engine is None
     engine = build_engine(pcfg) if own_engine else engine
     stats = stats if stats is not None else ProducerStats()
@@ -119,8 +153,11 @@ def run_producer(cfg, stop_event: threading.Event | None = None, max_batches: in
     follower = _follower(transport, weights_cfg if weights_cfg is not None else getattr(cfg, "weights", None),
                          pcfg, engine, stats)
     stats.start_version = engine.version  # after the start-up catch-up: the backpressure budget counts from here
+    budget, stale = _backpressure(transport, pcfg, follower, engine)
     telemetry = RoleTelemetry(cfg, "producer", transport, group=group, topics=[transport.names.prompts])
     telemetry.attach(source, sink).set_ready(model_loaded=True, version=engine.version)
+    batch = _Batcher(source, sink, engine, pcfg, pcfg.producer_id or transport.instance_id,
+                     transport.names.rollouts)
     try:
         while not stop_event.is_set() and (max_batches is None or stats.batches < max_batches):
             telemetry.tick()  # alerts: "stop" ends here, after the previous batch was committed
@@ -129,32 +166,104 @@ def run_producer(cfg, stop_event: threading.Event | None = None, max_batches: in
             if follower is not None and stats.batches % pcfg.weights_check_every_batches == 0:
                 follower.update()
                 telemetry.set_version(engine.version)
-            if follower is not None and _over_budget(stats, engine, pcfg):
+            if stale is not None:
+                stats.groups_returned += budget.returned_stale(stale.poll())
+            if budget.over(engine.version, time.monotonic()):
                 follower.update(timeout_s=pcfg.poll_timeout_s, wait_for_newer=True)  # backpressure
                 continue
-            records = source.poll(pcfg.poll_timeout_s, max_records=pcfg.prompts_per_batch)
-            if not records:
-                sink.flush()  # dead letters of a batch with no valid prompt
-                source.commit()
-                continue
-            with source.process_span("generate", records, {"stream_rl.producer_id": producer_id}):
-                result = _generate(records, engine, pcfg, producer_id)
-                _publish(result, records, source, sink, transport.names.rollouts)
-            if not source.commit():
-                log.warning("lost the prompts' partitions before committing: the batch will be regenerated")
-                telemetry.error("CommitLost")
-            _account(stats, result, engine)
-            _observe(telemetry, result, follower, engine)
+            result = batch.run_once(stats, telemetry)
+            if result is not None:
+                budget.charge({r.group_id: r.group_size for r in result.rollouts})
+                stats.budget_resets = budget.resets
+                _observe(telemetry, result, follower, engine)
     except Exception as exc:
         telemetry.error(type(exc).__name__)
         raise
     finally:
-        for closable in (telemetry, follower.receiver if follower else None, source, sink):
+        for closable in (telemetry, follower.receiver if follower else None, stale, source, sink):
             if closable is not None:
                 closable.close()
         if own_engine:
             engine.close()
     return stats
+
+
+class _Batcher:
+    """One iteration over polled prompts: dead-letter the rejected ones or generate for the accepted ones (see
+    :func:`producers.step.plan_batch`), then commit; records after a run wait in ``carry`` (uncommitted)."""
+
+    def __init__(self, source, sink, engine: GenerationEngine, pcfg: ProducerConfig, producer_id: str, topic: str):
+        self.source, self.sink, self.engine, self.pcfg = source, sink, engine, pcfg
+        self.producer_id, self.topic = producer_id, topic
+        self.carry: list = []
+        self._committed: dict = {}  # TopicPartition -> the offset last committed by this process
+
+    def run_once(self, stats: ProducerStats, telemetry) -> StepResult | None:
+        """Handle one batch; the StepResult when rollouts were generated (None: nothing or only dead letters)."""
+        records = self._next_records()
+        if not records:
+            self.sink.flush()  # dead letters of a poll with no valid prompt
+            self._commit(telemetry)
+            return None
+        pcfg = self.pcfg
+        _, rejected = check_prompts([r.value for r in records], self.engine, max_new_tokens=pcfg.max_new_tokens,
+                                    group_size=pcfg.group_size, max_group_size=pcfg.max_group_size)
+        plan = plan_batch([(r.topic, r.partition) for r in records], [x.index for x in rejected])
+        self.carry = [records[i] for i in plan.carry]
+        if plan.reject:  # committed before anything is generated: a restart never dead-letters them again
+            reasons = {x.index: x.reason for x in rejected}
+            for i in plan.reject:
+                _dead_letter(self.source, records[i], reasons[i])
+            stats.rejected_prompts += len(plan.reject)
+            self.sink.flush()
+            self._commit(telemetry)
+            return None
+        todo = [records[i] for i in plan.generate]
+        with self.source.process_span("generate", todo, {"stream_rl.producer_id": self.producer_id}):
+            result = _generate(todo, self.engine, pcfg, self.producer_id)
+            _publish(result, todo, self.source, self.sink, self.topic)
+        self._commit(telemetry)
+        _account(stats, result, self.engine)
+        telemetry.set_step(stats.batches)  # heartbeats report the batch counter in `step`
+        return result
+
+    def _next_records(self) -> list:
+        """The carried records of partitions still assigned, else a new poll."""
+        if self.carry:
+            assigned = self.source.consumer.assignment()
+            self.carry = [r for r in self.carry if _tp(r.topic, r.partition) in assigned]
+        if self.carry and not self.source.paused:
+            return self.carry
+        return self.source.poll(self.pcfg.poll_timeout_s, max_records=self.pcfg.prompts_per_batch)
+
+    def _commit(self, telemetry) -> None:
+        """Commit, per assigned partition, the first carried offset or else the consumer's position (one past
+        every record polled: all were generated for or dead-lettered). Sends must be flushed."""
+        consumer = self.source.consumer
+        first_carried: dict = {}
+        for r in self.carry:
+            first_carried.setdefault(_tp(r.topic, r.partition), r.offset)
+        offsets = {tp: first_carried.get(tp) if tp in first_carried else consumer.position(tp)
+                   for tp in consumer.assignment()}
+        changed = {tp: off for tp, off in offsets.items() if off is not None and self._committed.get(tp) != off}
+        if not changed:
+            return
+        if self.source.commit(changed):
+            self._committed.update(changed)
+        else:
+            log.warning("lost the prompts' partitions before committing: the batch will be regenerated")
+            telemetry.error("CommitLost")
+            self.carry, self._committed = [], {}
+
+
+def _tp(topic: str, partition: int):
+    from kafka.structs import TopicPartition
+
+    return TopicPartition(topic, partition)
+
+
+def _dead_letter(source, rec, reason: str) -> None:
+    source.dead_letter(rec.topic, rec.partition, rec.offset, rec.key, rec.raw_value, reason, "PromptRejected")
 
 
 def _observe(telemetry, result: StepResult, follower: _WeightsFollower | None, engine: GenerationEngine) -> None:
@@ -179,35 +288,27 @@ def _follower(transport, weights_cfg, pcfg: ProducerConfig, engine: GenerationEn
     return follower
 
 
+def _backpressure(transport, pcfg: ProducerConfig, follower: _WeightsFollower | None,
+                  engine: GenerationEngine) -> tuple[Budget, StaleFeed | None]:
+    """The budget (off without ``max_groups_per_version`` or without weights to wait for) and its stale feed."""
+    budget = Budget(pcfg.max_groups_per_version if follower is not None else None, pcfg.versions_ahead,
+                    engine.version, pcfg.backpressure_timeout_s)
+    return budget, StaleFeed(transport) if budget.share is not None else None
+
+
 def _generate(records, engine: GenerationEngine, pcfg: ProducerConfig, producer_id: str) -> StepResult:
     return produce_rollouts([r.value for r in records], engine, producer_id=producer_id,
                             temperature=pcfg.temperature, max_new_tokens=pcfg.max_new_tokens, seed=pcfg.seed,
-                            group_size=pcfg.group_size)
+                            group_size=pcfg.group_size, max_group_size=pcfg.max_group_size)
 
 
 def _publish(result: StepResult, records, source, sink, topic: str) -> None:
     """Send the rollouts keyed by group and dead-letter rejected prompts; wait for the broker's acks."""
     for rollout in result.rollouts:
         sink.send(topic, rollout, key=rollout.group_id)
-    for rejected in result.rejected:
-        rec = records[rejected.index]
-        source.dead_letter(rec.topic, rec.partition, rec.offset, rec.key, rec.raw_value, rejected.reason,
-                           "PromptRejected")
+    for rejected in result.rejected:  # none after check_prompts; kept so no prompt is ever silently dropped
+        _dead_letter(source, records[rejected.index], rejected.reason)
     sink.flush()
-
-
-def _over_budget(stats: ProducerStats, engine: GenerationEngine, pcfg: ProducerConfig) -> bool:
-    """True when this producer is a full ``versions_ahead`` versions' share ahead of the weights it has.
-
-    Since start-up at version ``v0`` it may generate ``(v - v0 + 1 + versions_ahead) * max_groups_per_version``
-    groups by the time it holds version ``v``: with the share equal to the groups the trainer consumes per version,
-    generation overlaps training while rollouts stay about ``versions_ahead`` versions behind the trainer.
-    """
-    share = pcfg.max_groups_per_version
-    if share is None:
-        return False
-    allowed = (engine.version - stats.start_version + 1 + pcfg.versions_ahead) * share
-    return stats.groups >= allowed
 
 
 def _account(stats: ProducerStats, result: StepResult, engine: GenerationEngine) -> None:

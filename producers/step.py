@@ -13,15 +13,18 @@ Guarantees:
   ``behavior_logprobs`` are the engine's sampled-distribution logprobs (``log softmax(logits / T)``).
 - The sampling seed of a batch is derived from ``seed`` and the batch's (group id, attempt) pairs: the same
   prompts and weights give the same rollouts, a re-queued attempt gets fresh randomness.
-- A prompt that cannot be tokenised, is empty or too long is returned in ``rejected`` with a reason; the other
+- A prompt that cannot be tokenised, is empty or too long, or asks for a group larger than ``max_group_size``,
+  is returned in ``rejected`` with a reason (:func:`check_prompts`, before anything is generated); the other
   prompts of the batch are still generated.
+- :func:`plan_batch` orders a polled batch so that rejected prompts are dead-lettered and committed before any
+  generation that comes after them in their partition (a crash while generating never re-dead-letters them).
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -72,19 +75,38 @@ def prompt_tokens(prompt: Prompt, engine: GenerationEngine, max_new_tokens: int)
     return ids
 
 
-def produce_rollouts(prompts: Sequence[Prompt], engine: GenerationEngine, *, producer_id: str,
-                     temperature: float, max_new_tokens: int, seed: int, group_size: int | None = None,
-                     clock: Callable[[], float] = time.time) -> StepResult:
-    """Sample one group per prompt with ``engine`` and wrap every sample as a :class:`Rollout`."""
-    started = clock()
-    version = engine.version
+def check_group_size(prompt: Prompt, group_size: int | None, max_group_size: int | None) -> int:
+    """The group size to generate for ``prompt``; ValueError when it exceeds ``max_group_size``."""
+    n = group_size or prompt.group_size
+    if max_group_size is not None and n > max_group_size:
+        source = "producer.group_size" if group_size else "prompt group_size"
+        raise ValueError(f"{source} {n} exceeds producer.max_group_size {max_group_size}")
+    return n
+
+
+def check_prompts(prompts: Sequence[Prompt], engine: GenerationEngine, *, max_new_tokens: int,
+                  group_size: int | None = None,
+                  max_group_size: int | None = None) -> tuple[list[tuple[int, Prompt, list[int]]], list[Rejected]]:
+    """Split ``prompts`` into ``(index, prompt, token ids)`` that can be generated for and :class:`Rejected`."""
     accepted: list[tuple[int, Prompt, list[int]]] = []
     rejected: list[Rejected] = []
     for index, prompt in enumerate(prompts):
         try:
+            check_group_size(prompt, group_size, max_group_size)
             accepted.append((index, prompt, prompt_tokens(prompt, engine, max_new_tokens)))
         except ValueError as exc:
             rejected.append(Rejected(index, str(exc)))
+    return accepted, rejected
+
+
+def produce_rollouts(prompts: Sequence[Prompt], engine: GenerationEngine, *, producer_id: str,
+                     temperature: float, max_new_tokens: int, seed: int, group_size: int | None = None,
+                     max_group_size: int | None = None, clock: Callable[[], float] = time.time) -> StepResult:
+    """Sample one group per prompt with ``engine`` and wrap every sample as a :class:`Rollout`."""
+    started = clock()
+    version = engine.version
+    accepted, rejected = check_prompts(prompts, engine, max_new_tokens=max_new_tokens, group_size=group_size,
+                                       max_group_size=max_group_size)
     by_size: dict[int, list[tuple[int, Prompt, list[int]]]] = {}
     for item in accepted:
         by_size.setdefault(group_size or item[1].group_size, []).append(item)
@@ -139,3 +161,44 @@ def _metrics(rollouts: list[Rollout], prompts: int, generate_s: float, version: 
                                    if rollouts else 0.0),
         "producer/policy_version": float(version),
     }
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What one loop iteration does with a polled batch (indices into it, in batch order).
+
+    Either ``reject`` (dead-letter and commit at once, no generation) or ``generate`` is empty; ``carry`` is left
+    for the next iteration, uncommitted."""
+
+    generate: list[int]
+    reject: list[int]
+    carry: list[int]
+
+
+def plan_batch(partitions: Sequence[Hashable], rejected: Collection[int]) -> BatchPlan:
+    """Split a batch (``partitions[i]``: record i's partition, offsets ascending within one) into runs.
+
+    Each partition's records form runs of accepted and rejected records. When any partition starts with a
+    rejected run, this iteration takes the leading rejected run of every partition (dead letters, committed before
+    anything is generated); otherwise it takes the leading accepted run of every partition. Everything after a
+    taken run waits in ``carry``::
+
+        partition 0:  R R A A R      reject iteration:   R R . . .   then generate: A A . then reject: R
+        partition 1:  A A A          (nothing of p1)                  A A A
+    """
+    bad = set(rejected)
+    order: dict[Hashable, list[int]] = {}
+    for index, tp in enumerate(partitions):
+        order.setdefault(tp, []).append(index)
+    reject_first = any(indices[0] in bad for indices in order.values())
+    taken: set[int] = set()
+    for indices in order.values():
+        if (indices[0] in bad) != reject_first:
+            continue
+        for index in indices:
+            if (index in bad) != reject_first:
+                break
+            taken.add(index)
+    take = sorted(taken)
+    carry = [i for i in range(len(partitions)) if i not in taken]
+    return BatchPlan(generate=[] if reject_first else take, reject=take if reject_first else [], carry=carry)

@@ -49,10 +49,10 @@ class FieldType:
 
 
 class Int(FieldType):
-    """An int64 (>= ``minimum`` when given)."""
+    """An int64 (>= ``minimum`` and <= ``maximum`` when given)."""
 
-    def __init__(self, minimum: int | None = 0) -> None:
-        self.minimum = minimum
+    def __init__(self, minimum: int | None = 0, maximum: int | None = None) -> None:
+        self.minimum, self.maximum = minimum, maximum
 
     def check(self, value: Any) -> None:
         if not _is_int(value):
@@ -61,6 +61,8 @@ class Int(FieldType):
             raise _bad(f"{value} is outside the int64 range")
         if self.minimum is not None and value < self.minimum:
             raise _bad(f"must be >= {self.minimum}, got {value}")
+        if self.maximum is not None and value > self.maximum:
+            raise _bad(f"must be <= {self.maximum}, got {value}")
 
     def to_wire(self, value: Any) -> int:
         return int(value)
@@ -188,6 +190,25 @@ class StrList(FieldType):
         return list(raw) if isinstance(raw, (list, tuple)) else raw
 
 
+class Added(FieldType):
+    """A field added to a kind after schema version 1: ``inner`` on the wire, ``default`` when the key is absent.
+
+    Records written before the field existed stay readable (docs/wire-format.md section 9); writers always
+    write it."""
+
+    def __init__(self, inner: FieldType, default: Any) -> None:
+        self.inner, self.default = inner, default
+
+    def check(self, value: Any) -> None:
+        self.inner.check(value)
+
+    def to_wire(self, value: Any) -> Any:
+        return self.inner.to_wire(value)
+
+    def from_wire(self, raw: Any) -> Any:
+        return self.inner.from_wire(raw)
+
+
 class Optional(FieldType):
     """``inner`` or nil."""
 
@@ -291,11 +312,14 @@ def fields_to_wire(obj: Any, spec: Spec) -> dict[str, Any]:
 
 
 def fields_from_wire(raw: dict[str, Any], spec: Spec) -> dict[str, Any]:
-    """Constructor keyword arguments read from wire map ``raw``; every spec field is required, extra keys are
-    ignored."""
+    """Constructor keyword arguments read from wire map ``raw``; every spec field is required (an :class:`Added`
+    one takes its default when absent), extra keys are ignored."""
     kwargs = {}
     for name, field_type in spec:
         if name not in raw:
+            if isinstance(field_type, Added):
+                kwargs[name] = field_type.default
+                continue
             raise SchemaError(name, "missing")
         try:
             kwargs[name] = field_type.from_wire(raw[name])

@@ -59,6 +59,10 @@ class Message:
     __hash__ = None  # type: ignore[assignment]
 
 
+MAX_GROUP_SIZE = 65_536
+"""Largest ``Prompt.group_size`` (the producer's ``max_group_size`` cannot be set higher)."""
+
+
 @dataclass(frozen=True, eq=False, kw_only=True)
 class Prompt(Message):
     """One prompt of one epoch, to be answered by a group of samples. Prompts topic, key ``prompt_id``."""
@@ -76,7 +80,8 @@ class Prompt(Message):
     metadata: dict[str, str] = field(default_factory=dict)
     """Free-form string tags (task name, source, difficulty), copied onto every rollout."""
     group_size: int
-    """Samples wanted for this prompt (>= 1): the group of GRPO-style advantage estimators."""
+    """Samples wanted for this prompt, ``1 <= group_size <= MAX_GROUP_SIZE``: the group of GRPO-style
+    advantage estimators."""
     attempt: int = 0
     """How many times this (prompt, epoch) was re-queued after a stale drop (0 for the first load)."""
     prompt_token_ids: np.ndarray | None = None
@@ -309,13 +314,32 @@ class DeadLetter(Message):
     source_offset: int
     """Its offset (>= 0)."""
     raw_value: bytes | None
-    """The record's value exactly as read; ``None`` for a null value (tombstone)."""
+    """The record's value as read, or its first bytes when ``raw_truncated``; ``None`` for a null value
+    (tombstone) and for a record the client could not read at all (``error_type`` says why)."""
     raw_key: bytes | None = None
     """The record's key exactly as read, ``None`` when it had none."""
     consumer_id: str
     """Id of the consumer that rejected it (``ID_PATTERN``)."""
     created_at: float = field(default_factory=_now)
     """Unix time the dead letter was written."""
+    raw_size: int | None = None
+    """Byte length of the whole value as read (>= 0); ``None`` when ``raw_value`` is ``None`` (added field:
+    absent in older records, read as ``None``)."""
+    raw_sha256: str | None = None
+    """SHA-256 (hex) of the whole value as read; ``None`` when ``raw_value`` is ``None`` (added field)."""
+    raw_truncated: bool = False
+    """``raw_value`` holds only the first bytes of the value, so that the dead letter fits the producer's
+    ``max_request_size``; the whole record stays at ``source_topic/partition/offset`` (added field)."""
+
+    @classmethod
+    def of_value(cls, value: bytes | None, max_raw_bytes: int, **fields: Any) -> DeadLetter:
+        """A dead letter whose ``raw_*`` fields describe ``value``, keeping at most ``max_raw_bytes`` of it."""
+        if value is None:
+            return cls(raw_value=None, **fields)
+        value = bytes(value)
+        kept = value[:max(max_raw_bytes, 0)]
+        return cls(raw_value=kept, raw_size=len(value), raw_sha256=hashlib.sha256(value).hexdigest(),
+                   raw_truncated=len(kept) < len(value), **fields)
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)

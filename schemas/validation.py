@@ -6,11 +6,14 @@ Consumes: message objects (``check_message``, ``message_to_wire``) or msgpack-de
 
 Guarantees:
 - :data:`SPECS` lists every field of every message class, in dataclass order (a test keeps them in step); every
-  listed field is required on the wire; fields not listed are ignored on read (forward compatibility).
+  listed field is required on the wire, except fields added after version 1 (:class:`~schemas.fields.Added`),
+  which read as their documented default when absent; fields not listed are ignored on read (forward
+  compatibility).
 - The same rules run before encoding and after decoding, so whatever ``encode`` writes ``decode`` accepts.
 - Cross-field rules: lengths of per-token arrays agree with the response, ``sample_index < group_size``, ids are
   the deterministic ones, a manifest's tensors tile the payload exactly and its chunk count and mode fields agree,
-  a chunk's digest matches its bytes.
+  a chunk's digest matches its bytes, a dead letter's ``raw_size`` / ``raw_sha256`` / ``raw_truncated`` agree
+  with its ``raw_value``.
 """
 
 from __future__ import annotations
@@ -23,12 +26,12 @@ import numpy as np
 
 from schemas.errors import ROOT, SchemaError, wire_type_name
 from schemas.fields import (
-    Array, Bool, Bytes, Enum, FieldType, Float, Id, Int, Optional, Pattern, Shape, Spec, Str, StrList, StrMap,
+    Added, Array, Bool, Bytes, Enum, FieldType, Float, Id, Int, Optional, Pattern, Shape, Spec, Str, StrList, StrMap,
     check_fields, fields_from_wire, fields_to_wire,
 )
 from schemas.ids import PROMPT_ID_MAX_LEN, SHA256_PATTERN, TOPIC_PATTERN, group_id_for, rollout_id_for
 from schemas.messages import (
-    ALERT_ACTIONS, ALERT_STATES, MESSAGE_TYPES, ROLE_STATES, ROLES, SAFETENSORS_ITEMSIZE, Alert, DeadLetter,
+    ALERT_ACTIONS, ALERT_STATES, MAX_GROUP_SIZE, MESSAGE_TYPES, ROLE_STATES, ROLES, SAFETENSORS_ITEMSIZE, Alert, DeadLetter,
     Heartbeat, Message, Prompt, Rollout, ScoredRollout, StaleRollout, TensorEntry, WeightsChunk, WeightsManifest,
     chunk_count_for,
 )
@@ -152,7 +155,7 @@ _TOPIC = Pattern(TOPIC_PATTERN, "topic name")
 SPECS: dict[type[Message], Spec] = {
     Prompt: (
         ("prompt_id", _PROMPT_ID), ("epoch", _COUNT), ("text", Str()), ("answer", Optional(Str())),
-        ("metadata", _METADATA), ("group_size", Int(1)), ("attempt", _COUNT),
+        ("metadata", _METADATA), ("group_size", Int(1, MAX_GROUP_SIZE)), ("attempt", _COUNT),
         ("prompt_token_ids", Optional(_PROMPT_TOKENS)), ("created_at", _TIME),
     ),
     Rollout: (
@@ -183,6 +186,8 @@ SPECS: dict[type[Message], Spec] = {
         ("reason", Str(nonempty=True)), ("error_type", Str(nonempty=True)), ("source_topic", _TOPIC),
         ("source_partition", _COUNT), ("source_offset", _COUNT), ("raw_value", Optional(Bytes())),
         ("raw_key", Optional(Bytes())), ("consumer_id", _ID), ("created_at", _TIME),
+        ("raw_size", Added(Optional(Int(0)), None)), ("raw_sha256", Added(Optional(_SHA256), None)),
+        ("raw_truncated", Added(Bool(), False)),
     ),
     StaleRollout: (
         ("rollout_id", _ID), ("prompt_id", _PROMPT_ID), ("epoch", _COUNT), ("group_id", _ID),
@@ -276,13 +281,32 @@ def _stale_rule(msg: StaleRollout) -> None:
                                         f"got {msg.rollout_id!r}")
 
 
+def _dead_letter_rule(msg: DeadLetter) -> None:
+    if msg.raw_value is None:
+        for name in ("raw_size", "raw_sha256"):
+            if getattr(msg, name) is not None:
+                raise SchemaError(name, "must be nil when raw_value is nil")
+        if msg.raw_truncated:
+            raise SchemaError("raw_truncated", "must be false when raw_value is nil")
+        return
+    kept = len(msg.raw_value)
+    if msg.raw_truncated:
+        if msg.raw_size is None or msg.raw_size <= kept or msg.raw_sha256 is None:
+            raise SchemaError("raw_truncated", f"needs raw_size > len(raw_value) ({kept}) and raw_sha256, got "
+                                               f"raw_size {msg.raw_size}")
+    elif msg.raw_size is not None and msg.raw_size != kept:
+        raise SchemaError("raw_size", f"must equal len(raw_value) ({kept}) unless raw_truncated, got {msg.raw_size}")
+    elif msg.raw_sha256 is not None and msg.raw_sha256 != hashlib.sha256(msg.raw_value).hexdigest():
+        raise SchemaError("raw_sha256", "does not match raw_value")
+
+
 def _no_rule(msg: Message) -> None:
     del msg
 
 
 RULES: dict[type[Message], Callable[[Any], None]] = {
     Prompt: _no_rule, Rollout: _rollout_rule, ScoredRollout: _scored_rule, WeightsManifest: _manifest_rule,
-    WeightsChunk: _chunk_rule, DeadLetter: _no_rule, StaleRollout: _stale_rule, Heartbeat: _no_rule,
+    WeightsChunk: _chunk_rule, DeadLetter: _dead_letter_rule, StaleRollout: _stale_rule, Heartbeat: _no_rule,
     Alert: _no_rule,
 }
 """Cross-field rule by message class, run after every field passed its own checks."""

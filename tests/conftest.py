@@ -15,11 +15,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory):
-    """A real tansu broker on 127.0.0.1, started for the session and stopped (that PID only) at the end."""
+    """A real tansu broker on 127.0.0.1, started for the session and stopped (that PID only) at the end.
+
+    Memory storage, for speed: the tests that need a broker to survive a kill -9 start their own durable one."""
     from stream_rl import broker as broker_mod
     from stream_rl.config import BrokerConfig
 
-    cfg = BrokerConfig(state_dir=tmp_path_factory.mktemp("broker"))
+    cfg = BrokerConfig(state_dir=tmp_path_factory.mktemp("broker"), storage="memory")
     state = broker_mod.up(cfg)
     yield state
     broker_mod.down(cfg)

@@ -15,8 +15,9 @@ from bench import common, run as bench_run
 TRANSPORT_FIGURES = {
     "record_bytes", "plain_msgpack_bytes", "codec_us", "plain_msgpack_us", "codec_ratio",
     "project_capacity_tokens_s", "produce_ratio", "consume_ratio", "capacity_ratio",
-    *(f"{path}_{phase}_{unit}" for path in ("project", "raw") for phase in ("produce", "consume", "capacity")
-      for unit in ("rollouts_s", "mb_s")),
+    *(f"{path}_{phase}_{unit}" for path in ("project", "raw", "durable")
+      for phase in ("produce", "consume", "capacity") for unit in ("rollouts_s", "mb_s")),
+    *(f"durable_{phase}_ratio" for phase in ("produce", "consume", "capacity")),
 }
 WEIGHTS_FIGURES = {
     *(f"0.25MB.{mode}_{part}" for mode in ("inline", "store") for part in ("s", "publish_s", "fetch_s", "vs_disk",

@@ -34,20 +34,22 @@ def test_up_status_down_lifecycle(tmp_path):
     host, port = bootstrap.split(":")
     assert host == "127.0.0.1" and int(port) > 0
     state = json.loads((state_dir / "broker.json").read_text())
-    assert state["bootstrap"] == bootstrap
+    assert state["bootstrap"] == bootstrap and state["storage"] == "durable"  # the default
     pid = state["pid"]
-    assert _alive(pid)
+    store_pid = json.loads((state_dir / "store.json").read_text())["pid"]
+    assert _alive(pid) and _alive(store_pid)
+    assert oct((state_dir / "store-credentials.json").stat().st_mode & 0o777) == "0o600"
 
     again = _cli("broker", "up", "--state-dir", str(state_dir), cwd=tmp_path)
     assert again.returncode == 0 and again.stdout.strip() == bootstrap  # reused, not a second broker
 
     ok = _cli("broker", "status", "--state-dir", str(state_dir), cwd=tmp_path)
-    assert ok.returncode == 0 and "reachable" in ok.stdout
+    assert ok.returncode == 0 and "reachable (storage: durable)" in ok.stdout
 
     down = _cli("broker", "down", "--state-dir", str(state_dir), cwd=tmp_path)
     assert down.returncode == 0 and str(pid) in down.stdout
-    assert not _alive(pid)
-    assert not (state_dir / "broker.json").exists()
+    assert not _alive(pid) and not _alive(store_pid)
+    assert not (state_dir / "broker.json").exists() and not (state_dir / "store.json").exists()
 
     gone = _cli("broker", "status", "--state-dir", str(state_dir), cwd=tmp_path)
     assert gone.returncode != 0 and "no local broker recorded" in gone.stderr

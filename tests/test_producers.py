@@ -16,7 +16,7 @@ from producers.engines.base import EngineError, GenerationEngine, Sample, Weight
 from producers.engines.hf import HFEngine
 from producers.step import batch_seed, produce_rollouts
 from schemas import Prompt, Rollout, encode, group_id_for, rollout_id_for
-from topic_read import check_role_telemetry, read_records
+from topic_read import check_role_telemetry, heartbeats, only_export, read_records
 
 torch.set_num_threads(1)
 
@@ -373,6 +373,7 @@ def test_loop_turns_prompts_into_keyed_groups_and_commits(make_config, engine):
     check_role_telemetry(cfg, transport, "producer", topic_in=transport.names.prompts, records_in=6,
                          topic_out=transport.names.rollouts, records_out=10,
                          tokens=sum(r.response_length for r in rollouts), stage="generate", batches=stats.batches)
+    assert heartbeats(transport, only_export(cfg.run_dir)[0])[-1].step == stats.batches > 0  # step: batches
 
     # a restart in the same group reads only what is new: nothing of the first run is generated again
     _send_prompts(transport, [_prompt(7, epoch=1, group_size=2)])

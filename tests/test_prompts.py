@@ -165,6 +165,9 @@ def test_epochs_and_shuffle_are_deterministic_with_a_seed():
     for bad in ({"epochs": 0, "group_size": 4}, {"epochs": 1, "group_size": 0}):
         with pytest.raises(PromptFileError):
             prompt_messages(rows, **bad)
+    with pytest.raises(PromptFileError, match=r"group_size .*between 1 and 65536.*got 1000000000"):
+        prompt_messages(rows, epochs=1, group_size=10**9)  # the producer would crash on it at every restart
+    assert prompt_messages(rows, epochs=1, group_size=65536)[0].group_size == 65536
 
 
 def test_parquet_round_trip_and_row_numbers(tmp_path):

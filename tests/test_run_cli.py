@@ -55,3 +55,35 @@ def test_run_without_a_step_budget_is_refused():
 
     out = CliRunner().invoke(app, ["run", "--set", "run.demo_dir=null", "--set", "run.prompts_file=x.jsonl"])
     assert out.exit_code == 2 and "trainer.max_steps" in out.output
+
+
+def test_sigterm_stops_the_roles_and_the_broker_it_started(tmp_path):
+    """SIGTERM to `stream-rl run` cleans up as Ctrl-C does: no role, no broker and no store is left running."""
+    import signal
+    import time
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt_id": "p0", "text": "1+1=", "answer": "2"}) + "\n")
+    missing = tmp_path / "no-such-model"  # the roles fail to load it: the run waits on them until it is told
+    state_dir = tmp_path / "broker-state"
+    cmd = [sys.executable, "-m", "stream_rl.cli.main", "run", "--max-steps", "3", "--set", "run.demo_dir=null",
+           "--set", f"run.prompts_file={prompts}", "--set", f"broker.state_dir={state_dir}",
+           "--set", f"run_dir={tmp_path / 'run'}", "--set", f"trainer.model_dir={missing}",
+           "--set", f"producer.model_dir={missing}", "--set", "scorer.reward_fn=stream_rl.demo.task:addition_reward"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while not (state_dir / "broker.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        broker_pid = json.loads((state_dir / "broker.json").read_text())["pid"]
+        store_pid = json.loads((state_dir / "store.json").read_text())["pid"]
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode in (1, 130), out + err  # interrupted, or a role died first: either way it ended
+    for pid in (broker_pid, store_pid):
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    assert not (state_dir / "broker.json").exists() and not (state_dir / "store.json").exists()

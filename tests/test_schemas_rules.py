@@ -84,6 +84,7 @@ VALUE_CASES = [
     (lambda: replace(make_prompt(), prompt_id="p?"), "prompt_id", "malformed"),
     (lambda: replace(make_prompt(), epoch=-1), "epoch", ">= 0"),
     (lambda: replace(make_prompt(), group_size=0), "group_size", ">= 1"),
+    (lambda: replace(make_prompt(), group_size=10**9), "group_size", "<= 65536"),
     (lambda: replace(make_prompt(), attempt=-1), "attempt", ">= 0"),
     (lambda: replace(make_prompt(), prompt_token_ids=i32(-5)), "prompt_token_ids", ">= 0"),
     (lambda: replace(make_prompt(), prompt_token_ids=f32(1)), "prompt_token_ids", "int32"),

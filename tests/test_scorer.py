@@ -26,7 +26,7 @@ from consumers.scorer.step import Rejected, Scoring, load_scoring, score_rollout
 from schemas import DeadLetter, Rollout, ScoredRollout, decode, group_id_for, rollout_id_for, validate
 from stream_rl.tracing import Tracing
 from stream_rl.transport.client import Transport
-from topic_read import check_role_telemetry, read_records
+from topic_read import check_role_telemetry, heartbeats, only_export, read_records
 
 torch.set_num_threads(1)
 VOCAB = 32
@@ -360,6 +360,8 @@ def test_loop_scores_keyed_by_group_continues_traces_and_a_restart_rereads_nothi
     check_role_telemetry(cfg, t, "scorer", topic_in=t.names.rollouts, records_in=12, topic_out=t.names.scored,
                          records_out=12, tokens=sum(r.response_length for r in first_batch), stage="score",
                          batches=stats.batches)
+    instance, _ = only_export(cfg.run_dir)
+    assert heartbeats(t, instance)[-1].step == stats.batches  # heartbeats report the batch counter
 
     # restart in the same group: only the new rollouts are scored, nothing committed before is read again
     scorer = ScorerThread(cfg, scfg)

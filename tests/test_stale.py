@@ -27,7 +27,8 @@ def test_stale_rollouts_are_requeued_regenerated_and_trained(make_config, tmp_pa
     cfg = make_config(**role_overrides(model_dir, **{
         "trainer.max_lag": 0, "trainer.groups_per_step": GROUPS_PER_STEP, "trainer.epochs": 4,
         "trainer.minibatches": 2, "trainer.micro_batch_size": 4, "trainer.max_steps": STEPS,
-        "trainer.checkpoint_every": 100, "producer.prompts_per_batch": 8}))
+        "trainer.checkpoint_every": 100, "producer.prompts_per_batch": 8,
+        "trainer.max_requeues": 100}))  # staleness on purpose, every round: no prompt may run out of attempts
     prompts = demo_prompts(tmp_path, N_PROMPTS, 1, GROUP_SIZE)
     with Pipeline(cfg) as pipe:
         pipe.load(prompts)

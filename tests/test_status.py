@@ -125,7 +125,8 @@ def test_status_once_json_reads_the_run_topics(make_config, run_name, broker):
     sink.send(transport.names.alerts, replace(_alert("loss_nonfinite", "firing", now - 1), instance_id="trainer-t1"))
     for partition, count in ((0, 3), (1, 2), (2, 1)):
         for i in range(count):
-            sink.send(transport.names.rollouts, samples.rollout(partition * 10 + i), partition=partition)
+            sink.send(transport.names.rollouts, samples.rollout(partition * 10 + i),
+                      key=samples.rollout(partition * 10 + i).group_id, partition=partition)
     sink.flush()
     source = transport.source([transport.names.rollouts], scorer_group(cfg), "rollout", sink)
     seen, deadline = [], time.monotonic() + 30

@@ -60,7 +60,7 @@ def test_duplicates_are_dropped_whether_buffered_or_trained():
     b.add(rec(4, 0, 0), 0)  # redelivered after training
     assert b.counters["duplicates"] == 3
     assert b.take(1) is None and b.buffered_groups == 0
-    assert b.trained == {groups[0].records[k].value.rollout_id for k in groups[0].records}
+    assert b.ledger.groups() == {("p0", 0)}
 
 
 def test_one_stale_member_makes_the_group_stale_and_requeues_its_prompt_once():
@@ -130,7 +130,8 @@ def test_ledger_state_round_trips_without_the_buffers():
     b.add(rec(2, 1, 0, version=0), 1)  # stale: re-queued
     b.add(rec(3, 2, 0, version=1), 1)  # buffered: not part of the ledger
     restored = Batcher.from_state(0, b.ledger_state())
-    assert restored.trained == b.trained and restored.requeued == {group_id_for("p1", 0): 0}
+    assert restored.ledger.groups() == b.ledger.groups() == {("p0", 0)}
+    assert restored.requeued == {group_id_for("p1", 0): 0}
     assert restored.counters == b.counters
     assert restored.add(rec(3, 2, 0, version=1), 1) == [] and restored.counters["duplicates"] == 0
     assert restored.add(rec(0, 0, 0), 1) == [] and restored.counters["duplicates"] == 1

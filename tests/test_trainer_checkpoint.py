@@ -38,7 +38,7 @@ def draws():
 
 def ledger():
     b = Batcher(max_lag=1)
-    b.trained = {"p0:0:0", "p0:0:1"}
+    b.ledger.add("p0", 0)
     b.requeued = {"p1:0": 2}
     return b.ledger_state()
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from consumers.trainer.checkpoint import complete_checkpoints, load_checkpoint
+from consumers.trainer.ledger import Ledger, split_rollout_id
 from consumers.trainer.loop import run_trainer, trainer_group
 from schemas import group_id_for, rollout_id_for
 from stream_rl.transport.client import Transport
@@ -104,6 +105,20 @@ def test_trainer_loop_trains_drops_stale_groups_broadcasts_checkpoints_and_resum
     steps = [sp for sp in spans if sp["service"] == "trainer" and sp["name"] == "process train-step"]
     assert len(steps) == 3 and all(len(sp["links"]) == 4 for sp in steps)  # one link per trained rollout
     assert all(link["span_id"] in sent for sp in steps for link in sp["links"])
+    # a step's broadcast continues the step's trace: the manifest's send span descends from the train-step span
+    by_id = {sp["span_id"]: sp for sp in spans}
+    broadcasts = [sp for sp in spans if sp["service"] == "trainer" and sp["name"] == "process broadcast"]
+    assert sorted(by_id[b["parent_id"]]["name"] for b in broadcasts) == ["process train-step"] * 3
+    manifest_sends = [sp for sp in spans if sp["service"] == "trainer" and sp["kind"] == "PRODUCER"
+                      and sp["name"] == f"send {transport.names.weights}"]
+    assert manifest_sends and all(by_id[sp["parent_id"]]["name"] == "process broadcast" for sp in manifest_sends)
+    # a stale drop continues a trace: the rollout's that caused it, or the step's whose broadcast expired it
+    stale_sends = [sp for sp in spans if sp["service"] == "trainer" and sp["name"] == f"send {transport.names.stale}"]
+    parents = [by_id[sp["parent_id"]] for sp in stale_sends]
+    assert stale_sends and {p["name"] for p in parents} <= {"process drop", "process broadcast"}
+    sent_traces = {sp["trace_id"] for sp in spans if sp["service"] == "test" and sp["kind"] == "PRODUCER"}
+    step_traces = {sp["trace_id"] for sp in steps}
+    assert all(p["trace_id"] in (sent_traces if p["name"] == "process drop" else step_traces) for p in parents)
 
     stale = read_values(transport, transport.names.stale, "stale_rollout")
     assert sorted(s.rollout_id for s in stale) == sorted(rollout_id_for(f"p{p}", 0, s) for p in (2, 3, 4)
@@ -120,7 +135,7 @@ def test_trainer_loop_trains_drops_stale_groups_broadcasts_checkpoints_and_resum
     topic = transport.names.scored
     assert last.offsets == {(topic, 0): 19} and last.version == 3
     trained = {rollout_id_for(f"p{p}", 0, s) for p in (0, 1, 5, 6, 7, 8) for s in range(2)}
-    assert set(last.ledger["trained"]) == trained
+    assert Ledger.from_json(last.ledger["groups"]).groups() == {split_rollout_id(r) for r in trained}
     assert last.ledger["requeued"] == {group_id_for(f"p{p}", 0): 0 for p in (2, 3, 4)}
     assert committed(transport, trainer_group(cfg)) == {(topic, 0): 19}
 
@@ -133,9 +148,11 @@ def test_trainer_loop_trains_drops_stale_groups_broadcasts_checkpoints_and_resum
     rows = metric_rows(cfg)
     # the resume truncated the history to the checkpoint's step (2), then step 3 was trained again at v5
     assert [(r["step"], r["policy_version"]) for r in rows] == [(1, 1), (2, 2), (3, 5)]
-    assert rows[-1]["staleness/max_lag"] == 2.0  # H, I (version 2) trained at version 4
+    # H, I (version 2) trained at version 4, which is version 2's weights republished: lag 0 along the lineage
+    assert rows[-1]["staleness/max_lag"] == 0.0
     assert [m.version for m in read_values(transport, transport.names.weights, "weights_manifest")] == [1, 2, 3, 4, 5]
     assert len(read_values(transport, transport.names.stale, "stale_rollout")) == 6  # nothing re-read before 15
     resumed = load_checkpoint(root / "step-00000003")
-    assert set(resumed.ledger["trained"]) == trained and resumed.step == 3
+    assert Ledger.from_json(resumed.ledger["groups"]).groups() == {split_rollout_id(r) for r in trained}
+    assert resumed.step == 3
     sink.close()

@@ -12,6 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from schemas import DeadLetter, encode
 from stream_rl.tracing import Tracing
 from stream_rl.transport.client import Transport, highwaters, partitions_of
+from topic_read import read_values
 
 pytestmark = pytest.mark.broker
 
@@ -80,11 +81,11 @@ def test_commit_refuses_before_outputs_are_acknowledged(make_config):
     t = Transport(make_config(), "test")
     t.ensure_topics()
     sink = t.sink()
-    sink.send(t.names.rollouts, samples.rollout(0), key="g")
+    sink.send(t.names.rollouts, samples.rollout(0), key=samples.rollout(0).group_id)
     sink.flush()
     source = t.source([t.names.rollouts], "g-order", "rollout", sink)
     assert len(_drain(source, 1)) == 1
-    sink.send(t.names.scored, samples.scored(0), key="g")
+    sink.send(t.names.scored, samples.scored(0), key=samples.scored(0).group_id)
     with pytest.raises(RuntimeError, match="flush"):
         source.commit()
     sink.flush()
@@ -158,8 +159,8 @@ def test_traceparent_parents_the_processing_span(make_config):
     t = Transport(make_config(), "test", tracing=tracing)
     t.ensure_topics()
     sink = t.sink()
-    sink.send(t.names.rollouts, samples.rollout(0), key="g0")
-    sink.send(t.names.rollouts, samples.rollout(1), key="g1")
+    sink.send(t.names.rollouts, samples.rollout(0), key=samples.rollout(0).group_id)
+    sink.send(t.names.rollouts, samples.rollout(1), key=samples.rollout(1).group_id)
     sink.flush()
     source = t.source([t.names.rollouts], "g-trace", "rollout", sink)
     got = _drain(source, 2)
@@ -186,7 +187,7 @@ def test_highwaters_count_records_from_fetch_responses(make_config):
     t.ensure_topics()
     sink = t.sink()
     for i in range(7):
-        sink.send(t.names.rollouts, samples.rollout(i), partition=i % 3)
+        sink.send(t.names.rollouts, samples.rollout(i), key=samples.rollout(i).group_id, partition=i % 3)
     sink.flush()
     reader = t.reader()
     tps = partitions_of(reader, t.names.rollouts)
@@ -205,3 +206,25 @@ def test_ensure_topics_is_idempotent_and_reports_a_partition_mismatch(make_confi
     other = make_config(**{"topics.run": cfg.topics.run, "topics.partitions": {"rollouts": 5}})
     with pytest.raises(TopicError, match="has 3 partitions, config wants 5"):
         Transport(other, "test").ensure_topics()
+
+
+def test_a_role_input_without_its_documented_key_is_dead_lettered(make_config):
+    """Keys decide partitions (murmur2 of the key): a rollout not keyed by its group id could split its group."""
+    cfg = make_config(**{"topics.partitions": {"rollouts": 1}})
+    t = Transport(cfg, "test")
+    t.ensure_topics()
+    sink = t.sink()
+    keyed, unkeyed, wrong = samples.rollout(0), samples.rollout(1), samples.rollout(2)
+    sink.send(t.names.rollouts, keyed, key=keyed.group_id)
+    sink.send(t.names.rollouts, unkeyed)
+    sink.send(t.names.rollouts, wrong, key="producer-7")
+    sink.flush()
+    source = t.source([t.names.rollouts], "g-keys", "rollout", sink)
+    got = _drain(source, 1)
+    sink.flush()
+    assert [c.value.rollout_id for c in got] == [keyed.rollout_id]
+    letters = read_values(t, t.names.dlq, "dead_letter")
+    assert [(d.source_offset, d.error_type) for d in letters] == [(1, "KeyError"), (2, "KeyError")]
+    assert "is not the documented key (group_id" in letters[0].reason
+    source.close()
+    sink.close()

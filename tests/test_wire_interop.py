@@ -47,7 +47,7 @@ def test_an_independent_msgpack_decoder_reads_our_records(make_config):
     sink = t.sink()
     sent = [samples.rollout(7, 0), samples.scored(7, 1)]
     for msg in sent:
-        sink.send(t.names.rollouts, msg, key="g")
+        sink.send(t.names.rollouts, msg, key=msg.group_id)
     sink.flush()
     values = _raw_values(t.bootstrap, t.names.rollouts, len(sent))
     framed = b"".join(struct.pack(">i", len(v)) + v for v in values)

@@ -18,7 +18,12 @@ Guarantees:
   exactly one of them. A commit lost to a rebalance means the new owner scores those records again: downstream,
   the trainer drops duplicates by ``rollout_id`` (scores are deterministic given the models, so either copy is
   equally good).
-- A dead-lettered rollout carries its reason, source topic/partition/offset, key and original record bytes.
+- A dead-lettered rollout carries its reason, source topic/partition/offset, key and original record bytes, and
+  continues the rollout's trace. A rollout whose token ids are outside the reference or reward model's
+  vocabulary, or longer than its context, is dead-lettered with that reason before any forward pass. A record
+  batch the client cannot read is dead-lettered by the transport, which seeks past it (no crash loop).
+- Heartbeats report the batches done in ``step``. A broker that stays unreachable for
+  ``kafka.broker_timeout_s`` stops the scorer with ``BrokerUnreachable`` naming it (exit non-zero).
 - Tracing: the batch's compute runs in a ``process score-batch`` span linked to every rollout's trace; each
   output is sent inside a ``process score`` span that is the child of its own rollout's producer span, so a
   scored rollout continues the trace of the rollout it came from.
@@ -100,6 +105,7 @@ def run_scorer(cfg: StreamRLConfig, stop_event: threading.Event | None = None, m
                 telemetry.observe_seconds("score", time.monotonic() - started)
                 telemetry.tokens(sum(r.value.response_length for r in records))
                 stats.batches += 1
+                telemetry.set_step(stats.batches)  # heartbeats' ``step``: batches done
             if records or sink.pending:  # the transport may have dead-lettered undecodable records
                 sink.flush()
                 if source.commit():
@@ -141,8 +147,7 @@ def _score_and_send(records: Sequence[Consumed], source: Source, sink: Sink, sco
     for record, result in zip(records, outputs, strict=True):
         with source.process_span("score", [record]):  # child of this rollout's trace
             if isinstance(result, Rejected):
-                source.dead_letter(record.topic, record.partition, record.offset, record.key,
-                                   record.raw_value, result.reason, result.error_type)
+                source.dead_letter_record(record, result.reason, result.error_type)
                 stats.rejected += 1
             else:
                 sink.send(scored_topic, result, key=result.group_id)

@@ -11,14 +11,23 @@ Guarantees (pure: no Kafka, no clock, no I/O):
 - Dedup: a record whose rollout id was trained, or is buffered now, is dropped and counted (at-least-once
   delivery upstream becomes at-most-once training here). Ids of a group dropped as stale leave the ledger, so
   the regenerated samples (same deterministic ids) are accepted.
-- Staleness: lag = version - oldest token version (``stream_rl.algorithms.policy_lag``); lag > ``max_lag``
+- Staleness: lag = version - oldest token version (``stream_rl.algorithms.policy_lag``), measured along the
+  trained line of weights after a resume that republished (:mod:`consumers.trainer.lineage`); lag > ``max_lag``
   makes the rollout stale, and one stale member makes its whole group stale: the buffered members are dropped,
   every dropped member gets a ``StaleRollout``, and the prompt is re-queued once with ``attempt + 1``. Later
   members of that dropped attempt are dropped as superseded (``requeued=False``), never re-queued again. A
   rollout claiming a version newer than the trainer's (weights lost in a crash) is stale with lag 0.
-- Safe offsets: for each partition, every record below the safe offset is trained, dropped as a duplicate or
-  dropped as stale (the loop flushes the stale records and re-queued prompts before committing or
-  checkpointing). It is the smallest offset still held (buffered, ready or in training), else one past the
+- Other group drops work the same way (stale records with the reason, one re-queue, later members superseded):
+  a member rejected by the trainer's admission check (:meth:`Batcher.reject`; the loop dead-letters the member
+  itself) drops its group at once instead of letting it pin the partition's safe offset, and the groups of a
+  step whose update was skipped (:meth:`Batcher.drop_skipped`) are dropped instead of being marked trained.
+- Re-queue cap: a (prompt, epoch) is re-queued at most ``max_requeues`` times (attempts 1..max_requeues); a
+  group of the last attempt that is dropped gets ``StaleRollout(requeued=False)`` with a reason saying so.
+  :meth:`Batcher.note_requeued` merges re-queues a previous process already sent (the loop's re-queue log), so a
+  restart does not re-queue the same (prompt, epoch, attempt) twice.
+- Safe offsets: for each partition, every record below the safe offset is trained, dropped as a duplicate,
+  dropped as stale or rejected (the loop flushes the stale records, re-queued prompts and dead letters before
+  committing or checkpointing). It is the smallest offset still held (buffered, ready or in training), else one past the
   last record seen::
 
       partition 0:  10 trained | 11 dup | 12 buffered (group g7) | 13 trained | 14 stale
@@ -35,10 +44,13 @@ from typing import Any, Protocol
 
 import torch
 
+from consumers.trainer.ledger import Ledger
+from consumers.trainer.lineage import Lineage
 from schemas import Prompt, ScoredRollout, StaleRollout
 from stream_rl.algorithms import policy_lag
 
 TopicPartition = tuple[str, int]
+NO_JUMPS = Lineage()
 
 
 class RecordLike(Protocol):
@@ -67,18 +79,23 @@ class Group:
 
 @dataclass(frozen=True)
 class StaleDrop:
-    """What to publish for one stale drop: a StaleRollout per dropped rollout and the prompt to re-queue."""
+    """What to publish for one group drop: a StaleRollout per dropped rollout and the prompt to re-queue."""
 
     stale: list[StaleRollout]
     requeue: Prompt | None
+    reason: str = ""
 
 
-def rollout_lag(scored: ScoredRollout, current_version: int) -> int:
-    """Policy lag of one rollout via ``stream_rl.algorithms.policy_lag``; negative if it is from a newer version."""
+def rollout_lag(scored: ScoredRollout, current_version: int, lineage: Lineage = NO_JUMPS) -> int:
+    """Policy lag of one rollout via ``stream_rl.algorithms.policy_lag``; negative if it is from a newer version.
+    After a resume that republished its checkpoint under a new number, the lag is measured along ``lineage``
+    (the oldest token's steps from the current weights), so the resume itself makes nothing stale."""
     versions = torch.from_numpy(scored.rollout.token_policy_versions.astype("int64"))[None, :]  # [1, R]
     newest = int(versions.max())
     if newest > current_version:
         return current_version - newest
+    if lineage.jumps:
+        return max(lineage.lag(int(v), current_version) for v in torch.unique(versions).tolist())
     mask = torch.ones_like(versions, dtype=torch.bool)  # [1, R]
     return int(policy_lag(versions, mask, current_version)[0])
 
@@ -93,11 +110,14 @@ def requeued_prompt(scored: ScoredRollout, attempt: int) -> Prompt:
 class Batcher:
     """Buffers scored rollouts into whole groups; see the module docstring for the guarantees."""
 
-    def __init__(self, max_lag: int) -> None:
+    def __init__(self, max_lag: int, max_requeues: int = 3) -> None:
         if max_lag < 0:
             raise ValueError(f"max_lag must be >= 0, got {max_lag}")
-        self.max_lag = max_lag
-        self.trained: set[str] = set()
+        if max_requeues < 0:
+            raise ValueError(f"max_requeues must be >= 0, got {max_requeues}")
+        self.max_lag, self.max_requeues = max_lag, max_requeues
+        self.lineage = NO_JUMPS  # set by the trainer from TrainState.lineage (resumes that republished)
+        self.ledger = Ledger()  # trained (prompt, epoch) groups, compacted (consumers.trainer.ledger)
         self.requeued: dict[str, int] = {}  # group id -> highest attempt dropped as stale (and re-queued)
         self._buffering: dict[str, Group] = {}
         self._ready: deque[Group] = deque()
@@ -106,47 +126,72 @@ class Batcher:
         self._held_ids: set[str] = set()  # rollout ids buffered, ready or in training
         self._last_seen: dict[TopicPartition, int] = {}
         self.counters = {"received": 0, "duplicates": 0, "stale": 0, "superseded": 0, "requeued": 0,
-                         "trained": 0}
+                         "trained": 0, "rejected": 0, "skipped": 0, "not_requeued": 0}
 
     # -- intake -------------------------------------------------------------------------------------------------
 
     def add(self, record: RecordLike, current_version: int) -> list[StaleDrop]:
         """Take one record; returns the stale drops it caused (empty for the common case)."""
-        tp = (record.topic, record.partition)
-        self._last_seen[tp] = max(self._last_seen.get(tp, -1), record.offset)
-        self.counters["received"] += 1
+        self._see(record)
         scored: ScoredRollout = record.value
         rid, gid, attempt = scored.rollout_id, scored.group_id, scored.rollout.attempt
-        if rid in self.trained or rid in self._held_ids:
+        if self._trained(scored) or rid in self._held_ids:
             self.counters["duplicates"] += 1
             return []
         if gid in self.requeued and attempt <= self.requeued[gid]:
             self.counters["superseded"] += 1
-            reason = f"attempt {attempt} superseded: group re-queued after attempt {self.requeued[gid]} went stale"
-            lag = max(rollout_lag(scored, current_version), 0)
+            reason = f"attempt {attempt} superseded: group re-queued after attempt {self.requeued[gid]} was dropped"
+            lag = max(rollout_lag(scored, current_version, self.lineage), 0)
             return [StaleDrop([self._stale_record(scored, lag, current_version, reason, False)], None)]
-        lag = rollout_lag(scored, current_version)
+        lag = rollout_lag(scored, current_version, self.lineage)
         group = self._buffering.get(gid)
         if group is None:
             group = self._buffering[gid] = Group(gid, scored.rollout.group_size)
         group.records[rid] = record
-        self._held.setdefault(tp, set()).add(record.offset)
+        self._held.setdefault((record.topic, record.partition), set()).add(record.offset)
         self._held_ids.add(rid)
         if lag > self.max_lag or lag < 0:
-            return [self._drop_group(group, current_version, trigger=(rid, lag))]
+            return [self._drop_group(group, current_version, self._lag_reason(current_version, rid, lag))]
         if group.complete:
             del self._buffering[gid]
             self._ready.append(group)
         return []
 
+    def reject(self, record: RecordLike, current_version: int, reason: str) -> list[StaleDrop]:
+        """Take one record that failed admission (the caller dead-letters it): its group can never complete, so
+        the buffered members are dropped at once with ``reason`` and the prompt re-queued. A copy of a rollout
+        already held or trained, a member of an attempt already dropped, or a stray member of a group that is
+        already whole changes nothing."""
+        self._see(record)
+        self.counters["rejected"] += 1
+        scored: ScoredRollout = record.value
+        rid, gid, attempt = scored.rollout_id, scored.group_id, scored.rollout.attempt
+        if self._trained(scored) or rid in self._held_ids:
+            return []
+        if gid in self.requeued and attempt <= self.requeued[gid]:
+            return []
+        if any(g.group_id == gid for g in (*self._ready, *self._in_flight)):
+            return []
+        group = self._buffering.get(gid) or Group(gid, scored.rollout.group_size)
+        return [self._drop_group(group, current_version, f"member {rid} was dead-lettered: {reason}",
+                                 source=scored)]
+
+    def note_requeued(self, group_id: str, attempt: int) -> None:
+        """Remember that attempt ``attempt`` of ``group_id`` was dropped and its prompt re-queued (by a previous
+        process): its members are superseded from now on, never re-queued again. A group already trained needs no
+        entry (its members are duplicates), so none is kept."""
+        prompt_id, epoch = group_id.rsplit(":", 1)
+        if not self.ledger.trained(prompt_id, int(epoch)):
+            self.requeued[group_id] = max(attempt, self.requeued.get(group_id, -1))
+
     def expire(self, current_version: int) -> list[StaleDrop]:
         """Drop every waiting group (buffering or ready) that became stale at ``current_version``."""
         drops = []
         for group in [*self._buffering.values(), *self._ready]:
-            lags = {rid: rollout_lag(r.value, current_version) for rid, r in group.records.items()}
+            lags = {rid: rollout_lag(r.value, current_version, self.lineage) for rid, r in group.records.items()}
             worst = max(lags.items(), key=lambda item: item[1])
             if worst[1] > self.max_lag:
-                drops.append(self._drop_group(group, current_version, trigger=worst))
+                drops.append(self._drop_group(group, current_version, self._lag_reason(current_version, *worst)))
         return drops
 
     # -- batches ------------------------------------------------------------------------------------------------
@@ -173,10 +218,21 @@ class Batcher:
         """Record ``groups`` (from :meth:`take`) as trained: ids join the ledger, their offsets are released."""
         for group in groups:
             self._in_flight.remove(group)
-            for rid, record in group.records.items():
-                self.trained.add(rid)
+            first = next(iter(group.records.values())).value.rollout
+            self.ledger.add(first.prompt_id, first.epoch)
+            self.requeued.pop(group.group_id, None)  # its members are duplicates now, whatever their attempt
+            for record in group.records.values():
                 self._release(record)
             self.counters["trained"] += len(group.records)
+
+    def drop_skipped(self, groups: Iterable[Group], current_version: int, reason: str) -> list[StaleDrop]:
+        """Release ``groups`` (from :meth:`take`) whose update was skipped: they are not trained, their ids stay
+        out of the ledger, and each is dropped to the stale topic with ``reason`` and its prompt re-queued."""
+        drops = []
+        for group in groups:
+            self._in_flight.remove(group)
+            drops.append(self._drop_group(group, current_version, reason, counter="skipped"))
+        return drops
 
     # -- offsets and state --------------------------------------------------------------------------------------
 
@@ -194,15 +250,16 @@ class Batcher:
         return None if last is None else last + 1
 
     def ledger_state(self) -> dict[str, Any]:
-        """JSON-ready state for a checkpoint: trained ids, re-queued attempts, counters (never the buffers)."""
-        return {"trained": sorted(self.trained), "requeued": dict(sorted(self.requeued.items())),
+        """JSON-ready state for a checkpoint: the compacted ledger of trained groups, the re-queued attempts of
+        groups not trained yet, counters (never the buffers)."""
+        return {"groups": self.ledger.to_json(), "requeued": dict(sorted(self.requeued.items())),
                 "counters": dict(self.counters)}
 
     @classmethod
-    def from_state(cls, max_lag: int, state: Mapping[str, Any]) -> Batcher:
+    def from_state(cls, max_lag: int, state: Mapping[str, Any], max_requeues: int = 3) -> Batcher:
         """A batcher with the ledger of a checkpoint and empty buffers (the buffered records are re-read)."""
-        batcher = cls(max_lag)
-        batcher.trained = set(state.get("trained", ()))
+        batcher = cls(max_lag, max_requeues)
+        batcher.ledger = Ledger.from_json(state.get("groups"), state.get("trained", ()))  # "trained": older form
         batcher.requeued = {str(k): int(v) for k, v in state.get("requeued", {}).items()}
         batcher.counters.update({k: int(v) for k, v in state.get("counters", {}).items()})
         return batcher
@@ -215,27 +272,44 @@ class Batcher:
         if held is not None:
             held.discard(record.offset)
 
-    def _drop_group(self, group: Group, version: int, trigger: tuple[str, int]) -> StaleDrop:
+    def _trained(self, scored: ScoredRollout) -> bool:
+        return self.ledger.trained(scored.rollout.prompt_id, scored.rollout.epoch)
+
+    def _see(self, record: RecordLike) -> None:
+        tp = (record.topic, record.partition)
+        self._last_seen[tp] = max(self._last_seen.get(tp, -1), record.offset)
+        self.counters["received"] += 1
+
+    def _lag_reason(self, version: int, trigger_id: str, trigger_lag: int) -> str:
+        if trigger_lag < 0:
+            return f"{trigger_id} has policy version {version - trigger_lag} > trainer version {version}"
+        return f"lag {trigger_lag} > max_lag {self.max_lag} ({trigger_id})"
+
+    def _drop_group(self, group: Group, version: int, reason: str, counter: str = "stale",
+                    source: ScoredRollout | None = None) -> StaleDrop:
+        """Drop ``group`` (wherever it waits) with ``reason``: StaleRollouts for its members, one re-queue unless
+        its attempt is the last (``max_requeues``). ``source``: a rollout of the group when none is buffered."""
         if self._buffering.get(group.group_id) is group:
             del self._buffering[group.group_id]
         elif group in self._ready:
             self._ready.remove(group)
-        trigger_id, trigger_lag = trigger
-        if trigger_lag < 0:
-            reason = f"{trigger_id} has policy version {version - trigger_lag} > trainer version {version}"
+        members = [r.value for r in group.records.values()]
+        first = members[0] if members else source
+        attempt = max(s.rollout.attempt for s in [*members, *([source] if source is not None else [])])
+        self.requeued[group.group_id] = max(attempt, self.requeued.get(group.group_id, -1))
+        requeue = requeued_prompt(first, attempt + 1) if attempt < self.max_requeues else None
+        if requeue is None:
+            reason = f"{reason}; not re-queued: attempt {attempt} is the last (max_requeues {self.max_requeues})"
+            self.counters["not_requeued"] += 1
         else:
-            reason = f"lag {trigger_lag} > max_lag {self.max_lag} ({trigger_id})"
-        attempt = max(r.value.rollout.attempt for r in group.records.values())
+            self.counters["requeued"] += 1
         stale = []
         for record in group.records.values():
             self._release(record)
-            lag = max(rollout_lag(record.value, version), 0)
-            stale.append(self._stale_record(record.value, lag, version, reason, True))
-        self.requeued[group.group_id] = max(attempt, self.requeued.get(group.group_id, -1))
-        self.counters["stale"] += len(stale)
-        self.counters["requeued"] += 1
-        first = next(iter(group.records.values())).value
-        return StaleDrop(stale, requeued_prompt(first, attempt + 1))
+            lag = max(rollout_lag(record.value, version, self.lineage), 0)
+            stale.append(self._stale_record(record.value, lag, version, reason, requeue is not None))
+        self.counters[counter] += len(stale)
+        return StaleDrop(stale, requeue, reason)
 
     def _stale_record(self, scored: ScoredRollout, lag: int, version: int, reason: str,
                       requeued: bool) -> StaleRollout:

@@ -131,6 +131,15 @@ class TrainerConfig(Section):
     loss: LossConfig = Field(default_factory=LossConfig)
     max_lag: int = Field(4, ge=0, description="staleness bound: a rollout whose oldest token is more than this "
                                               "many policy versions old is dropped and its prompt re-queued")
+    max_requeues: int = Field(
+        3, ge=0, le=100, description="a (prompt, epoch) whose group is dropped (stale, a member dead-lettered, its "
+                                     "step's update skipped) is re-queued at most this many times; a dropped group "
+                                     "of the last attempt goes to the stale topic with requeued=false")
+    accept_offset_loss: bool = Field(
+        False, description="--resume with a checkpoint offset outside the broker's range of its partition (topic "
+                           "re-created, truncated or retention-deleted): false stops the trainer with an error "
+                           "naming the partition, the offset and the range; true logs that as a warning and "
+                           "continues from the partition's first offset on the broker")
     groups_per_step: int = Field(32, ge=1, description="whole groups (prompts) per trainer step")
     micro_batch_size: int = Field(64, ge=1, description="sequences per forward/backward (gradient accumulation)")
     epochs: int = Field(1, ge=1, description="passes over each batch")

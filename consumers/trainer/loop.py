@@ -1,17 +1,23 @@
 """``stream-rl train``: the trainer role's loop, a thin shell around the batcher and :func:`train_step`.
 
-Consumes: ``ScoredRollout`` records from ``names.scored`` in the consumer group ``{prefix}.{run}.trainer``.
+Consumes: ``ScoredRollout`` records from every partition of ``names.scored``, assigned explicitly (no group
+membership; the group ``{prefix}.{run}.trainer`` only holds the committed offsets that tools read).
 Produces: ``StaleRollout`` records on ``names.stale`` (key ``group_id``) and re-queued ``Prompt`` records on
-``names.prompts`` (key ``prompt_id``); policy versions through :class:`~stream_rl.weights.WeightsPublisher`
+``names.prompts`` (key ``prompt_id``); dead letters on ``names.dlq`` for records the model cannot take;
+policy versions through :class:`~stream_rl.weights.WeightsPublisher`
 (floating tensors in ``producer.dtype``, the dtype the generators run);
 one JSON line of metrics per step in ``run_dir/metrics.jsonl``; one line per step in ``run_dir/trained.jsonl``
 naming the rollouts it trained (``{"step", "version", "rollout_ids"}``, ``version`` = the policy version the
-batch was trained at); checkpoints in ``trainer.checkpoint_dir`` (default ``run_dir/checkpoints``).
+batch was trained at; a step that applied no update has ``rollout_ids: []``, ``skipped_ids`` and ``skipped``,
+the reason); ``run_dir/requeued.jsonl`` (:mod:`~consumers.trainer.history`); checkpoints in
+``trainer.checkpoint_dir`` (default ``run_dir/checkpoints``).
 
 One iteration::
 
-    poll ─> position check ─> batcher.add (dedup, staleness ─> stale + re-queue sends) ─> take N whole groups
-         ─> train_step (span "train-step" linked to every rollout) ─> mark trained ─> trained.jsonl line
+    poll ─> admit (token ids, lengths vs the model; a reject ─> DLQ + its group dropped to stale + re-queue)
+         ─> batcher.add (dedup, staleness ─> stale + re-queue sends, flushed, then logged) ─> take N whole groups
+         ─> train_step (span "train-step" linked to every rollout) ─> mark trained (or, if no update was
+            applied: the groups to stale + re-queue, never trained) ─> trained.jsonl line
          ─> alerts judge the step (telemetry.step_done; a "stop" alert skips the broadcast: NaN weights never
             leave, the row is written, a final checkpoint only if the weights are finite, AlertStop -> exit 3)
          ─> every broadcast_every steps: version += 1, publish, expire groups now too old
@@ -19,10 +25,20 @@ One iteration::
          ─> every checkpoint_every steps: sink.flush() ─> checkpoint(safe offsets, ledger) ─> commit safe offsets
 
 Guarantees:
-- The checkpoint is the truth about progress: with ``resume``, each partition is positioned at the checkpoint's
-  offset when it is assigned (the group's committed offset is only a hint for tools that show lag), and the
-  checkpoint's dedup ledger keeps any rollout id from being trained twice. Safe offsets are recorded only after
-  ``sink.flush()``, so every stale record and re-queued prompt below them is on the broker.
+- The checkpoint is the truth about progress: every partition is assigned at start and positioned at the
+  checkpoint's offset, or at the broker's first offset without one (:mod:`~consumers.trainer.positions`: never
+  a committed offset or ``auto_offset_reset``; an offset the broker no longer has stops the trainer unless
+  ``trainer.accept_offset_loss``), and the checkpoint's dedup ledger keeps any rollout id from being trained
+  twice. Safe offsets are recorded only after ``sink.flush()``, so every stale record, re-queued prompt and dead
+  letter below them is on the broker.
+- Nothing the model cannot take reaches ``train_step`` (:mod:`~consumers.trainer.admit`): such a record is
+  dead-lettered with the reason and the role continues; its group is dropped at once (stale + re-queue), so it
+  never pins its partition's safe offset.
+- A step that applied no update (non-finite loss or gradient norm) trains nothing: its rollouts stay out of the
+  ledger and ``trained.jsonl``, go to the stale topic with the reason, and their prompts are re-queued; its
+  metrics row is written (the ``loss_nonfinite`` alert sees it).
+- A (prompt, epoch, attempt) is re-queued once, also across restarts (the re-queue log), and a prompt at most
+  ``trainer.max_requeues`` times.
 - Versions never go backwards or repeat with different weights: on resume the newest published manifest is read;
   if it is newer than the checkpoint (weights published after the last checkpoint were lost), the trainer
   republishes its weights as the next version, and if the checkpoint's version was never published it is.
@@ -43,10 +59,8 @@ Guarantees:
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import random
 import threading
 import time
@@ -56,14 +70,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from consumers.trainer.batcher import Batcher, Group, StaleDrop
+from consumers.trainer.admit import ModelLimits, check_scored
+from consumers.trainer.batcher import Batcher, Group, StaleDrop, rollout_lag
 from consumers.trainer.checkpoint import prune_checkpoints, save_checkpoint
 from consumers.trainer.engines import cast_floating
+from consumers.trainer.history import REQUEUE_LOG, append_line, log_requeues, read_requeues, truncate_steps
+from consumers.trainer.positions import assign_and_position, assigned_source
+from consumers.trainer.lineage import Lineage
 from consumers.trainer.ranks import SOLO, Command, Ranks
 from consumers.trainer.replica import checkpoint_root, restore, run_follower, step_payload
 from consumers.trainer.rollout_metrics import rollout_metrics
-from consumers.trainer.step import TrainState, train_step
+from consumers.trainer.step import TrainState, skip_reason, train_step
 from consumers.trainer.tensors import build_batch
+from stream_rl import failpoints
 from stream_rl.alerts.monitor import AlertStop
 from stream_rl.telemetry.role import RoleTelemetry
 from stream_rl.transport.topics import TopicNames
@@ -74,27 +93,6 @@ log = logging.getLogger(__name__)
 def trainer_group(cfg) -> str:
     """The trainer's consumer group of this run: ``{prefix}.{run}.trainer``."""
     return TopicNames.from_config(cfg.topics).group("trainer")
-
-
-class _Positioner:
-    """Seeks each newly assigned partition to where the trainer's own state says reading continues."""
-
-    def __init__(self, start: dict[tuple[str, int], int]):
-        self.start = dict(start)
-        self.assigned: set[tuple[str, int]] = set()
-
-    def reconcile(self, consumer, batcher: Batcher, records: list) -> list:
-        current = {(tp.topic, tp.partition): tp for tp in consumer.assignment()}
-        fresh, self.assigned = set(current) - self.assigned, set(current)
-        moved = set()
-        for key in fresh:
-            position = batcher.position(key)
-            position = self.start.get(key) if position is None else position
-            if position is not None:
-                consumer.seek(current[key], position)
-                moved.add(key)
-        return [r for r in records if (r.topic, r.partition) not in moved
-                and r.offset >= self.start.get((r.topic, r.partition), 0)]
 
 
 def _finite(value: Any) -> Any:
@@ -120,6 +118,7 @@ class Trainer:
         self.root = checkpoint_root(cfg)
         self.metrics_path = Path(cfg.run_dir) / "metrics.jsonl"
         self.trained_path = Path(cfg.run_dir) / "trained.jsonl"
+        self.requeue_path = Path(cfg.run_dir) / REQUEUE_LOG
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         self.checkpoint_s = 0.0  # duration of the checkpoint written since the last metrics row
         replica = restore(cfg, ranks, resume)
@@ -129,14 +128,8 @@ class Trainer:
                      ranks.world)
         elif resume:
             log.warning("--resume: no complete checkpoint in %s, starting from %s", self.root, self.tcfg.model_dir)
-        if resume:  # the surviving history: what the restored state contains
-            for path in (self.metrics_path, self.trained_path):
-                truncate_steps(path, ckpt.step if ckpt is not None else 0)
-        self.state = TrainState.from_json(ckpt.state) if ckpt else TrainState(kl_coef=self.tcfg.kl.coef)
-        self.batcher = (Batcher.from_state(self.tcfg.max_lag, ckpt.ledger) if ckpt
-                        else Batcher(self.tcfg.max_lag))
-        self.positioner = _Positioner(ckpt.offsets if ckpt else {})
-        self.last_checkpoint_step = self.state.step
+        self.limits = ModelLimits.of(self.engine.module.policy.config, self.tcfg)
+        self._restore_state(ckpt, resume)
         if ckpt is not None:
             self.telemetry.restart()  # resumed from a checkpoint
         self.telemetry.set_step(self.state.step)
@@ -144,9 +137,39 @@ class Trainer:
         self.publisher = WeightsPublisher(self.transport, self.sink, cfg.weights, self.transport.instance_id)
         if resume:
             self._reconcile_version()
-        self.source = self.transport.source([self.names.scored], trainer_group(cfg), "scored_rollout", self.sink)
+        self.source = assigned_source(self.transport, trainer_group(cfg), "scored_rollout", self.sink)
+        self.start = self._position(ckpt.offsets if ckpt else {})
         self.telemetry.attach(self.source, self.sink)
         self.telemetry.set_ready(model_loaded=True, version=self.state.version)
+
+    def _restore_state(self, ckpt, resume: bool) -> None:
+        """State, batcher (ledger + every re-queue already sent) and, on resume, the surviving history files."""
+        if resume:  # the surviving history: what the restored state contains
+            for path in (self.metrics_path, self.trained_path):
+                truncate_steps(path, ckpt.step if ckpt is not None else 0)
+        self.state = TrainState.from_json(ckpt.state) if ckpt else TrainState(kl_coef=self.tcfg.kl.coef)
+        cap = self.tcfg.max_requeues
+        self.batcher = (Batcher.from_state(self.tcfg.max_lag, ckpt.ledger, cap) if ckpt
+                        else Batcher(self.tcfg.max_lag, cap))
+        self.batcher.lineage = Lineage.of(self.state.lineage)
+        if resume:  # re-queues sent after the checkpoint are on the broker: never send them again
+            for group_id, attempt in read_requeues(self.requeue_path, self.names.prompts).items():
+                self.batcher.note_requeued(group_id, attempt - 1)
+        self.last_checkpoint_step = self.state.step
+
+    def _position(self, offsets: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+        """Assign every scored partition and seek it (:mod:`consumers.trainer.positions`); on an error, close
+        what this process opened so that it exits cleanly."""
+        reader = self.transport.reader()
+        try:
+            return assign_and_position(self.source.consumer, reader, self.names.scored, offsets,
+                                       self.tcfg.accept_offset_loss)
+        except BaseException:
+            for part in (self.source, self.sink, self.telemetry):
+                part.close()
+            raise
+        finally:
+            reader.close()
 
     # -- main loop ----------------------------------------------------------------------------------------------
 
@@ -168,10 +191,8 @@ class Trainer:
         while not (stop_event is not None and stop_event.is_set()) and not self._finished():
             self.telemetry.tick()
             self.source.paused = self.telemetry.paused
-            records = self.source.poll(self.tcfg.poll_timeout_s)
-            records = self.positioner.reconcile(self.source.consumer, self.batcher, records)
-            for record in records:
-                self._send_drops(self.batcher.add(record, self.state.version))
+            for record in self.source.poll(self.tcfg.poll_timeout_s):
+                self._send_drops(self._admit(record), record.headers)  # drops continue the record's trace
             groups = self.batcher.take(self.tcfg.groups_per_step)
             if groups is None:
                 if self.sink.pending:
@@ -180,6 +201,15 @@ class Trainer:
                 continue
             self._step(groups, wait_s=time.monotonic() - waiting_since)
             waiting_since = time.monotonic()
+
+    def _admit(self, record) -> list[StaleDrop]:
+        """Check ``record`` against the model (:mod:`consumers.trainer.admit`): into the batcher, or dead-lettered
+        with the reason and its group dropped at once (it could never complete)."""
+        rejection = check_scored(record.value, self.limits)
+        if rejection is None:
+            return self.batcher.add(record, self.state.version)
+        self.source.dead_letter_record(record, rejection.reason, rejection.error_type)
+        return self.batcher.reject(record, self.state.version, rejection.reason)
 
     def _finished(self) -> bool:
         return self.tcfg.max_steps is not None and self.state.step >= self.tcfg.max_steps
@@ -196,14 +226,14 @@ class Trainer:
                 "stream_rl.response_tokens": tokens}):
             self.ranks.send(Command.STEP, step_payload(self.state, scored) if self.ranks.world > 1 else b"")
             batch = build_batch(scored, self.pad_id)
-            metrics = rollout_metrics(scored, self.state.version, self.tcfg.success_threshold)
+            lags = [max(rollout_lag(s, self.state.version, self.batcher.lineage), 0) for s in scored]
+            metrics = rollout_metrics(scored, self.state.version, self.tcfg.success_threshold, lags)
             metrics.update(train_step(self.engine, batch, self.tcfg, self.state))
+            step_trace = self.source.trace_headers()  # the step's sends below continue this span
         train_s = time.monotonic() - started
-        self.telemetry.tokens(tokens)
-        self.telemetry.observe_staleness(self.state.version - s.rollout.min_policy_version for s in scored)
-        self.batcher.mark_trained(groups)
-        _append_line(self.trained_path, {"step": self.state.step, "version": self.state.version,
-                                         "rollout_ids": [r.rollout_id for r in scored]})
+        if self._settle(groups, scored, metrics, step_trace):
+            self.telemetry.tokens(tokens)
+            self.telemetry.observe_staleness(lags)
         stop = None
         try:  # alerts judge the step before its weights can be published (NaN weights never leave)
             self.telemetry.step_done(self.state.step, metrics)
@@ -213,10 +243,12 @@ class Trainer:
         if stop is None and self.state.step % self.tcfg.broadcast_every == 0:
             t0 = time.monotonic()
             self.state.version += 1
-            self._publish()
-            if self.state.version % self.cfg.weights.keep_last == 0:  # GC lists topics: not every version
-                self.publisher.collect_garbage(self.cfg.weights.keep_last)
-            self._send_drops(self.batcher.expire(self.state.version))
+            with self.source.process_span_of("broadcast", step_trace, {"stream_rl.policy_version":
+                                                                       self.state.version}):
+                self._publish()
+                if self.state.version % self.cfg.weights.keep_last == 0:  # GC lists topics: not every version
+                    self.publisher.collect_garbage(self.cfg.weights.keep_last)
+                self._send_drops(self.batcher.expire(self.state.version))
             broadcast_s = time.monotonic() - t0
         metrics.update({"time/wait_s": wait_s, "time/broadcast_s": broadcast_s,
                         "time/checkpoint_s": self.checkpoint_s, "time/step_s": time.monotonic() - started})
@@ -232,16 +264,46 @@ class Trainer:
             self._checkpoint()
             self.checkpoint_s = time.monotonic() - t0
 
+    def _settle(self, groups: list[Group], scored: list, metrics: dict[str, float], trace) -> bool:
+        """After ``train_step`` (which advanced the step): the step's groups are trained, or, when no update
+        was applied, dropped with the reason and never counted as trained. Returns True if trained."""
+        ids = [s.rollout_id for s in scored]
+        line: dict[str, Any] = {"step": self.state.step, "version": self.state.version, "rollout_ids": ids}
+        trained = metrics.get("optim/updates", 1.0) > 0
+        if trained:
+            self.batcher.mark_trained(groups)
+        else:
+            reason = skip_reason(self.state.step, metrics)
+            log.warning("%s: its %d rollouts go to the stale topic and their prompts are re-queued", reason,
+                        len(ids))
+            self._send_drops(self.batcher.drop_skipped(groups, self.state.version, reason), trace)
+            line.update({"rollout_ids": [], "skipped_ids": ids, "skipped": reason})
+        append_line(self.trained_path, line)
+        return trained
+
     # -- outputs ------------------------------------------------------------------------------------------------
 
-    def _send_drops(self, drops: list[StaleDrop]) -> None:
+    def _send_drops(self, drops: list[StaleDrop], trace=None) -> None:
+        """Stale records and re-queued prompts, in a span continuing ``trace`` (the headers of the record or the
+        step that caused them); the re-queues are flushed, then logged (never sent twice)."""
+        if not drops:
+            return
+        if trace is not None:
+            with self.source.process_span_of("drop", trace):
+                self._send_drops(drops)
+            return
+        requeued = []
         for drop in drops:
             for stale in drop.stale:
                 self.sink.send(self.names.stale, stale, key=stale.group_id)
             if drop.requeue is not None:
                 self.sink.send(self.names.prompts, drop.requeue, key=drop.requeue.prompt_id)
+                requeued.append(drop.requeue)
                 log.info("re-queued %s epoch %d as attempt %d (%s)", drop.requeue.prompt_id, drop.requeue.epoch,
-                         drop.requeue.attempt, drop.stale[0].reason)
+                         drop.requeue.attempt, drop.reason)
+        if requeued:
+            self.sink.flush()
+            log_requeues(self.requeue_path, self.names.prompts, requeued)
 
     def _write_metrics(self, metrics: dict[str, float]) -> None:
         counters = {f"batcher/{k}_total": float(v) for k, v in self.batcher.counters.items()}
@@ -249,19 +311,20 @@ class Trainer:
                **{k: _finite(v) for k, v in sorted(metrics.items())}, **counters,
                "batcher/buffered_groups": self.batcher.buffered_groups,
                "batcher/ready_groups": self.batcher.ready_groups}
-        _append_line(self.metrics_path, row)
+        append_line(self.metrics_path, row)
         self.telemetry.set_version(self.state.version)
         self.telemetry.row_written(row)
 
     def _checkpoint(self) -> Path:
         """Flush, checkpoint atomically, prune, then commit the same safe offsets to the consumer group."""
         self.sink.flush()
-        offsets = {**self.positioner.start, **self.batcher.safe_offsets()}
+        offsets = {**self.start, **self.batcher.safe_offsets()}
         self.ranks.send(Command.SAVE)
         path = save_checkpoint(self.root, step=self.state.step, version=self.state.version, engine=self.engine,
                                offsets=offsets, ledger=self.batcher.ledger_state(), state=self.state.to_json())
         prune_checkpoints(self.root, self.tcfg.keep_checkpoints)
         self.last_checkpoint_step = self.state.step
+        failpoints.hit("trainer.after_checkpoint")  # recovery drills: a checkpoint whose offsets are not committed
         assigned = {(tp.topic, tp.partition): tp for tp in self.source.consumer.assignment()}
         commit = {assigned[k]: off for k, off in offsets.items() if k in assigned}
         if commit:
@@ -294,8 +357,12 @@ class Trainer:
             return
         if published > self.state.version:
             log.warning("versions up to %d were published after the checkpoint (version %d); republishing the "
-                        "checkpoint's weights as version %d", published, self.state.version, published + 1)
+                        "checkpoint's weights as version %d (staleness is measured through the checkpoint's "
+                        "version, so the backlog stays as fresh as it was)", published, self.state.version,
+                        published + 1)
+            self.state.lineage.append([self.state.version, published + 1])
             self.state.version = published + 1
+            self.batcher.lineage = Lineage.of(self.state.lineage)
         self._publish()
 
     def _publish(self) -> None:
@@ -312,30 +379,6 @@ class Trainer:
         self.sink.close()
         self.telemetry.close()
         self.transport.tracing.shutdown()
-
-
-def _append_line(path: Path, row: dict[str, Any]) -> None:
-    with open(path, "a") as fh:
-        fh.write(json.dumps(row, allow_nan=False) + "\n")  # one write: a crash tears at most the last line
-
-
-def truncate_steps(path: Path, last_step: int) -> int:
-    """Rewrite the JSON-lines file ``path`` atomically, keeping the rows with ``step <= last_step``; a torn
-    (undecodable) line is dropped. Returns the number of rows kept (0 if the file does not exist)."""
-    if not path.is_file():
-        return 0
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and row.get("step", 0) <= last_step:
-            kept.append(line + "\n")
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(kept))
-    os.replace(tmp, path)
-    return len(kept)
 
 
 def _seed_everything(seed: int) -> None:

@@ -17,15 +17,18 @@ from schemas import ScoredRollout
 
 
 def rollout_metrics(scored: Sequence[ScoredRollout], current_version: int,
-                    success_threshold: float) -> dict[str, float]:
-    """Metrics read off the records: rewards, group success, lengths, staleness, generate/score stage timings."""
+                    success_threshold: float, lags: Sequence[int] | None = None) -> dict[str, float]:
+    """Metrics read off the records: rewards, group success, lengths, staleness, generate/score stage timings.
+    ``lags``: each rollout's policy lag as the batcher measured it (through a resume's lineage); default
+    ``current_version - min_policy_version``."""
     rewards = torch.tensor([s.reward for s in scored], dtype=torch.float64)
     groups: dict[str, list[float]] = {}
     for s in scored:
         groups.setdefault(s.group_id, []).append(s.reward)
     success = [sum(r >= success_threshold for r in g) / len(g) for g in groups.values()]
     lengths = [s.rollout.response_length for s in scored]
-    lags = [current_version - s.rollout.min_policy_version for s in scored]
+    if lags is None:
+        lags = [current_version - s.rollout.min_policy_version for s in scored]
     score_s = [s.timings.get("score_s") for s in scored]
     out = {
         "reward/mean": float(rewards.mean()),

@@ -14,7 +14,8 @@ Guarantees:
   pi_prox (its ratio is identically 1), so the separate no-grad proximal pass runs only when something before the
   update needs it (GAE's values, a KL penalty in the reward) or ``trainer.recompute_proximal = "always"``.
 - NaN/Inf guard (in :func:`~consumers.trainer.update.update`): a skipped update leaves weights and optimizer state
-  untouched and ``optim/skipped_updates`` counts it.
+  untouched and ``optim/skipped_updates`` counts it; ``optim/updates`` counts the applied ones, and a step with
+  none applied trained nothing (the loop then drops its groups instead of marking them trained).
 - Data parallel (``engine.ranks``): each rank runs its share of every pass; pi_prox, the recorded logprobs and the
   metrics are reduced over ranks, so the state and the metrics are the same on every rank and equal (to float
   rounding) what one rank computes.
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import Tensor
@@ -46,6 +47,8 @@ class TrainState:
     kl_coef: float = 0.0
     skipped_updates: int = 0
     applied_updates: int = 0
+    lineage: list[list[int]] = field(default_factory=list)
+    """Resume jumps ``[base, republished]`` (consumers.trainer.lineage): staleness is measured along them."""
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -53,6 +56,14 @@ class TrainState:
     @classmethod
     def from_json(cls, data: dict) -> TrainState:
         return cls(**data)
+
+
+def skip_reason(step: int, metrics: dict[str, float]) -> str:
+    """Why step ``step`` applied no update: its non-finite loss, else a non-finite gradient norm."""
+    loss = metrics.get("loss/total")
+    if loss is not None and not math.isfinite(loss):
+        return f"step {step}: update skipped: non-finite loss {loss}"
+    return f"step {step}: update skipped: non-finite gradient norm"
 
 
 def lr_at(step: int, cfg: TrainerConfig) -> float:

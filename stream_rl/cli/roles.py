@@ -46,15 +46,24 @@ def stop_on_signals() -> threading.Event:
     return stop
 
 
-def run_role(fn, *args, **kwargs) -> None:
-    """Run a role loop; an alert with action ``stop`` ends the process with exit code 3 (after its checkpoint)."""
+def run_role(fn, cfg, *args, **kwargs) -> None:
+    """Run a role loop; an alert with action ``stop`` ends the process with exit code 3 (after its checkpoint).
+    The failures an operator acts on (the broker lost, a group that never settles, a missing topic, offsets the
+    broker no longer has, an unacknowledged send) end it with one line naming the broker, exit code 1."""
+    from consumers.trainer.positions import OffsetLossError
     from stream_rl.alerts.monitor import AlertStop
+    from stream_rl.transport.edge import BrokerUnreachable, DeliveryError
+    from stream_rl.transport.membership import NoAssignment
+    from stream_rl.transport.topics import TopicError
 
     try:
-        fn(*args, **kwargs)
+        fn(cfg, *args, **kwargs)
     except AlertStop as exc:
         typer.echo(f"stopped by alert: {exc}", err=True)
         raise typer.Exit(exc.exit_code) from None
+    except (BrokerUnreachable, NoAssignment, TopicError, OffsetLossError, DeliveryError) as exc:
+        logging.getLogger("stream_rl.cli").error("%s: %s", type(exc).__name__, exc)
+        fail(f"{type(exc).__name__} (broker {cfg.kafka.bootstrap_servers}): {exc}")
 
 
 def _role_flags(bootstrap: str | None, run: str | None) -> dict:

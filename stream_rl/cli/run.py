@@ -2,11 +2,13 @@
 
 With ``run.demo_dir`` set (the default), the built-in demo is built there when missing and fills every model,
 reward and prompt setting left at its default. The run gets a unique name (topics) and directory unless both are
-given. Exits 0 when the trainer reaches its step budget, non-zero naming the role when any role dies.
+given. Exits 0 when the trainer reaches its step budget, non-zero naming the role when any role dies. However it
+ends (budget, a role's death, Ctrl-C, SIGTERM), it stops every role it started and the broker if it started it.
 """
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 from typing import Annotated
@@ -65,6 +67,7 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt =
     _build_demo(cfg)
     from stream_rl import broker
 
+    signal.signal(signal.SIGTERM, _interrupted)  # SIGTERM ends the run as Ctrl-C does: every role, then the broker
     started_broker = False
     if not cfg.kafka.bootstrap_servers:
         if not cfg.run.start_broker:
@@ -75,9 +78,15 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt =
     try:
         _load_prompts(cfg)
         _launch(cfg)
+    except KeyboardInterrupt:
+        fail("interrupted before the roles started", 130)
     finally:
         if started_broker:
             broker.down(cfg.broker)
+
+
+def _interrupted(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _build_demo(cfg) -> None:

@@ -3,7 +3,8 @@
 Consumes: :class:`~stream_rl.prompts.schema.PromptRow` lists (already checked), epochs, group size and a seed.
 Produces: :class:`schemas.Prompt` messages, one per (prompt, epoch), and their records on the run's prompts topic,
 keyed by ``prompt_id`` (so every epoch and attempt of a prompt shares one partition).
-Guarantees: all records are built and validated (``schemas.validate``) before the first one is sent; epoch ``e``
+Guarantees: ``group_size`` is bounded (``1..schemas.MAX_GROUP_SIZE``) before anything is built; all records are
+built and validated (``schemas.validate``) before the first one is sent; epoch ``e``
 is shuffled with ``random.Random(seed + e)`` (or kept in file order with ``shuffle=False``), so the same rows,
 seed and epochs always give the same sequence; :func:`publish_prompts` returns only after the broker
 acknowledged every record (a failed send raises).
@@ -14,7 +15,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from schemas import Prompt, SchemaError, validate
+from schemas import MAX_GROUP_SIZE, Prompt, SchemaError, validate
 from stream_rl.prompts.schema import PromptFileError, PromptRow
 
 
@@ -23,8 +24,9 @@ def prompt_messages(rows: Sequence[PromptRow], epochs: int, group_size: int, see
     """Prompt records for ``epochs`` passes over ``rows``: epoch 0 first, each epoch in its own shuffled order."""
     if epochs < 1:
         raise PromptFileError(f"epochs must be >= 1, got {epochs}")
-    if group_size < 1:
-        raise PromptFileError(f"group_size must be >= 1, got {group_size}")
+    if not 1 <= group_size <= MAX_GROUP_SIZE:
+        raise PromptFileError(f"group_size (--group-size / run.group_size) must be between 1 and {MAX_GROUP_SIZE} "
+                              f"samples per prompt, got {group_size}")
     for row in rows:
         try:
             validate(Prompt(prompt_id=row.prompt_id, epoch=0, text=row.text, answer=row.answer,

@@ -1,7 +1,7 @@
 """Kafka transport edge: the only place that imports kafka-python (see edge.py for the delivery contract)."""
 
-from stream_rl.transport.edge import Consumed, DeliveryError, Sink, Source, group_by_partition
+from stream_rl.transport.edge import BrokerUnreachable, Consumed, DeliveryError, Sink, Source, group_by_partition
 from stream_rl.transport.topics import LOGICAL_TOPICS, TopicError, TopicNames, ensure_topics, resolve_topic
 
-__all__ = ["Consumed", "DeliveryError", "Sink", "Source", "group_by_partition", "LOGICAL_TOPICS", "TopicError",
+__all__ = ["BrokerUnreachable", "Consumed", "DeliveryError", "Sink", "Source", "group_by_partition", "LOGICAL_TOPICS", "TopicError",
            "TopicNames", "ensure_topics", "resolve_topic"]

@@ -19,8 +19,9 @@ from stream_rl.broker import resolve_bootstrap
 from stream_rl.config import StreamRLConfig
 from stream_rl.tracing import Tracing
 from stream_rl.transport.edge import Sink, Source, forget_partitions
-from stream_rl.transport.settings import admin_settings, consumer_settings, producer_settings
+from stream_rl.transport.settings import ClientProbe, admin_settings, consumer_settings, producer_settings
 from stream_rl.transport.topics import TopicNames, ensure_topics
+from stream_rl.transport.unreadable import SkippedRecord, find_unreadable
 
 
 class _Forget(ConsumerRebalanceListener):
@@ -56,14 +57,21 @@ class Transport:
             admin.close()
 
     def sink(self) -> Sink:
-        return Sink(KafkaProducer(**producer_settings(self.cfg.kafka, self.bootstrap, self.instance_id)),
-                    self.tracing)
+        """A producer edge: sends bounded by ``kafka.broker_timeout_s``, dead letters cut to fit."""
+        probe, kafka = ClientProbe(), self.cfg.kafka
+        producer = KafkaProducer(**producer_settings(kafka, self.bootstrap, self.instance_id, probe))
+        return Sink(producer, self.tracing, probe=probe, broker_timeout_s=kafka.broker_timeout_s,
+                    bootstrap=self.bootstrap, max_request_size=kafka.max_request_size)
 
     def source(self, topics: Sequence[str], group_id: str, expected_kind: str | tuple[str, ...] | None,
                sink: Sink) -> Source:
         """A group consumer on ``topics`` (full names) whose invalid records go to the run's DLQ via ``sink``."""
-        consumer = KafkaConsumer(**consumer_settings(self.cfg.kafka, self.bootstrap, group_id, self.instance_id))
-        source = Source(consumer, sink, self.names.dlq, expected_kind, self.instance_id, self.tracing)
+        probe = ClientProbe()
+        consumer = KafkaConsumer(**consumer_settings(self.cfg.kafka, self.bootstrap, group_id, self.instance_id,
+                                                     probe))
+        source = Source(consumer, sink, self.names.dlq, expected_kind, self.instance_id, self.tracing,
+                        probe=probe, broker_timeout_s=self.cfg.kafka.broker_timeout_s, bootstrap=self.bootstrap,
+                        assignment_timeout_s=self.cfg.kafka.assignment_timeout_s)
         consumer.subscribe(list(topics), listener=_Forget(source))
         return source
 
@@ -107,7 +115,10 @@ def highwaters(consumer: KafkaConsumer, tps: Sequence[TopicPartition], timeout_s
 
 def read_range(consumer: KafkaConsumer, tp: TopicPartition, start: int, limit: int | None,
                timeout_s: float = 10.0) -> Iterator[Any]:
-    """Raw records of one partition from ``start`` up to the high-water mark (or ``limit`` records)."""
+    """Raw records of one partition from ``start`` up to the high-water mark (or ``limit`` records).
+
+    A batch the client cannot read (codec, corruption) comes out as one :class:`SkippedRecord` per offset with
+    the reason, and the read goes on after it."""
     end = highwaters(consumer, [tp], timeout_s)[tp]
     consumer.assign([tp])
     consumer.seek(tp, max(start, 0))
@@ -116,7 +127,15 @@ def read_range(consumer: KafkaConsumer, tp: TopicPartition, start: int, limit: i
     while consumer.position(tp) < end and (limit is None or produced < limit):
         if time.monotonic() > deadline:
             raise TimeoutError(f"{tp.topic}[{tp.partition}] stalled at offset {consumer.position(tp)} of {end}")
-        for rec in consumer.poll(timeout_ms=500).get(tp, []):
+        try:
+            fetched = consumer.poll(timeout_ms=500).get(tp, [])
+        except Exception as exc:  # only an unreadable batch is reported and skipped; anything else propagates
+            where = find_unreadable(consumer, exc)
+            if where is None:
+                raise
+            consumer.seek(tp, where.last + 1)
+            fetched = SkippedRecord.each(where)
+        for rec in fetched:
             if limit is not None and produced >= limit:
                 return
             produced += 1

@@ -9,10 +9,27 @@ Guarantees (the delivery contract every role loop relies on)::
                   │                                                          (broker acked)   (last_offset + 1)
                   └─ undecodable / invalid ──> sink.send(DLQ, DeadLetter(reason, source offset, raw bytes))
 
-- A record that fails to decode or validate is sent to the run's dead-letter topic with the reason and the
-  source topic/partition/offset and raw bytes, and the consumer moves on; it is committed with the good ones.
+- On a role's input (a source with an expected kind), a prompt, rollout or scored rollout whose record key is
+  not its documented key (``prompt_id``, ``group_id``) is dead-lettered the same way (``KeyError``): keys
+  decide partitions.
+- A record that fails to decode or validate is sent to the run's dead-letter topic with the reason, the
+  source topic/partition/offset and its raw bytes, and the consumer moves on; it is committed with the good ones.
+  The dead letter continues the rejected record's trace (its send span descends from the record's context).
+- A record batch the client cannot read at all (a compression codec it lacks, a corrupt batch, a record too
+  large; see :mod:`stream_rl.transport.unreadable`) is dead-lettered one offset at a time (``raw_value`` nil,
+  the error as reason) and the consumer seeks past it: a role never crash-loops on one offset.
+- A dead letter always fits the producer's ``max_request_size``: raw bytes beyond half of it are cut
+  (``raw_truncated``, with the whole value's ``raw_size`` and ``raw_sha256``; the record itself stays at its
+  source coordinates, to replay from there).
+- Bounded broker loss: ``poll``, ``send`` and ``flush`` raise :class:`BrokerUnreachable` naming the bootstrap
+  address once the client has heard from no broker for ``kafka.broker_timeout_s``; every role loop exits
+  non-zero on it. A send to a topic that does not exist raises :class:`~stream_rl.transport.topics.TopicError`
+  naming the topic and ``stream-rl topics create`` (no client auto-creates topics, see settings.py).
 - ``commit`` refuses to run while the sink holds unacknowledged sends, so an offset is never committed before
   the outputs derived from it (and the dead letters) are durable on the broker.
+- A group member that is given no partition within ``kafka.assignment_timeout_s`` while its group is not
+  stable raises :class:`~stream_rl.transport.membership.NoAssignment` (the role exits non-zero naming the group);
+  a member of a stable group that got nothing (more members than partitions) logs that once and idles.
 - ``paused`` (set by the loop while an alert with action ``pause`` fires) pauses every assigned partition, so
   ``poll`` returns nothing while the consumer stays in its group; clearing it resumes them.
 - An ``observer`` (the role's telemetry) is told of every record fetched, sent and dead-lettered.
@@ -29,14 +46,59 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemas import DeadLetter, SchemaError, decode, encode
-from stream_rl.tracing import Headers, Tracing
+from stream_rl.tracing import Headers, Tracing, current_headers, extract_span_context
 from stream_rl.tracing_attrs import span_attributes
+from stream_rl.transport.membership import AssignmentWatch, close_consumer
+from stream_rl.transport.settings import ClientProbe
+from stream_rl.transport.topics import TopicError
+from stream_rl.transport.unreadable import Unreadable, find_unreadable
 
 log = logging.getLogger(__name__)
 
 
 class DeliveryError(RuntimeError):
     """The broker did not acknowledge a send; nothing derived from it may be committed."""
+
+
+class BrokerUnreachable(RuntimeError):
+    """No broker answered for ``kafka.broker_timeout_s``: the role stops (non-zero) instead of retrying forever."""
+
+
+DEFAULT_BROKER_TIMEOUT_S = 60.0
+DEAD_LETTER_OVERHEAD = 16_384
+"""Bytes of a dead letter's record kept for everything but the raw value (reason, ids, headers, framing)."""
+
+
+def raw_budget(max_request_size: int, key: bytes | None) -> int:
+    """Raw value bytes a dead letter may carry: half the request limit, less its key (sent twice) and overhead."""
+    return max(0, max_request_size // 2 - 2 * len(key or b"") - DEAD_LETTER_OVERHEAD)
+
+
+class _Liveness:
+    """When a client last heard from a broker; :meth:`check` raises BrokerUnreachable past the bound."""
+
+    def __init__(self, probe: ClientProbe | None, timeout_s: float, bootstrap: str):
+        self.probe, self.timeout_s, self.bootstrap = probe, timeout_s, bootstrap
+        self.last_contact = time.monotonic()
+
+    def update(self) -> None:
+        heard = self.probe.last_heard() if self.probe is not None else None
+        if heard is not None:
+            self.last_contact = max(self.last_contact, heard)
+
+    def lost(self) -> bool:
+        self.update()
+        return self.probe is not None and time.monotonic() - self.last_contact > self.timeout_s
+
+    def error(self, doing: str, cause: BaseException | None = None) -> BrokerUnreachable:
+        silent = time.monotonic() - self.last_contact
+        detail = f": {cause!r}" if cause is not None else ""
+        return BrokerUnreachable(f"broker {self.bootstrap} unreachable: no answer for {silent:.0f}s while "
+                                 f"{doing} (kafka.broker_timeout_s={self.timeout_s:g}){detail}")
+
+    def check(self, doing: str) -> None:
+        if self.lost():
+            raise self.error(doing)
 
 
 @dataclass(frozen=True)
@@ -60,10 +122,14 @@ def _key_bytes(key: str | bytes | None) -> bytes | None:
 class Sink:
     """Sends messages and knows which sends the broker has not acknowledged yet."""
 
-    def __init__(self, producer, tracing: Tracing):
+    def __init__(self, producer, tracing: Tracing, *, probe: ClientProbe | None = None,
+                 broker_timeout_s: float = DEFAULT_BROKER_TIMEOUT_S, bootstrap: str = "?",
+                 max_request_size: int = 1_048_576):
         self._producer = producer
         self._tracing = tracing
         self._pending: list[tuple[str, Any]] = []
+        self._liveness = _Liveness(probe, broker_timeout_s, bootstrap)
+        self.max_request_size = max_request_size
         self.observer = None  # telemetry (records_out); set by RoleTelemetry.attach
 
     @property
@@ -79,23 +145,49 @@ class Sink:
 
     def send_raw(self, topic: str, value: bytes, key: str | bytes | None = None, headers: Headers | None = None,
                  partition: int | None = None, attributes: dict[str, Any] | None = None) -> None:
+        from kafka.errors import KafkaTimeoutError
+
         with self._tracing.send_span(topic, _key_bytes(key), list(headers or []), attributes) as hdrs:
-            future = self._producer.send(topic, value=value, key=_key_bytes(key), headers=hdrs,
-                                         partition=partition)
+            try:
+                future = self._producer.send(topic, value=value, key=_key_bytes(key), headers=hdrs,
+                                             partition=partition)
+            except KafkaTimeoutError as exc:  # waited max_block_ms (= kafka.broker_timeout_s) for metadata/buffer
+                raise self._send_timeout(topic, exc) from exc
         self._pending.append((topic, future))
         if self.observer is not None:
             self.observer.records_out(topic, 1)
 
-    def flush(self, timeout_s: float = 60.0) -> list[Any]:
-        """Wait until the broker acknowledged every pending send; raise DeliveryError naming the topic if not."""
-        self._producer.flush(timeout=timeout_s)
+    def _send_timeout(self, topic: str, exc: BaseException) -> RuntimeError:
+        if self._liveness.lost():
+            return self._liveness.error(f"sending to {topic}", exc)
+        if self._liveness.probe is not None and not self._liveness.probe.knows_topic(topic):
+            return TopicError(f"topic {topic} does not exist on {self._liveness.bootstrap} (roles never create "
+                              f"topics): create the run's topics with `stream-rl topics create`")
+        return DeliveryError(f"send to {topic} blocked for {self._liveness.timeout_s:g}s: {exc!r}")
+
+    def flush(self, timeout_s: float | None = None) -> list[Any]:
+        """Wait until the broker acknowledged every pending send (at most ``timeout_s``, default
+        ``kafka.broker_timeout_s``); raise BrokerUnreachable when no broker answered for that bound, else
+        DeliveryError naming the topic."""
+        from kafka.errors import KafkaTimeoutError
+
+        timeout_s = self._liveness.timeout_s if timeout_s is None else timeout_s
+        try:
+            self._producer.flush(timeout=timeout_s)
+        except KafkaTimeoutError as exc:
+            if self._liveness.lost():
+                count, self._pending = len(self._pending), []
+                raise self._liveness.error(f"flushing {count} sends", exc) from exc
         pending, self._pending = self._pending, []
         metadata = []
         for topic, future in pending:
             try:
                 metadata.append(future.get(timeout=timeout_s))
             except Exception as exc:  # kafka-python raises KafkaError subclasses or a timeout
+                if self._liveness.lost():
+                    raise self._liveness.error(f"waiting for the ack of a send to {topic}", exc) from exc
                 raise DeliveryError(f"send to {topic} was not acknowledged: {exc!r}") from exc
+        self._liveness.update()
         return metadata
 
     def close(self, timeout_s: float = 10.0) -> None:
@@ -106,8 +198,12 @@ class Source:
     """A consumer-group reader that decodes, validates and dead-letters, with explicit commits."""
 
     def __init__(self, consumer, sink: Sink, dlq_topic: str, expected_kind: str | tuple[str, ...] | None,
-                 consumer_id: str, tracing: Tracing):
+                 consumer_id: str, tracing: Tracing, *, probe: ClientProbe | None = None,
+                 broker_timeout_s: float = DEFAULT_BROKER_TIMEOUT_S, bootstrap: str = "?",
+                 assignment_timeout_s: float | None = None):
         self._consumer = consumer
+        self._watch = AssignmentWatch(assignment_timeout_s)
+        self._liveness = _Liveness(probe, broker_timeout_s, bootstrap)
         self._sink = sink
         self._dlq_topic = dlq_topic
         self._expected_kind = expected_kind
@@ -123,9 +219,19 @@ class Source:
         return self._consumer
 
     def poll(self, timeout_s: float = 1.0, max_records: int | None = None) -> list[Consumed]:
-        """Fetch records; return the valid ones in partition order, dead-letter the rest."""
+        """Fetch records; return the valid ones in partition order, dead-letter the rest (undecodable or
+        invalid records, unreadable batches). Raises BrokerUnreachable past ``kafka.broker_timeout_s``."""
         self._apply_pause()
-        batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        try:
+            batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        except Exception as exc:  # only an unreadable batch is handled here; anything else propagates
+            where = find_unreadable(self._consumer, exc)
+            if where is None:
+                raise
+            self._skip_unreadable(where)
+            batches = {}
+        self._liveness.check("polling " + ", ".join(sorted(self._consumer.subscription() or ())))
+        self._watch.check(self._consumer)
         out: list[Consumed] = []
         for tp, records in batches.items():
             if self.observer is not None and records:
@@ -138,11 +244,27 @@ class Source:
                     value = decode(rec.value, self._expected_kind)
                 except SchemaError as exc:
                     self.dead_letter(rec.topic, rec.partition, rec.offset, rec.key, rec.value, str(exc),
-                                     "SchemaError")
+                                     "SchemaError", headers=headers)
+                    continue
+                problem = key_problem(value, rec.key) if self._expected_kind is not None else None
+                if problem is not None:
+                    self.dead_letter(rec.topic, rec.partition, rec.offset, rec.key, rec.value, problem,
+                                     "KeyError", headers=headers)
                     continue
                 out.append(Consumed(rec.topic, rec.partition, rec.offset, rec.key, value, headers,
                                     rec.timestamp, rec.value))
         return out
+
+    def _skip_unreadable(self, where: Unreadable) -> None:
+        """Dead-letter every offset of an unreadable batch and seek past it (committed with the next batch)."""
+        tp = where.tp
+        log.error("%s[%d] offsets %d..%d cannot be read by this client (%s): dead-lettered and skipped",
+                  tp.topic, tp.partition, where.first, where.last, where.error_type)
+        for offset in range(where.first, where.last + 1):
+            self.dead_letter(tp.topic, tp.partition, offset, None, None,
+                             f"{where.reason} (offsets {where.first}..{where.last})", where.error_type)
+        self._consumer.seek(tp, where.last + 1)
+        self._next[tp] = where.last + 1
 
     def _apply_pause(self) -> None:
         """Pause every assigned partition while ``paused`` (re-applied each poll: a rebalance may add some)."""
@@ -154,16 +276,30 @@ class Source:
             self._consumer.resume(*self._consumer.paused())
 
     def dead_letter(self, topic: str, partition: int, offset: int, key: bytes | None, raw: bytes | None,
-                    reason: str, error_type: str) -> None:
-        """Send one record to the dead-letter topic with its reason and origin (committed with the batch)."""
+                    reason: str, error_type: str, *, headers: Headers | None = None) -> None:
+        """Send one record to the dead-letter topic with its reason and origin (committed with the batch).
+
+        ``raw`` is kept whole when it fits, else cut (see :func:`raw_budget`); ``headers`` (the rejected
+        record's) make the dead letter continue that record's trace."""
         self.dead_lettered += 1
         if self.observer is not None:
             self.observer.dead_lettered(topic, error_type)
-        log.warning("dead-letter %s[%d]@%d: %s", topic, partition, offset, reason)
-        letter = DeadLetter(reason=reason, error_type=error_type, source_topic=topic, source_partition=partition,
-                            source_offset=offset, raw_value=raw or b"", raw_key=key,
-                            consumer_id=self._consumer_id, created_at=time.time())
-        self._sink.send(self._dlq_topic, letter, key=key)
+        log.warning("dead-letter %s[%d]@%d: %s", topic, partition, offset, reason[:500])
+        letter = DeadLetter.of_value(
+            raw, raw_budget(self._sink.max_request_size, key), reason=reason[:4000] or error_type,
+            error_type=error_type, source_topic=topic, source_partition=partition, source_offset=offset,
+            raw_key=key, consumer_id=self._consumer_id, created_at=time.time())
+        if extract_span_context(headers) is None:  # no trace to continue: child of the current span, if any
+            self._sink.send(self._dlq_topic, letter, key=key)
+            return
+        with self._tracing.process_span("dead-letter", [list(headers or [])],
+                                        {"stream_rl.error_type": error_type}):
+            self._sink.send(self._dlq_topic, letter, key=key)
+
+    def dead_letter_record(self, record: Consumed, reason: str, error_type: str) -> None:
+        """:meth:`dead_letter` of a record this source handed out (its raw bytes, key and trace)."""
+        self.dead_letter(record.topic, record.partition, record.offset, record.key, record.raw_value, reason,
+                         error_type, headers=record.headers)
 
     def commit(self, next_offsets: dict[Any, int] | None = None) -> bool:
         """Commit ``next_offsets`` (default: one past every record handed out). Sends must be flushed first.
@@ -187,12 +323,39 @@ class Source:
             self._next.clear()
         return True
 
+    @staticmethod
+    def trace_headers() -> Headers:
+        """The current span's context as headers: hand them to :meth:`process_span_of` later to continue it."""
+        return current_headers()
+
+    def process_span_of(self, name: str, headers: Headers, attributes: dict[str, Any] | None = None):
+        """Context manager: a span continuing ``headers``' trace (a record's, or :meth:`trace_headers`')."""
+        return self._tracing.process_span(name, [list(headers or [])], attributes)
+
     def process_span(self, name: str, records: Sequence[Consumed], attributes: dict[str, Any] | None = None):
         """Context manager: a span for processing ``records`` (child of one, or linked to many)."""
         return self._tracing.process_span(name, [r.headers for r in records], attributes)
 
     def close(self) -> None:
-        self._consumer.close(autocommit=False)
+        close_consumer(self._consumer)
+
+
+KEY_FIELDS = {"prompt": "prompt_id", "rollout": "group_id", "scored_rollout": "group_id"}
+"""The documented record key of each kind that roles consume in groups (docs/wire-format.md): the key decides
+the partition (murmur2 of the key, as kafka-python and Apache Kafka's Java client place it), and a group must
+stay on one partition."""
+
+
+def key_problem(value: Any, key: bytes | None) -> str | None:
+    """Why ``key`` is not the documented key of ``value`` (None when it is, or the kind has no key rule)."""
+    name = KEY_FIELDS.get(getattr(value, "KIND", ""))
+    if name is None:
+        return None
+    want = getattr(value, name).encode()
+    if key != want:
+        return (f"record key {key!r:.80} is not the documented key ({name} {want!r:.80}): "
+                f"keys decide partitions, so a group must be keyed by its {name}")
+    return None
 
 
 def group_by_partition(records: Iterable[Consumed]) -> dict[tuple[str, int], list[Consumed]]:

@@ -9,8 +9,17 @@ Guarantees:
 - short session/heartbeat timeouts, since group joins are held for ``session_timeout_ms / 2``;
 - ``max_request_size`` stays at Apache Kafka's 1 MiB default so local runs fail where production would;
 - producers are idempotent with ``acks=all`` (kafka-python's default, set explicitly);
-- consumers never auto-create topics (a reader still assigned to a garbage-collected weights topic would
-  otherwise re-create it); topics are created explicitly with their partition counts;
+- no client ever auto-creates a topic: producers, consumers and admin clients get a network client
+  (:class:`ClientProbe`) whose metadata requests say ``allow_auto_topic_creation=false``. kafka-python 3.0.12
+  accepts ``allow_auto_create_topics`` but never hands it to the cluster metadata that builds those requests, so
+  without this every producer's periodic metadata refresh re-created deleted topics (weights chunk topics after
+  garbage collection, ``status`` with the broker's default partition count after a broker lost its topics).
+  Topics are created explicitly (``stream-rl topics create``) with their partition counts;
+- producers refresh metadata every 10 s, so sends to a topic deleted under them fail (``TopicError``) within
+  seconds; tansu 0.6 acknowledges and drops a produce to a deleted topic, Apache Kafka rejects it;
+- a producer blocks at most ``kafka.broker_timeout_s`` in ``send`` (metadata of a missing topic, a full buffer)
+  and reports a send as failed after at most that long (``delivery_timeout_ms``), so a vanished broker or a
+  missing topic becomes an error (see :mod:`stream_rl.transport.edge`), never a hang;
 - SASL/SSL settings pass through; the password comes from its file or the environment, never from a log.
 Nothing in the project calls ``end_offsets``, ``seek_to_end`` or ``offsets_for_times`` (wrong on tansu 0.6);
 high-water marks come from fetch responses (``consumer.highwater``).
@@ -18,9 +27,47 @@ high-water marks come from fetch responses (``consumer.highwater``).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from kafka.net.compat import KafkaNetClient
+
 from stream_rl.config import KafkaConfig, read_secret
+
+
+PRODUCER_METADATA_MAX_AGE_MS = 10_000
+"""Producers re-read topic metadata this often (kafka-python's default: 5 min), so a topic deleted under them is
+noticed within seconds: tansu 0.6 acknowledges a produce to a deleted topic and drops it (measured)."""
+
+
+class ClientProbe:
+    """The ``kafka_client`` factory of one kafka-python client: builds its network client with automatic topic
+    creation off, and tells when that client last heard from a broker (the edge's liveness signal)."""
+
+    def __init__(self) -> None:
+        self.client: KafkaNetClient | None = None
+
+    def __call__(self, **configs: Any) -> KafkaNetClient:
+        client = KafkaNetClient(**configs)
+        client.cluster.config["allow_auto_create_topics"] = False  # see the module docstring
+        self.client = client
+        return client
+
+    def last_heard(self) -> float | None:
+        """``time.monotonic()`` of the last bytes read from any connected broker, None if none is connected."""
+        if self.client is None:
+            return None
+        conns = list(self.client._manager._conns.values())  # kafka-python 3.0.12 connection table
+        reads = [c.transport.last_read for c in conns if c.connected and c.transport is not None]
+        return max(reads, default=None)
+
+    def heard_within(self, seconds: float) -> bool:
+        heard = self.last_heard()
+        return heard is not None and time.monotonic() - heard <= seconds
+
+    def knows_topic(self, topic: str) -> bool:
+        """Whether the client's metadata lists ``topic`` (after a refresh that reached a broker)."""
+        return self.client is not None and self.client.cluster.partitions_for_topic(topic) is not None
 
 
 def security_settings(cfg: KafkaConfig) -> dict[str, Any]:
@@ -41,18 +88,26 @@ def security_settings(cfg: KafkaConfig) -> dict[str, Any]:
     return out
 
 
-def _common(cfg: KafkaConfig, bootstrap: str, client_id: str | None) -> dict[str, Any]:
+def _common(cfg: KafkaConfig, bootstrap: str, client_id: str | None,
+            probe: ClientProbe | None = None) -> dict[str, Any]:
     return {
         "bootstrap_servers": bootstrap.split(","),
         "client_id": client_id or cfg.client_id,
         "request_timeout_ms": cfg.request_timeout_ms,
+        "kafka_client": probe if probe is not None else ClientProbe(),
         **security_settings(cfg),
     }
 
 
-def producer_settings(cfg: KafkaConfig, bootstrap: str, client_id: str | None = None) -> dict[str, Any]:
+def producer_settings(cfg: KafkaConfig, bootstrap: str, client_id: str | None = None,
+                      probe: ClientProbe | None = None) -> dict[str, Any]:
+    bound_ms = int(cfg.broker_timeout_s * 1000)
     return {
-        **_common(cfg, bootstrap, client_id),
+        **_common(cfg, bootstrap, client_id, probe),
+        "allow_auto_create_topics": False,
+        "metadata_max_age_ms": PRODUCER_METADATA_MAX_AGE_MS,
+        "max_block_ms": bound_ms,
+        "delivery_timeout_ms": max(bound_ms, cfg.request_timeout_ms + cfg.linger_ms),
         "acks": "all" if cfg.acks == "all" else int(cfg.acks),
         "enable_idempotence": cfg.acks == "all",
         "max_request_size": cfg.max_request_size,
@@ -63,9 +118,9 @@ def producer_settings(cfg: KafkaConfig, bootstrap: str, client_id: str | None = 
 
 
 def consumer_settings(cfg: KafkaConfig, bootstrap: str, group_id: str | None,
-                      client_id: str | None = None) -> dict[str, Any]:
+                      client_id: str | None = None, probe: ClientProbe | None = None) -> dict[str, Any]:
     return {
-        **_common(cfg, bootstrap, client_id),
+        **_common(cfg, bootstrap, client_id, probe),
         "group_id": group_id,
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",

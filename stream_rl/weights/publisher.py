@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from schemas import WeightsManifest, validate
+from stream_rl import failpoints
 from stream_rl.fsutil import fsync_path
 from stream_rl.weights.config import WeightsConfig
 from stream_rl.weights.payload import Payload, build_manifest, make_chunks, serialize
@@ -96,6 +97,7 @@ class WeightsPublisher:
                 self._transport.ensure_topics()
                 self._topics_ready = True
             self._write_file(payload, path)
+        failpoints.hit("weights.mid_publish")  # recovery drills: the payload exists, its manifest does not
         manifest = dataclasses.replace(manifest, created_at=time.time())  # the payload is durable now
         self._sink.send(self._transport.names.weights, manifest, key=str(version))
         self._sink.flush()

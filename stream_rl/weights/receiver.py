@@ -3,7 +3,9 @@
 Consumes: the run's weights topic (manifests, read group-less from offset 0, never from ``latest``), the chunk
 topic of the version being fetched (group-less, offset 0 up to the high-water mark taken from a fetch response),
 or the version's safetensors file in the weights store.
-Produces: the newest :class:`WeightsManifest` seen so far (``poll_latest``) and a verified state dict (``fetch``).
+Produces: the newest :class:`WeightsManifest` seen so far (``poll_latest``), the newest few manifests newer than a
+given version, newest first (``candidates``: the fallbacks when the newest fails verification), and a verified
+state dict (``fetch``).
 Guarantees:
 - A manifest is published only after its whole payload is acknowledged or durable, so the newest manifest seen is
   the newest complete version: a late joiner starts there without waiting for anything in flight.
@@ -11,6 +13,8 @@ Guarantees:
   the whole payload's size and SHA-256; the decoded tensors against the manifest's index), or raises
   :class:`WeightsError` ``"weights v{N}: <problem>"``. It never returns part of a version, and it gives up after
   ``weights.fetch_timeout_s`` instead of waiting forever for a missing or stalled chunk.
+- ``candidates`` remembers the last manifest of each of the newest ``2 * weights.keep_last`` versions seen
+  (older payloads are garbage-collected anyway), so the state it keeps is bounded.
 - Invalid records on the weights topic are skipped with a warning and counted (``invalid_manifests``); this
   reader does not own the topic and has no dead-letter sink.
 - Readers are created per fetch and closed after it, so no client keeps a garbage-collected chunk topic in its
@@ -54,12 +58,17 @@ class WeightsReceiver:
         self._reader = transport.reader()
         self._parts: list[Any] = []
         self._latest: WeightsManifest | None = None
+        self._recent: dict[int, WeightsManifest] = {}  # version -> its last manifest, newest 2 * keep_last
         self.invalid_manifests = 0
 
     @property
     def latest(self) -> WeightsManifest | None:
         """The newest manifest seen so far, without polling."""
         return self._latest
+
+    def candidates(self, newer_than: int) -> list[WeightsManifest]:
+        """The manifests seen of versions above ``newer_than``, newest first (the last record of each version)."""
+        return [self._recent[v] for v in sorted(self._recent, reverse=True) if v > newer_than]
 
     def poll_latest(self, timeout_s: float = 0.0, newer_than: int | None = None) -> WeightsManifest | None:
         """Read new manifests; return the newest seen so far (``None`` before the first one).
@@ -109,6 +118,11 @@ class WeightsReceiver:
             return
         if self._latest is None or manifest.version >= self._latest.version:
             self._latest = manifest
+        self._recent[manifest.version] = manifest
+        keep = 2 * self.cfg.keep_last
+        if len(self._recent) > keep:
+            for version in sorted(self._recent)[:-keep]:
+                del self._recent[version]
 
     def fetch(self, manifest: WeightsManifest) -> dict[str, torch.Tensor]:
         """Every tensor of ``manifest``'s version, verified; raises WeightsError instead of returning a part."""

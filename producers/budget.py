@@ -1,0 +1,118 @@
+"""The producer's backpressure budget: may it take more prompts, or must it wait for newer weights? Pure: no Kafka.
+
+Consumes: the groups this producer generated (``charge``), the trainer's stale records for the groups it dropped
+(``returned``, read from the run's stale topic by :class:`producers.stale_feed.StaleFeed`), the weights version
+the producer holds and a monotonic clock (``over``).
+Produces: ``over(version, now)``, and counters for :class:`producers.loop.ProducerStats`.
+
+The budget bounds the groups in flight, i.e. generated and not yet trained or dropped by the trainer::
+
+    in_flight  = generated - returned                      (since the budget began at version v0)
+    allowed(v) = (v - v0 + 1 + versions_ahead) * share     share = producer.max_groups_per_version
+    over       = in_flight >= allowed(v)
+
+Guarantees:
+- A group the trainer dropped as stale is returned to the budget once per drop (the first stale record of the
+  group counts, the group's other member records are absorbed), so its re-queued prompt and new prompts are
+  generated: the budget counts what the trainer can still train, never what it discarded. Only groups this
+  producer generated since the budget began, and only the newest ``TRACKED_SHARES`` shares of them, can be
+  returned (state stays bounded).
+- A producer that has waited over budget for ``stall_timeout_s`` while holding the same version re-derives the
+  budget (``v0 := v``, counters zero: what a restart does), logs it and counts it in ``resets``: a drop it could
+  not see (lost stale records, another producer's id) never stalls the pipeline for longer than that.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+TRACKED_SHARES = 8
+"""How many versions' shares of recently generated groups are remembered for returns (at least 64 groups)."""
+
+
+@dataclass
+class _Tracked:
+    copies: int  # times generated and not returned yet
+    size: int  # members of one copy (the stale records one drop produces)
+    absorb: int = 0  # member records of an already returned drop still to come
+
+
+@dataclass
+class Budget:
+    """See the module docstring. ``share=None`` disables backpressure (``over`` is always False)."""
+
+    share: int | None
+    versions_ahead: int
+    start_version: int
+    stall_timeout_s: float | None = None
+    generated: int = 0
+    returned: int = 0
+    resets: int = 0
+    _groups: OrderedDict[str, _Tracked] = field(default_factory=OrderedDict, repr=False)
+    _waiting: tuple[int, float] | None = field(default=None, repr=False)  # (version, since) while over budget
+
+    @property
+    def in_flight(self) -> int:
+        return self.generated - self.returned
+
+    def allowed(self, version: int) -> int:
+        """Groups that may be in flight while holding ``version`` (unbounded without a share)."""
+        if self.share is None:
+            return 1 << 62
+        return max(0, version - self.start_version + 1 + self.versions_ahead) * self.share
+
+    def over(self, version: int, now: float) -> bool:
+        """True while the producer must wait for newer weights; re-derives the budget after a stall."""
+        if self.share is None or self.in_flight < self.allowed(version):
+            self._waiting = None
+            return False
+        if self._waiting is None or self._waiting[0] != version:
+            self._waiting = (version, now)
+        elif self.stall_timeout_s is not None and now - self._waiting[1] >= self.stall_timeout_s:
+            log.warning("backpressure: %d groups in flight (allowed %d at v%d) and no newer weights for %.0fs: "
+                        "re-deriving the budget from v%d", self.in_flight, self.allowed(version), version,
+                        now - self._waiting[1], version)
+            self.rebase(version)
+            return False
+        return True
+
+    def charge(self, group_sizes: Mapping[str, int]) -> None:
+        """Count newly generated groups (``group_id -> number of rollouts``)."""
+        for group_id, size in group_sizes.items():
+            tracked = self._groups.pop(group_id, None) or _Tracked(0, size)
+            tracked.copies += 1
+            tracked.size = size
+            self._groups[group_id] = tracked  # newest last
+            self.generated += 1
+        limit = max(64, TRACKED_SHARES * (self.share or 0) * (self.versions_ahead + 1))
+        while len(self._groups) > limit:
+            self._groups.popitem(last=False)
+
+    def returned_stale(self, group_ids: Iterable[str]) -> int:
+        """Take the group ids of stale records (one per dropped rollout); return how many groups came back."""
+        back = 0
+        for group_id in group_ids:
+            tracked = self._groups.get(group_id)
+            if tracked is None:
+                continue  # not ours, or from before the budget began
+            if tracked.absorb > 0:
+                tracked.absorb -= 1
+            elif tracked.copies > 0:
+                tracked.copies -= 1
+                tracked.absorb = tracked.size - 1
+                back += 1
+        self.returned += back
+        return back
+
+    def rebase(self, version: int) -> None:
+        """Start over at ``version`` with nothing in flight (what a restarted producer does)."""
+        self.start_version = version
+        self.generated = self.returned = 0
+        self._groups.clear()
+        self._waiting = None
+        self.resets += 1

@@ -142,3 +142,17 @@ def test_bad_arguments_raise():
         Batcher(max_lag=-1)
     with pytest.raises(ValueError):
         Batcher(max_lag=0).take(0)
+
+
+def test_a_group_split_across_partitions_is_trained_whole_and_holds_both_partitions():
+    """An outside writer with another partitioner put one group's members on two partitions: the group is still
+    assembled and trained whole, and neither partition's safe offset passes a member until it is trained."""
+    b = Batcher(max_lag=2)
+    b.add(rec(5, 0, 0, partition=0), 0)
+    assert b.safe_offsets() == {(TOPIC, 0): 5}
+    b.add(rec(9, 0, 1, partition=1), 0)
+    (group,) = b.take(1)
+    assert sorted((r.partition, r.offset) for r in group.records.values()) == [(0, 5), (1, 9)]
+    assert b.safe_offsets() == {(TOPIC, 0): 5, (TOPIC, 1): 9}  # in training: both held
+    b.mark_trained([group])
+    assert b.safe_offsets() == {(TOPIC, 0): 6, (TOPIC, 1): 10} and b.ledger.groups() == {("p0", 0)}

@@ -14,16 +14,14 @@ that each still runs the recorded command; ``status`` never starts anything.
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import socket
 import subprocess
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-from stream_rl import object_store
+from stream_rl import object_store, processes
 from stream_rl.config import BrokerConfig
 
 STATE_FILE = "broker.json"
@@ -89,13 +87,7 @@ def answers_metadata(bootstrap: str, timeout_s: float = 2.0) -> bool:
 
 
 def read_state(state_dir: Path) -> BrokerState | None:
-    path = state_dir / STATE_FILE
-    if not path.is_file():
-        return None
-    try:
-        return BrokerState(**json.loads(path.read_text()))
-    except (ValueError, TypeError) as exc:
-        raise BrokerError(f"broker state file {path} is unreadable: {exc}") from exc
+    return processes.read_state(state_dir / STATE_FILE, BrokerState, BrokerError, "broker")
 
 
 def _runs_recorded_broker(state: BrokerState) -> bool:
@@ -140,9 +132,7 @@ def up(cfg: BrokerConfig) -> BrokerState:
         if proc.poll() is not None:
             raise BrokerError(f"tansu exited with code {proc.returncode} during start-up: {_log_tail(state_dir)}")
         if answers_metadata(state.bootstrap, timeout_s=1.0):
-            tmp = state_dir / (STATE_FILE + ".tmp")
-            tmp.write_text(json.dumps(asdict(state)))
-            tmp.replace(state_dir / STATE_FILE)
+            processes.write_state(state_dir / STATE_FILE, state)
             return state
         time.sleep(0.1)
     proc.kill()
@@ -171,24 +161,7 @@ def down(cfg: BrokerConfig, timeout_s: float = 10.0) -> BrokerState | None:
 
 
 def _stop_broker(state: BrokerState, timeout_s: float = 10.0) -> None:
-    if _runs_recorded_broker(state):
-        os.kill(state.pid, signal.SIGTERM)
-        if not _wait_gone(state, timeout_s):
-            os.kill(state.pid, signal.SIGKILL)
-            _wait_gone(state, timeout_s)
-
-
-def _wait_gone(state: BrokerState, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            pid, _ = os.waitpid(state.pid, os.WNOHANG)  # reap it when it is our child
-        except ChildProcessError:
-            pid = 0
-        if pid == state.pid or not _runs_recorded_broker(state):
-            return True
-        time.sleep(0.05)
-    return False
+    processes.stop(state.pid, lambda: _runs_recorded_broker(state), timeout_s)
 
 
 def status(cfg: BrokerConfig, bootstrap: str | None = None) -> tuple[bool, str]:
@@ -225,9 +198,5 @@ def resolve_bootstrap(bootstrap: str | None, cfg: BrokerConfig) -> str:
     return state.bootstrap
 
 
-def _log_tail(state_dir: Path, lines: int = 5) -> str:
-    try:
-        text = (state_dir / LOG_FILE).read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return "(no log)"
-    return " | ".join(text[-lines:]) or "(empty log)"
+def _log_tail(state_dir: Path) -> str:
+    return processes.log_tail(state_dir / LOG_FILE)

@@ -20,12 +20,13 @@ import json
 import os
 import random
 import secrets
-import signal
 import socket
 import subprocess
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+
+from stream_rl import processes
 
 HOST = "127.0.0.1"
 BUCKET = "tansu"
@@ -95,13 +96,7 @@ def tansu_env(state: StoreState, state_dir: Path) -> dict[str, str]:
 
 
 def read_state(state_dir: Path) -> StoreState | None:
-    path = state_dir / STATE_FILE
-    if not path.is_file():
-        return None
-    try:
-        return StoreState(**json.loads(path.read_text()))
-    except (ValueError, TypeError) as exc:
-        raise StoreError(f"object store state file {path} is unreadable: {exc}") from exc
+    return processes.read_state(state_dir / STATE_FILE, StoreState, StoreError, "object store")
 
 
 def running(state: StoreState) -> bool:
@@ -175,9 +170,7 @@ def up(state_dir: Path, binary: Path | None = None, timeout_s: float = 60.0) -> 
             raise StoreError(f"weed mini exited with code {proc.returncode} during start-up: "
                              f"{log_tail(state_dir)}")
         if _ready(log_path, start) and _accepts(ports["s3"]):
-            tmp = state_dir / (STATE_FILE + ".tmp")
-            tmp.write_text(json.dumps(asdict(state)))
-            tmp.replace(state_dir / STATE_FILE)
+            processes.write_state(state_dir / STATE_FILE, state)
             return state
         time.sleep(0.2)
     proc.kill()
@@ -207,31 +200,10 @@ def down(state_dir: Path, timeout_s: float = 15.0) -> StoreState | None:
     state = read_state(state_dir)
     if state is None:
         return None
-    if running(state):
-        os.kill(state.pid, signal.SIGTERM)
-        if not _wait_gone(state, timeout_s):
-            os.kill(state.pid, signal.SIGKILL)
-            _wait_gone(state, timeout_s)
+    processes.stop(state.pid, lambda: running(state), timeout_s)
     (state_dir / STATE_FILE).unlink(missing_ok=True)
     return state
 
 
-def _wait_gone(state: StoreState, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            pid, _ = os.waitpid(state.pid, os.WNOHANG)
-        except ChildProcessError:
-            pid = 0
-        if pid == state.pid or not running(state):
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def log_tail(state_dir: Path, lines: int = 5) -> str:
-    try:
-        text = (state_dir / LOG_FILE).read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return "(no log)"
-    return " | ".join(text[-lines:]) or "(empty log)"
+def log_tail(state_dir: Path) -> str:
+    return processes.log_tail(state_dir / LOG_FILE)

@@ -28,6 +28,18 @@ def broker(tmp_path_factory):
 
 
 @pytest.fixture
+def durable_broker(tmp_path):
+    """A broker of this test's own with durable storage (the tests that kill it), stopped at the end."""
+    from stream_rl import broker as broker_mod
+    from stream_rl.config import BrokerConfig
+
+    cfg = BrokerConfig(state_dir=tmp_path / "durable-broker", storage="durable")
+    broker_mod.up(cfg)
+    yield cfg
+    broker_mod.down(cfg)
+
+
+@pytest.fixture
 def run_name() -> str:
     """A unique run name, so every test has its own topics on the shared broker."""
     return f"t{uuid.uuid4().hex[:10]}"

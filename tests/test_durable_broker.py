@@ -18,14 +18,6 @@ from stream_rl.config import BrokerConfig
 pytestmark = pytest.mark.broker
 
 
-@pytest.fixture
-def durable(tmp_path):
-    cfg = BrokerConfig(state_dir=tmp_path / "durable", storage="durable")
-    broker_mod.up(cfg)
-    yield cfg
-    broker_mod.down(cfg)
-
-
 def _produce(bootstrap: str, topic: str, n: int) -> None:
     from kafka import KafkaAdminClient, KafkaProducer
     from kafka.admin import NewTopic
@@ -85,17 +77,17 @@ def _kill(pid: int) -> None:
 
 
 @pytest.mark.parametrize("victims", ["broker", "broker+store"])
-def test_kill9_keeps_every_acknowledged_record_and_committed_offset(durable, victims):
-    state = broker_mod.read_state(durable.state_dir)
+def test_kill9_keeps_every_acknowledged_record_and_committed_offset(durable_broker, victims):
+    state = broker_mod.read_state(durable_broker.state_dir)
     _produce(state.bootstrap, "k", 300)
     committed = _consume_and_commit(state.bootstrap, "k", 120)
     assert sum(committed.values()) == 120
 
     _kill(state.pid)
     if victims == "broker+store":
-        _kill(object_store.read_state(durable.state_dir).pid)
-    assert not broker_mod.status(durable)[0]
-    again = broker_mod.up(durable)
+        _kill(object_store.read_state(durable_broker.state_dir).pid)
+    assert not broker_mod.status(durable_broker)[0]
+    again = broker_mod.up(durable_broker)
 
     assert again.bootstrap == state.bootstrap  # the recorded port again: clients reconnect where they were
     assert again.pid != state.pid
@@ -104,13 +96,13 @@ def test_kill9_keeps_every_acknowledged_record_and_committed_offset(durable, vic
     assert sorted(values) == sorted(f"v{i}".encode() for i in range(300))  # each record once, none lost
 
 
-def test_status_names_a_dead_store(durable):
-    store = object_store.read_state(durable.state_dir)
+def test_status_names_a_dead_store(durable_broker):
+    store = object_store.read_state(durable_broker.state_dir)
     _kill(store.pid)
-    ok, message = broker_mod.status(durable)
+    ok, message = broker_mod.status(durable_broker)
     assert not ok and "object store is not running" in message
-    broker_mod.up(durable)  # restarts the store under the running broker
-    assert broker_mod.status(durable) == (True, f"broker {broker_mod.read_state(durable.state_dir).bootstrap} "
+    broker_mod.up(durable_broker)  # restarts the store under the running broker
+    assert broker_mod.status(durable_broker) == (True, f"broker {broker_mod.read_state(durable_broker.state_dir).bootstrap} "
                                                 "is reachable (storage: durable)")
 
 

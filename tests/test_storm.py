@@ -35,14 +35,6 @@ STEPS = N_PROMPTS * EPOCHS // GROUPS_PER_STEP
 SEED = 12
 
 
-@pytest.fixture
-def durable_broker(tmp_path):
-    cfg = BrokerConfig(state_dir=tmp_path / "broker", storage="durable")
-    broker_mod.up(cfg)
-    yield cfg
-    broker_mod.down(cfg)
-
-
 def _config(bootstrap: str, tmp_path, run_name: str):
     model_dir = tiny_policy_dir(tmp_path / "policy")
     overrides = role_overrides(model_dir, **{

@@ -11,9 +11,8 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -29,23 +28,11 @@ from consumers.trainer.positions import OffsetLossError, check_offset
 from schemas import rollout_id_for
 from stream_rl.transport.client import Transport
 from test_trainer_loop import finish, metric_rows, model_dir, start  # noqa: F401  (model_dir is a fixture)
+from test_trainer_batcher import TOPIC, rec
 from test_trainer_support import scored, wait_for
 from topic_read import committed, read_values
 
 torch.set_num_threads(1)
-TOPIC = "stream-rl.t.scored"
-
-
-@dataclass(frozen=True)
-class Rec:
-    topic: str
-    partition: int
-    offset: int
-    value: Any
-
-
-def rec(offset: int, prompt: int = 0, sample: int = 0, **kw) -> Rec:
-    return Rec(TOPIC, 0, offset, scored(prompt, sample, **kw))
 
 
 # ------------------------------------------------------------------------------------------------ pure: admission

@@ -68,6 +68,7 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt =
     from stream_rl import broker
 
     signal.signal(signal.SIGTERM, _interrupted)  # SIGTERM ends the run as Ctrl-C does: every role, then the broker
+    signal.signal(signal.SIGINT, _interrupted)
     started_broker = False
     if not cfg.kafka.bootstrap_servers:
         if not cfg.run.start_broker:
@@ -85,8 +86,21 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt =
             broker.down(cfg.broker)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM as an exception. A subclass, so every ``except KeyboardInterrupt`` cleans up as for Ctrl-C, but not
+    ``KeyboardInterrupt`` itself, which CPython may turn into a death by SIGINT at exit even when it was caught."""
+
+
 def _interrupted(signum, frame) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+    """First SIGTERM or Ctrl-C: interrupt; a further SIGTERM is ignored so the cleanup completes, a further Ctrl-C
+    still interrupts it (the supervisor then kills the roles at once)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, _raise_terminated)
+    _raise_terminated(signum, frame)
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated(f"signal {signum}")
 
 
 def _build_demo(cfg) -> None:
@@ -117,13 +131,17 @@ def _launch(cfg) -> None:
     config_file = write_run_config(cfg, Path(cfg.run_dir))
     sup = Supervisor(Path(cfg.run_dir), config_file)
     ranks = cfg.run.trainer_ranks
-    sup.start("train", 0, ["--nproc", str(ranks)] if ranks > 1 else None)
-    for i in range(cfg.run.scorers):
-        sup.start("score", i)
-    for i in range(cfg.run.producers):
-        sup.start("produce", i)
     metrics = Path(cfg.run_dir) / "metrics.jsonl"
     try:
+        try:
+            sup.start("train", 0, ["--nproc", str(ranks)] if ranks > 1 else None)
+            for i in range(cfg.run.scorers):
+                sup.start("score", i)
+            for i in range(cfg.run.producers):
+                sup.start("produce", i)
+        except BaseException:
+            sup.stop_all()  # a signal between two starts: the roles already started are stopped, not orphaned
+            raise
         rows = supervise(sup, metrics, typer.echo, cfg.run.max_wall_s)
     except RoleDied as exc:
         fail(f"run failed: {exc}")

@@ -84,6 +84,11 @@ class ProducerConfig(Section):
         description="backpressure: after waiting this long over budget with no newer weights, re-derive the "
                     "budget as a restart would (a drop the producer could not see never stalls the pipeline "
                     "longer); None: wait for weights forever. Keep it above the trainer's time per version")
+    epoch_order: bool = Field(
+        True, description="hold prompts of epoch e+1 until every first-load prompt of epoch e, in every partition, "
+                          "was taken (producers.epoch_gate); False: read each partition straight through")
+    epoch_check_s: float = Field(
+        1.0, gt=0.0, description="while holding at an epoch boundary, how often to look whether the epoch opened")
     weights_check_every_batches: int = Field(
         1, ge=1, description="look for a newer weights version every this many generation batches")
     weights_startup_wait_s: float = Field(

@@ -11,8 +11,8 @@ One iteration::
     [between batches] newer manifest? ─ yes ─> fetch + verify ─> engine.load_weights ─> version v'
                         └─ WeightsError / WeightsMismatch: log, try the next newest version above v, else keep v
     stale records of groups this producer generated? ─> returned to the backpressure budget
-    over budget? ─ yes ─> wait for newer weights (up to poll_timeout_s), next iteration
-    poll <= prompts_per_batch prompts (or take the carried ones) ─> check_prompts ─> plan_batch:
+    over budget (and not finishing an epoch, see below)? ─ yes ─> wait for newer weights (up to poll_timeout_s)
+    poll <= prompts_per_batch prompts (or take the carried ones) ─> epoch gate ─> check_prompts ─> plan_batch:
        a rejected run leads a partition ─> dead-letter those runs ─> flush ─> commit     (nothing generated)
        else the leading accepted runs   ─> produce_rollouts (pure) ─> send ─> flush (acks) ─> commit
        the records after those runs are carried to the next iteration, uncommitted
@@ -24,6 +24,11 @@ the weights it holds waits for a newer version before taking more prompts. Group
 ``producer.backpressure_timeout_s`` without a newer version the budget is re-derived, as a restart would. Generation
 then overlaps training, and rollouts stay about ``versions_ahead`` versions old instead of piling up until they
 are dropped as stale, and the pipeline never deadlocks on the budget.
+
+Epoch order (:mod:`producers.epoch_gate`, ``producer.epoch_order``): a first-load prompt of an epoch above the
+open one holds its partition (sought back, paused, left uncommitted) until every partition is past the epochs
+below it, so no prompt is generated a second time before every prompt was generated once. A producer over budget
+whose peer's partition is idle at the open epoch (waiting at the boundary) generates what it may anyway.
 
 Guarantees:
 - Offsets are committed only after every rollout (and dead letter) of the batch was acknowledged by the broker,
@@ -158,6 +163,7 @@ def run_producer(cfg, stop_event: threading.Event | None = None, max_batches: in
     telemetry.attach(source, sink).set_ready(model_loaded=True, version=engine.version)
     batch = _Batcher(source, sink, engine, pcfg, pcfg.producer_id or transport.instance_id,
                      transport.names.rollouts)
+    batch.gate = _epoch_gate(transport, source, pcfg) if pcfg.epoch_order else None
     try:
         while not stop_event.is_set() and (max_batches is None or stats.batches < max_batches):
             telemetry.tick()  # alerts: "stop" ends here, after the previous batch was committed
@@ -168,7 +174,7 @@ def run_producer(cfg, stop_event: threading.Event | None = None, max_batches: in
                 telemetry.set_version(engine.version)
             if stale is not None:
                 stats.groups_returned += budget.returned_stale(stale.poll())
-            if budget.over(engine.version, time.monotonic()):
+            if budget.over(engine.version, time.monotonic()) and not (batch.gate and batch.gate.finishing()):
                 follower.update(timeout_s=pcfg.poll_timeout_s, wait_for_newer=True)  # backpressure
                 continue
             result = batch.run_once(stats, telemetry)
@@ -180,7 +186,8 @@ def run_producer(cfg, stop_event: threading.Event | None = None, max_batches: in
         telemetry.error(type(exc).__name__)
         raise
     finally:
-        for closable in (telemetry, follower.receiver if follower else None, stale, source, sink):
+        for closable in (telemetry, follower.receiver if follower else None, stale, source, sink,
+                         batch.gate.reader if batch.gate else None):
             if closable is not None:
                 closable.close()
         if own_engine:
@@ -197,6 +204,7 @@ class _Batcher:
         self.producer_id, self.topic = producer_id, topic
         self.carry: list = []
         self._committed: dict = {}  # TopicPartition -> the offset last committed by this process
+        self.gate = None  # producers.epoch_gate.EpochGate: epoch order across partitions (producer.epoch_order)
 
     def run_once(self, stats: ProducerStats, telemetry) -> StepResult | None:
         """Handle one batch; the StepResult when rollouts were generated (None: nothing or only dead letters)."""
@@ -228,13 +236,16 @@ class _Batcher:
         return result
 
     def _next_records(self) -> list:
-        """The carried records of partitions still assigned, else a new poll."""
+        """The carried records of partitions still assigned, else a new poll; then what the epoch gate admits
+        (the carry is rebuilt from these by :meth:`run_once`)."""
         if self.carry:
             assigned = self.source.consumer.assignment()
             self.carry = [r for r in self.carry if _tp(r.topic, r.partition) in assigned]
         if self.carry and not self.source.paused:
-            return self.carry
-        return self.source.poll(self.pcfg.poll_timeout_s, max_records=self.pcfg.prompts_per_batch)
+            records, self.carry = self.carry, []
+        else:
+            records = self.source.poll(self.pcfg.poll_timeout_s, max_records=self.pcfg.prompts_per_batch)
+        return self.gate.admit(records) if self.gate is not None else records
 
     def _commit(self, telemetry) -> None:
         """Commit, per assigned partition, the first carried offset or else the consumer's position (one past
@@ -286,6 +297,21 @@ def _follower(transport, weights_cfg, pcfg: ProducerConfig, engine: GenerationEn
     follower = _WeightsFollower(WeightsReceiver(transport, weights_cfg), engine, stats)
     follower.update(timeout_s=pcfg.weights_startup_wait_s)  # a late joiner starts from the newest version
     return follower
+
+
+def _epoch_gate(transport, source, pcfg: ProducerConfig):
+    """The epoch gate on the prompts topic, reading ahead with a group-less reader of its own."""
+    from producers.epoch_gate import EpochGate, first_load_epoch
+    from schemas import decode
+    from stream_rl.transport.client import partitions_of
+
+    reader = transport.reader()
+    topic = transport.names.prompts
+    gate = EpochGate(source.consumer, lambda: partitions_of(reader, topic),
+                     first_load_epoch(reader, lambda raw: decode(raw, "prompt")), check_every_s=pcfg.epoch_check_s)
+    gate.reader = reader
+    source.holds = gate.held
+    return gate
 
 
 def _backpressure(transport, pcfg: ProducerConfig, follower: _WeightsFollower | None,

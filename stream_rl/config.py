@@ -2,33 +2,41 @@
 
 Consumes: an optional TOML or YAML file, ``STREAM_RL_*`` environment variables and ``--set key=value`` overrides.
 Produces: a validated, frozen-by-convention :class:`StreamRLConfig`.
-Guarantees: precedence is defaults < file < environment < flags; an invalid value raises :class:`ConfigError`
-whose message is one line naming the dotted field and where the value came from; secrets are ``SecretStr`` and
-never printed in clear (``dump_config`` masks them).
+Guarantees: precedence is defaults < file < environment < flags; an invalid config raises :class:`ConfigError`
+listing every error, one line each, naming the dotted field and where the value came from (an unknown field or
+``STREAM_RL_*`` variable also names the nearest valid one: a typo is never ignored); setting one key of a map
+field from the environment or a flag (``topics.partitions.rollouts=8``) merges into the map (the file's, else the
+default) instead of replacing it; secrets are ``SecretStr`` and never printed in clear (``dump_config`` masks them).
 
 Environment variables map onto nested fields with ``__`` between levels, e.g.
 ``STREAM_RL_KAFKA__BOOTSTRAP_SERVERS=host:9092`` sets ``kafka.bootstrap_servers``. ``STREAM_RL_CONFIG`` names the
-config file. Values are parsed as YAML scalars (``4`` is an int, ``true`` a bool, ``[a, b]`` a list).
+config file and ``STREAM_RL_DEBUG`` is the CLI's ``--debug``; neither is a field. Values are parsed as YAML scalars
+(``4`` is an int, ``true`` a bool, ``[a, b]`` a list).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 
-ENV_PREFIX = "STREAM_RL_"
+from stream_rl.config_base import ENV_PREFIX, CrossFieldError, field_names, render_errors, sections_of
+
 ENV_CONFIG_FILE = "STREAM_RL_CONFIG"
+ENV_DEBUG = "STREAM_RL_DEBUG"
+NOT_FIELDS = (ENV_CONFIG_FILE, ENV_DEBUG)
+"""``STREAM_RL_*`` variables that are not config fields."""
 
 
 class ConfigError(ValueError):
-    """A configuration value is invalid; ``str(err)`` is one line naming the field."""
+    """A configuration value is invalid; ``str(err)`` names the field, one line per error."""
 
 
 from consumers.scorer.config import ScorerConfig  # noqa: E402
@@ -68,6 +76,9 @@ class KafkaConfig(_Section):
         60.0, gt=0, le=3600, description="a role that has not heard from any broker for this long (a consumer "
         "poll, a producer send or flush) stops with BrokerUnreachable naming the bootstrap address; also the "
         "longest a send blocks and the longest a record waits to be acknowledged")
+    connect_timeout_s: float = Field(
+        5.0, gt=0, le=3600, description="how long a command or role tries to reach a broker when it starts (at "
+        "most broker_timeout_s) before it stops with one line naming the address")
     assignment_timeout_s: float | None = Field(
         120.0, gt=0, description="a group member (producer, scorer) that has had no partition for this long while "
         "its group never settled stops with NoAssignment naming the group; None waits forever. A member of a "
@@ -151,21 +162,14 @@ class RunConfig(_Section):
     scorers: int = Field(1, ge=1, description="scorer processes (one consumer group)")
     trainer_ranks: int = Field(1, ge=1, description="data-parallel trainer ranks (stream-rl train --nproc N): rank 0 "
                                                    "consumes and checkpoints, every rank trains its share")
-    demo_dir: Path | None = Field(Path("runs/demo-model"), description="built-in demo: built here by `demo init` "
-                                  "when missing, and used for the policy, reference and prompts; None: no demo")
+    demo_dir: Path | None = Field(Path("runs/demo-model"), description="built-in demo: built here by `run` "
+                                  "when missing, and used for the policy, reference and prompts left at their "
+                                  "defaults (also by produce/score/train started by hand, once built); None: no demo")
     prompts_file: Path | None = Field(None, description="JSON-lines prompts; default: the demo's prompts.jsonl")
     epochs: int = Field(10, ge=1, description="passes over the prompt file loaded onto the prompts topic")
     group_size: int = Field(8, ge=1, description="samples per prompt written into each Prompt record")
     max_wall_s: float | None = Field(None, gt=0, description="stop the run after this many seconds")
     start_broker: bool = Field(True, description="start the local broker when kafka.bootstrap_servers is unset")
-
-
-class CrossFieldError(ValueError):
-    """A rule across sections is broken; ``fields`` are the dotted names it involves (their sources get named)."""
-
-    def __init__(self, fields: Sequence[str], message: str) -> None:
-        super().__init__(message)
-        self.fields = tuple(fields)
 
 
 class StreamRLConfig(_Section):
@@ -250,7 +254,7 @@ def env_overrides(env: Mapping[str, str]) -> dict[str, str]:
     """``STREAM_RL_A__B=v`` -> ``{"a.b": "v"}`` (the config-file variable excluded)."""
     out = {}
     for name, value in env.items():
-        if name.startswith(ENV_PREFIX) and name != ENV_CONFIG_FILE:
+        if name.startswith(ENV_PREFIX) and name not in NOT_FIELDS:
             out[name[len(ENV_PREFIX):].lower().replace("__", ".")] = value
     return out
 
@@ -279,16 +283,49 @@ def load_config(
     tree: dict[str, Any] = read_config_file(path) if path is not None else {}
     sources: dict[str, str] = {key: f"file {path}" for key in _leaf_keys(tree)}
     secrets = secret_fields(model)  # kept verbatim: a password "123456" or "null" is text, not YAML
+    maps = map_defaults(model)
     for key, raw in env_overrides(env).items():
+        _seed_map(tree, maps, key)
         _set_path(tree, key, raw if key in secrets else _parse_scalar(raw))
         sources[key] = f"env {ENV_PREFIX}{key.upper().replace('.', '__')}"
     for key, value in (overrides or {}).items():
+        _seed_map(tree, maps, key)
         _set_path(tree, key, _parse_scalar(value) if isinstance(value, str) and key not in secrets else value)
         sources[key] = "flag"
     try:
         return model.model_validate(tree)
     except ValidationError as exc:
-        raise _one_line(exc, sources, path) from None
+        origin = f"file {path}" if path else "defaults"
+        raise ConfigError(render_errors(exc, sources, origin, field_names(model))) from None
+
+
+def map_defaults(model: type[BaseModel], prefix: str = "") -> dict[str, dict]:
+    """Dotted name -> default of every map (``dict``) field of ``model`` and its sections."""
+    found: dict[str, dict] = {}
+    for name, field in model.model_fields.items():
+        kinds = (field.annotation,) if get_origin(field.annotation) is dict else get_args(field.annotation)
+        if any(get_origin(kind) is dict for kind in kinds):  # dict[...] or dict[...] | None
+            found[prefix + name] = field.get_default(call_default_factory=True) or {}
+        for section in sections_of(field.annotation):
+            found |= map_defaults(section, f"{prefix}{name}.")
+    return found
+
+
+def _seed_map(tree: dict[str, Any], maps: Mapping[str, dict], key: str) -> None:
+    """Before ``key`` sets one entry of a map field, put the map's default in ``tree`` unless a value is there
+    already (the file's): ``topics.partitions.rollouts=8`` keeps the other topics' partition counts."""
+    for dotted, default in maps.items():
+        if key.startswith(dotted + ".") and _get_path(tree, dotted) is None:
+            _set_path(tree, dotted, copy.deepcopy(default))
+
+
+def _get_path(tree: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
 
 
 def _leaf_keys(tree: Mapping[str, Any], prefix: str = "") -> list[str]:
@@ -309,21 +346,6 @@ def secret_fields(model: type[BaseModel], prefix: str = "") -> set[str]:
             elif isinstance(kind, type) and issubclass(kind, BaseModel):
                 found |= secret_fields(kind, f"{prefix}{name}.")
     return found
-
-
-def _one_line(exc: ValidationError, sources: Mapping[str, str], path: Path | None) -> ConfigError:
-    err = exc.errors()[0]
-    cause = (err.get("ctx") or {}).get("error")
-    if isinstance(cause, CrossFieldError):  # a rule across sections: name each field's own source
-        origins = ", ".join(f"{name} from {sources.get(name, 'defaults')}" for name in cause.fields)
-        return ConfigError(f"invalid config: {str(cause)} [{origins}]")
-    field = ".".join(str(p) for p in err["loc"]) or "<root>"
-    # a section's own check (a model validator) fails at the section: name the sources of the keys set under it
-    under = sorted({v for k, v in sources.items() if k.startswith(field + ".")})
-    origin = sources.get(field) or ", ".join(under) or (f"file {path}" if path else "defaults")
-    more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    msg = err["msg"].removeprefix("Value error, ")
-    return ConfigError(f"invalid config: {field}: {msg} [from {origin}]{more}")
 
 
 def config_warnings(cfg: StreamRLConfig) -> list[str]:

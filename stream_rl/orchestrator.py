@@ -6,13 +6,16 @@ Produces: a run directory (``config.yaml`` — secrets excluded, children read t
 progress line.
 Guarantees: every child is a separate process started with the same config file; when the trainer reaches its
 step budget or the user presses Ctrl-C, every child gets SIGTERM (then SIGKILL after a grace period); when any role
-dies unexpectedly, the others are stopped and :class:`RoleDied` names the role and its exit code.
+dies unexpectedly, the others are stopped and :class:`RoleDied` names the role, its exit code and the role's last
+error line from its log (:func:`last_error_line`: the last ERROR/CRITICAL log line, Python exception line or
+one-line CLI failure; else the last line), at most :data:`ERROR_LINE_CHARS` characters.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,12 +27,31 @@ from pathlib import Path
 import yaml
 
 
+ERROR_LINE_CHARS = 200
+_ERROR_LINE = re.compile(
+    r"^(?:\S+ ){0,3}\(?(?:ERROR|CRITICAL)\b"      # a log line at ERROR/CRITICAL (ours, vLLM's "ERROR 12-01 ...")
+    r"|^(?:[A-Za-z_]\w*\.)*[A-Z][a-z]\w*: \S"      # a Python exception line: "SomeError: message"
+    r"|^(?:error|stopped by alert): ")           # the one-line failure of a stream-rl command (cli/errors.py)
+
+
 class RoleDied(RuntimeError):
     """A role process exited on its own with a non-zero code (or any code, for producers/scorers)."""
 
     def __init__(self, role: str, code: int, log: Path):
-        super().__init__(f"role {role} exited with code {code} (log: {log})")
+        super().__init__(f"role {role} exited with code {code}: {last_error_line(log)} (log: {log})")
         self.role, self.code, self.log = role, code, log
+
+
+def last_error_line(log: Path, limit: int = ERROR_LINE_CHARS) -> str:
+    """The role's last error line in ``log`` (see the module docstring), trimmed to ``limit`` characters."""
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "(no log)"
+    if not lines:
+        return "(empty log)"
+    line = next((x for x in reversed(lines) if _ERROR_LINE.search(x)), lines[-1])
+    return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
 @dataclass

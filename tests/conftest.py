@@ -13,6 +13,20 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(autouse=True)
+def _role_logging_does_not_leak():
+    """A role command run in-process (CliRunner) sets up role logging on the root logger; undo it after the test,
+    so later tests' captured output holds only what their own command printed."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in [h for h in root.handlers if h not in handlers]:
+        root.removeHandler(handler)
+    root.setLevel(level)
+
+
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory):
     """A real tansu broker on 127.0.0.1, started for the session and stopped (that PID only) at the end.

@@ -204,8 +204,9 @@ def trainer_group_of(cfg) -> str:
 
 
 def test_lag_alert_fires_and_a_pause_alert_stops_consuming_until_it_resolves(make_config, model_dir):
-    """Lag built up from groups the trainer cannot complete -> consumer_lag; a dead-letter storm -> dlq_rate with
-    action pause: the trainer fetches nothing (no step, no commit) until the rate falls, then trains and commits."""
+    """A dead-letter storm -> dlq_rate with action pause: the trainer fetches nothing (no step, no commit) until the
+    rate falls, then trains and commits; records arriving while it is paused are lag it has not read ->
+    consumer_lag (held incomplete groups, read but not committed, are not lag: the alert judges the position)."""
     cfg = trainer_config(make_config, model_dir, **{
         "trainer.max_steps": 5, "telemetry.lag_interval_s": 0.2, "telemetry.heartbeat_interval_s": 1.0,
         "alerts.consumer_lag.max_records": 3, "alerts.consumer_lag.for_s": 0.5,
@@ -218,7 +219,8 @@ def test_lag_alert_fires_and_a_pause_alert_stops_consuming_until_it_resolves(mak
     with running_trainer(cfg) as (transport, sink, trainer, thread, errors):
         scored_tp = (transport.names.scored, 0)
         send_samples(transport, sink, range(5), samples=(0,))  # 5 records, no group complete: nothing commits
-        wait_for(lambda: fired("consumer_lag"), "consumer_lag firing", 30)
+        time.sleep(1.5)
+        assert not fired("consumer_lag")  # read, held in incomplete groups: not behind
         for i in range(3):  # undecodable: dead-lettered by the trainer
             sink.send_raw(transport.names.scored, b"\xc1not msgpack", key=f"bad{i}")
         sink.flush()
@@ -228,6 +230,7 @@ def test_lag_alert_fires_and_a_pause_alert_stops_consuming_until_it_resolves(mak
         send_samples(transport, sink, range(5), samples=(1,))  # completes all 5 groups, but the trainer is paused
         time.sleep(2.0)
         assert rows(cfg) == [] and committed(transport, group) == before  # nothing fetched, trained or committed
+        wait_for(lambda: fired("consumer_lag"), "consumer_lag firing while paused", 30)
         wait_for(lambda: fired("dlq_rate", "resolved"), "dlq_rate resolved", 40)
         thread.join(90)  # resumed: trains the 5 groups (max_steps 5) and stops
         assert not thread.is_alive(), "the trainer did not resume after the pause alert resolved"

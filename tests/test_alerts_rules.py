@@ -111,28 +111,53 @@ def test_reward_drop_compares_the_last_window_with_the_best_earlier_one():
 
 def test_consumer_lag_must_stay_above_n_for_t_seconds():
     e = engine("scorer", consumer_lag={"max_records": 100, "for_s": 10})
-    assert e.observe(0, {"lag/total": 150}) == []
-    assert e.observe(9.9, {"lag/total": 150}) == []
-    fired = e.observe(10, {"lag/total": 200})
+    assert e.observe(0, {"lag/position_total": 150}) == []
+    assert e.observe(9.9, {"lag/position_total": 150}) == []
+    fired = e.observe(10, {"lag/position_total": 200})
     assert states(fired) == [("consumer_lag", "firing")]
     assert fired[0].value == 200 and fired[0].threshold == 100 and fired[0].role == "scorer"
-    assert states(e.observe(11, {"lag/total": 100})) == [("consumer_lag", "resolved")]  # back on the bound
+    assert states(e.observe(11, {"lag/position_total": 100})) == [("consumer_lag", "resolved")]  # back on the bound
     # a dip restarts the clock
-    assert e.observe(12, {"lag/total": 150}) == []
-    assert e.observe(21.9, {"lag/total": 150}) == []
-    assert states(e.observe(22, {"lag/total": 150})) == [("consumer_lag", "firing")]
+    assert e.observe(12, {"lag/position_total": 150}) == []
+    assert e.observe(21.9, {"lag/position_total": 150}) == []
+    assert states(e.observe(22, {"lag/position_total": 150})) == [("consumer_lag", "firing")]
 
     # exactly N for a long time never fires; no lag data never fires
     e = engine("scorer", consumer_lag={"max_records": 100, "for_s": 10})
-    assert all(e.observe(t, {"lag/total": 100}) == [] for t in range(0, 100, 5))
+    assert all(e.observe(t, {"lag/position_total": 100}) == [] for t in range(0, 100, 5))
     assert all(e.observe(t, {}) == [] for t in range(100, 200, 5))
 
 
 def test_consumer_lag_window_stays_bounded_while_firing():
-    e = engine("producer", consumer_lag={"max_records": 0, "for_s": 10})
-    fired = [a for t in range(1000) for a in e.observe(float(t), {"lag/total": 5})]
+    e = engine("scorer", consumer_lag={"max_records": 0, "for_s": 10})
+    fired = [a for t in range(1000) for a in e.observe(float(t), {"lag/position_total": 5})]
     assert states(fired) == [("consumer_lag", "firing")]
-    assert len(e._windows["lag/total"].samples) <= 12  # 10 s of 1 s samples + the anchor
+    assert len(e._windows["lag/position_total"].samples) <= 12  # 10 s of 1 s samples + the anchor
+
+
+def test_consumer_lag_ignores_the_committed_lag():
+    """The trainer commits at checkpoints only: a committed lag of thousands is no alert; its position is."""
+    e = engine("trainer", consumer_lag={"max_records": 100, "for_s": 10})
+    assert all(e.observe(t, {"lag/total": 5000, "lag/position_total": 3}) == [] for t in range(0, 100, 5))
+    assert states(e.observe(100, {"lag/position_total": 500})) == []
+    assert states(e.observe(110, {"lag/position_total": 500})) == [("consumer_lag", "firing")]
+
+
+def test_a_producers_prompt_lag_is_judged_by_its_growth():
+    """Prompts loaded ahead: 10,000 behind and falling (or flat, producers held back by the trainer) is healthy;
+    lag that keeps rising (a = the sample at now - T; W = a .. latest) fires."""
+    e = engine("producer", consumer_lag={"max_records": 100, "for_s": 10})
+    assert all(e.observe(t, {"lag/position_total": 10_000 - 50 * t}) == [] for t in range(0, 60, 2))  # falling
+    assert all(e.observe(t, {"lag/position_total": 7_000}) == [] for t in range(60, 120, 2))  # flat
+    # one jump (a requeue or a reload) then flat: at t = 130, a = 120 (7000), W rises in 1 of 5 steps: 20 % < 50 %
+    assert e.observe(122, {"lag/position_total": 9_000}) == []
+    assert all(e.observe(t, {"lag/position_total": 9_000}) == [] for t in range(124, 132, 2))
+    # rising by 10 per 2 s from t = 134: at 134, a = 124, W = 9000 x4, 9010: 1 of 4 steps up (25 %); at 136,
+    # a = 126, W = 9000 (126, 128, 130), 9010, 9020: +20, 2 of 4 steps up (50 %): fires
+    rising = [a for t in range(134, 144, 2) for a in e.observe(t, {"lag/position_total": 9_000 + 5 * (t - 132)})]
+    assert states(rising) == [("consumer_lag", "firing")]
+    assert "+20 records over the last 10 s (50% of measurements rising)" in rising[0].message
+    assert rising[0].value == 9_020
 
 
 def test_trainer_stalled_when_step_does_not_increase_for_t_seconds():

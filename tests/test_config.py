@@ -110,3 +110,72 @@ def test_cli_dry_run_precedence_and_exit_code(tmp_path, monkeypatch):
     assert bad.exit_code == 2
     assert "kafka.linger_ms" in bad.output and "[from flag]" in bad.output
     assert len(bad.output.strip().splitlines()) == 1
+
+
+def test_every_error_is_listed_each_naming_its_field_and_source(monkeypatch):
+    """Issue 13: a config with several errors shows all of them, not the first one and "(+2 more)"."""
+    monkeypatch.setenv("STREAM_RL_TRAINER__LR", "-1")
+    result = CliRunner().invoke(app, ["config", "--set", "kafka.acks=2", "--set", "kafka.linger_ms=-1"])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert lines[0] == "invalid config (3 errors):" and "more)" not in result.output
+    assert sorted(line.split(":")[0].strip() for line in lines[1:]) == ["kafka.acks", "kafka.linger_ms",
+                                                                         "trainer.lr"]
+    assert "[from env STREAM_RL_TRAINER__LR]" in result.output and result.output.count("[from flag]") == 2
+
+
+@pytest.mark.parametrize("key,field,suggestion", [
+    ("kafka.bootstrap_server", "kafka.bootstrap_server", "kafka.bootstrap_servers"),
+    ("kafak.linger_ms", "kafak", "kafka"),  # a misspelt section is the unknown field
+    ("trainer.max_step", "trainer.max_step", "trainer.max_steps"),
+])
+def test_a_misspelt_field_suggests_the_nearest_valid_name(key, field, suggestion):
+    result = CliRunner().invoke(app, ["config", "--set", f"{key}=1"])
+    assert result.exit_code == 2
+    assert result.output.strip() == f"invalid config: {field}: unknown field [from flag]; did you mean {suggestion}?"
+
+
+def test_a_stray_environment_variable_is_named_with_the_variable_to_use(monkeypatch):
+    """A typo'd STREAM_RL_* variable is an error naming it and the nearest field's variable, never ignored."""
+    monkeypatch.setenv("STREAM_RL_KAFKA_BOOTSTRAP_SERVERS", "host:9092")  # one underscore: not a field
+    result = CliRunner().invoke(app, ["config"])
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "invalid config: kafka_bootstrap_servers: unknown field [from env STREAM_RL_KAFKA_BOOTSTRAP_SERVERS]; "
+        "did you mean STREAM_RL_KAFKA__BOOTSTRAP_SERVERS (kafka.bootstrap_servers)?")
+    monkeypatch.delenv("STREAM_RL_KAFKA_BOOTSTRAP_SERVERS")
+    monkeypatch.setenv("STREAM_RL_ZZZ", "1")  # nothing near it
+    result = CliRunner().invoke(app, ["config"])
+    assert result.exit_code == 2 and "STREAM_RL_ZZZ" in result.output and "unset this variable" in result.output
+
+
+def test_stream_rl_debug_is_the_cli_switch_not_a_field(monkeypatch):
+    monkeypatch.setenv("STREAM_RL_DEBUG", "1")
+    result = CliRunner().invoke(app, ["config"])
+    assert result.exit_code == 0, result.output
+    assert "debug" not in json.loads(result.output)
+
+
+def test_setting_one_key_of_a_map_merges_into_it(tmp_path, monkeypatch):
+    """Issue 13: `--set topics.partitions.rollouts=8` kept only that key (every other topic fell back to 1
+    partition); a flag or variable that sets one key merges into the map, the file's or else the default."""
+    monkeypatch.setenv("STREAM_RL_TOPICS__RETENTION_MS__DLQ", "5000")
+    result = CliRunner().invoke(app, ["config", "--set", "topics.partitions.rollouts=8"])
+    assert result.exit_code == 0, result.output
+    topics = json.loads(result.output)["topics"]
+    defaults = StreamRLConfig().topics
+    assert topics["partitions"] == {**defaults.partitions, "rollouts": 8}
+    assert topics["retention_ms"] == {**defaults.retention_ms, "dlq": 5000}
+    path = tmp_path / "c.toml"
+    path.write_text("[topics.partitions]\nprompts = 2\nrollouts = 2\n")  # a file's map is taken as written
+    cfg = load_config(path, env={}, overrides={"topics.partitions.scored": "3"})
+    assert cfg.topics.partitions == {"prompts": 2, "rollouts": 2, "scored": 3}
+    whole = load_config(None, env={}, overrides={"topics.partitions": {"rollouts": 2}})  # the whole map: replaced
+    assert whole.topics.partitions == {"rollouts": 2}
+
+
+def test_an_item_of_a_list_names_the_source_of_its_key():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, env={"STREAM_RL_TELEMETRY__EXPORTERS": "[jsonl, foo]"})
+    assert str(info.value).startswith("invalid config: telemetry.exporters.1: ")
+    assert str(info.value).endswith("[from env STREAM_RL_TELEMETRY__EXPORTERS]")

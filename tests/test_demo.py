@@ -169,3 +169,139 @@ def test_demo_prompt_ids_are_valid_schema_ids():
     from stream_rl.demo.task import make_prompts
 
     assert all(ID_PATTERN.match(row["prompt_id"]) for row in make_prompts(200, seed=3))
+
+
+# --- demo init: progress on stderr, and builds that survive being killed (issue 13) ---------------------------
+
+FAST_SFT = {"batch_size": 32, "max_steps": 30, "eval_every": 10, "eval_size": 16, "target_accuracy": 1.0}
+
+
+@pytest.fixture
+def fast_demo_init(monkeypatch):
+    """`stream-rl demo init` with a 30-step warm-start (the CLI has no SFT flags): the CLI stays as a user types it."""
+    import stream_rl.demo.init as demo_init
+
+    monkeypatch.setattr(demo_init, "SFTConfig", lambda: SFTConfig(**FAST_SFT))
+
+
+def _cli(args):
+    from typer.testing import CliRunner
+
+    from stream_rl.cli.main import app
+
+    return CliRunner().invoke(app, args)
+
+
+def _leftovers(parent):
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith(".demo."))
+
+
+def test_demo_init_cli_shows_warm_start_progress_with_eta_on_stderr(tmp_path, fast_demo_init):
+    result = _cli(["demo", "init", str(tmp_path / "demo"), "--no-reward-model"])
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    steps = [line for line in lines if line.startswith("  warm-start step ")]
+    assert steps[0].startswith("  warm-start step 1/30 ") and "ETA <= " in steps[0], lines
+    assert [line.split()[2] for line in steps] == ["1/30", "10/30", "20/30", "30/30"], lines
+    assert steps[-1].endswith("elapsed, done")
+    assert any("supervised warm-start: up to 30 steps" in line for line in lines), lines
+    assert lines[-1].startswith("demo init [") and lines[-1].endswith(f"demo ready in {tmp_path / 'demo'}")
+    assert "Writing model shards" not in result.output
+    info = json.loads(result.stdout)
+    assert info["sft"]["steps"] == 30 and (tmp_path / "demo" / "policy").is_dir()
+    assert _leftovers(tmp_path) == []
+
+
+def test_demo_init_killed_mid_build_is_cleaned_up_by_the_next_init(tmp_path, fast_demo_init):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    target = tmp_path / "demo"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "stream_rl.cli.main", "demo", "init", str(target), "--no-reward-model"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        for line in proc.stderr:  # full settings: up to 1000 steps, so it is still training when killed
+            if line.startswith("  warm-start step"):
+                break
+        else:
+            pytest.fail(f"demo init ended before its warm-start (exit {proc.wait()})")
+        assert len(_leftovers(tmp_path)) == 1 and not target.exists()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert _leftovers(tmp_path)[0].startswith(".demo.tmp-") and not target.exists()  # nothing `run` could use
+    result = _cli(["demo", "init", str(target), "--no-reward-model"])
+    assert result.exit_code == 0, result.output
+    assert "removed 1 leftover(s) of an earlier interrupted build: .demo.tmp-" in result.stderr
+    assert _leftovers(tmp_path) == [] and (target / "demo.json").is_file()
+    started = time.perf_counter()
+    assert _cli(["demo", "init", str(target)]).exit_code == 2  # exists, no --overwrite: refused, untouched
+    assert time.perf_counter() - started < 5 and (target / "demo.json").is_file()
+
+
+def test_leftovers_of_a_running_build_are_kept(tmp_path):
+    from stream_rl.demo.init import _lock_dir, remove_leftovers
+
+    target = tmp_path / "demo"
+    running, dead, old = (tmp_path / name for name in (".demo.tmp-aaaa", ".demo.tmp-bbbb", ".demo.old-cccc"))
+    for path in (running, dead, old):
+        path.mkdir()
+        (path / "demo.json").write_text("{}")
+    (tmp_path / ".other.tmp-dddd").mkdir()  # another target's build: not ours to remove
+    fd = _lock_dir(running)  # held as a live build holds it; a killed build's lock died with it
+    try:
+        assert sorted(p.name for p in remove_leftovers(target)) == [".demo.old-cccc", ".demo.tmp-bbbb"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".demo.tmp-aaaa", ".other.tmp-dddd"]
+    finally:
+        os.close(fd)
+    assert [p.name for p in remove_leftovers(target)] == [".demo.tmp-aaaa"]
+
+
+def test_overwrite_replaces_the_demo_without_a_half_deleted_moment(tmp_path):
+    from stream_rl.demo.init import _publish
+
+    target, build = tmp_path / "demo", tmp_path / ".demo.tmp-new"
+    target.mkdir()
+    (target / "demo.json").write_text('{"old": true}')
+    build.mkdir()
+    (build / "demo.json").write_text('{"new": true}')
+    with pytest.raises(FileExistsError, match="appeared during the build"):
+        _publish(build, target, overwrite=False)
+    _publish(build, target, overwrite=True)
+    assert json.loads((target / "demo.json").read_text()) == {"new": True}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo"]
+
+
+def test_progress_bar_on_a_terminal_redraws_in_place_and_ends_the_line():
+    import io
+
+    from stream_rl.demo.progress import DemoProgress, SFTProgress, eta_seconds
+
+    out = io.StringIO()
+    report = DemoProgress(out, tty=True)
+    report.sft_step(SFTProgress(1, 100, 2.5, 1.0, None, 0.2))
+    report.sft_step(SFTProgress(50, 100, 1.0, 50.0, None, 0.2, accuracy=0.1))
+    report.sft_step(SFTProgress(60, 100, 0.9, 60.0, None, 0.2, accuracy=0.25, last=True))
+    report.phase("saving")
+    text = out.getvalue()
+    assert text.count("\r") == 3 and "\n" not in text.split("\r")[2]  # one bar, redrawn
+    assert "[############............] step 50/100 loss 1.000 accuracy 0.10 (stops at 0.20) 50s elapsed, " \
+           "ETA <= 50s" in text
+    assert "[########################] step 60/100" in text and "done\x1b[K\ndemo init [" in text
+    assert eta_seconds(SFTProgress(10, 1000, 1.0, 20.0, None, 0.2)) == pytest.approx(1980.0)
+    assert eta_seconds(SFTProgress(10, 1000, 1.0, 20.0, 50.0, 0.2)) == pytest.approx(30.0)  # max_seconds caps it
+
+
+def test_progress_callback_does_not_change_the_warm_start(tokenizer):
+    config = SFTConfig(batch_size=16, max_steps=6, eval_every=3, eval_size=8, target_accuracy=1.0)
+    train, held_out = make_prompts(200, 0), make_prompts(8, 0, "eval")
+    seen = []
+    with_cb = supervised_warm_start(build_policy(tokenizer, seed=0), tokenizer, train, held_out, config, seen.append)
+    without = supervised_warm_start(build_policy(tokenizer, seed=0), tokenizer, train, held_out, config)
+    assert with_cb.losses == without.losses and with_cb.evals == without.evals
+    assert [p.step for p in seen] == [1, 2, 3, 4, 5, 6] and [p.last for p in seen] == [False] * 5 + [True]
+    assert [p.accuracy is not None for p in seen] == [False, False, True, False, False, True]

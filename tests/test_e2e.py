@@ -87,7 +87,8 @@ def test_run_trains_the_demo_and_reward_rises(demo_build, broker, tmp_path, run_
     report = CliRunner().invoke(app, ["report", str(run_dir)])
     assert report.exit_code == 0, report.output
     pngs = sorted((run_dir / "report").glob("*.png"))
-    assert len(pngs) == 11, [p.name for p in pngs]  # 10 panels (every metric group is present) + overview
+    assert len(pngs) == 14, [p.name for p in pngs]  # 13 panels (every metric group is present) + overview
+    assert {"epoch.png", "distinct_prompts.png", "success.png"} <= {p.name for p in pngs}
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1024 for p in pngs)
     page = (run_dir / "report" / "report.html").read_text()
     assert page.count("data:image/png;base64,") == len(pngs) and "<script" not in page

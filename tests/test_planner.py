@@ -251,7 +251,7 @@ def test_plan_from_config_has_every_component_and_renders():
     assert plan.trainer_launch.command == ("stream-rl train --nproc 3 --set trainer.engine=deepspeed "
                                            "--set trainer.zero_stage=3 --set trainer.dtype=bfloat16")
     text = render_table(plan)
-    assert "8.030 B parameters" in text and "recommendation: separate" in text
+    assert "8.03 B parameters" in text and "recommendation: separate" in text
     assert "ranks (GPUs)" in text and "trainer: 3 data-parallel rank(s)" in text
     assert "launch, on one machine: stream-rl train --nproc 3 " in text
     assert any("does not enable" in n for n in plan.notes)  # the trainer has no gradient checkpointing
@@ -290,7 +290,7 @@ def test_zero2_over_4_ranks_of_a_7b_model_by_hand():
     assert data["trainer_launch"]["ranks"] == 4 and data["trainer_launch"]["nnodes"] == 1
     assert data["separate"]["roles"][0]["components"] == want
     text = render_table(plan)
-    assert "trainer ranks 4" in text and "colocated: not applicable (colocation puts a trainer rank" in text
+    assert "trainer ranks 4" in text and "colocated: not applicable: colocation puts a trainer rank" in text
 
 
 def test_trainer_ranks_equal_to_gpus_colocates_and_shards_over_them():
@@ -475,7 +475,7 @@ def test_cli_json_and_table(tmp_path):
     assert data["colocated"]["reason"].endswith("--trainer-ranks 4 is not --gpus 8")
     table = runner.invoke(app, ["plan", "--params", "7e9", "--no-reference", "--reward-model-params", "1e9"])
     assert table.exit_code == 0, table.output
-    assert "7.000 B parameters" in table.stdout and "recommendation:" in table.stdout
+    assert "7 B parameters" in table.stdout and "recommendation:" in table.stdout
 
 
 @pytest.mark.parametrize(("args", "named"), [
@@ -500,3 +500,54 @@ def test_cli_more_trainer_ranks_than_gpus_exits_2_naming_both():
     assert result.exit_code == 2
     line = result.stderr.strip()
     assert "--trainer-ranks 5" in line and "--gpus 4" in line and len(line.splitlines()) == 1
+
+
+# ---------------------------------------------------------------- issue 13: readable figures, reasons, real layouts
+
+
+def test_figures_have_readable_units():
+    from stream_rl.planner.units import human_bytes, human_count
+
+    assert [human_count(n) for n in (12, 591_744, 1_234_567, 8_030_261_248, 7e9)] == [
+        "12", "592 K", "1.23 M", "8.03 B", "7 B"]
+    assert [human_bytes(n) for n in (0, 512, 1_572_864, 13_207_024_435, 80 * GIB, 1_024_000)] == [
+        "0 B", "512 B", "1.5 MiB", "12.3 GiB", "80 GiB", "1000 KiB"]
+
+
+def test_cli_small_model_shows_its_size_and_each_verdict_its_reason():
+    # 1.2 M parameters, ZeRO 0 on 2 x 80 GiB: colocated trainer 20P (4 fp32 + 2 autocast + 4 grads + 8 moments
+    # + 2 all-reduce buffer) = 24,000,000 B, generator 2P and reference 2P: 28,800,000 B; x 1.2 = 34,560,000 B
+    # = 33.0 MiB. Separate needs 3 GPUs (trainer, generator, scorer) of 2.
+    result = CliRunner().invoke(app, ["plan", "--params", "1.2e6", "--gpus", "2"])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "1.2 M parameters" in out and "0.000 B" not in out and " 0.00 " not in out
+    assert "colocated: fits: 33 MiB of 80 GiB per GPU (2 of 2 GPUs)" in out
+    assert "separate: does not fit: needs 3 GPUs, has 2" in out
+    assert "fits  " not in out and " yes" not in out  # no bare yes/no verdict row any more
+
+
+def test_cli_does_not_fit_names_need_and_capacity():
+    # P = 2**30, ZeRO 2 on --trainer-ranks 2 of 16 GiB GPUs: 14 GiB, 16.8 GiB with headroom (as above)
+    result = CliRunner().invoke(app, ["plan", "--params", str(2**30), "--zero-stage", "2", "--gpus", "4",
+                                      "--trainer-ranks", "2", "--gpu-memory-gib", "16"])
+    assert result.exit_code == 0, result.output
+    assert "separate: does not fit: needs 16.8 GiB per GPU, has 16 GiB (headroom included)" in result.stdout
+    assert "recommendation: the trainer on --trainer-ranks 2 needs 16.8 GiB per GPU of 16 GiB" in result.stdout
+
+
+def test_no_tensor_parallel_layouts_are_recommended():
+    # P = 2**30 bf16: generator 2 GiB weights (2.4 with headroom) on 2 GiB GPUs fits no single GPU; the trainer
+    # has data-parallel ranks only, and the generator and scorer have no tensor parallelism: no split of them
+    plan = make_plan(PlanInputs(params=2**30, zero_stage=3, gpus=64, gpu_memory_gib=2))
+    generator, scorer = plan.separate.roles[1:]
+    assert (generator.gpus, scorer.gpus) == (None, None)
+    assert plan.recommendation == "does-not-fit"
+    why = plan.to_dict()["separate"]["verdict"]
+    assert why.startswith("does not fit: the trainer needs 2.78 GiB per GPU even over 64 data-parallel ranks")
+    assert "the generator needs 2.4 GiB on one GPU (no tensor parallelism)" in why and why.endswith("has 2 GiB")
+    # a generator that fits one GPU gets exactly one, however many GPUs there are
+    big = make_plan(PlanInputs(params=2**30, zero_stage=3, gpus=64, gpu_memory_gib=8))
+    assert [r.gpus for r in big.separate.roles][1:] == [1, 1]
+    launch = big.trainer_launch
+    assert launch is not None and "deepspeed" in launch.command and "tensor" not in launch.command

@@ -140,7 +140,8 @@ def test_a_batch_the_client_cannot_decode_is_dead_lettered_and_skipped_not_crash
     assert scorer.finish().scored == 4 and len(read_records(t, t.names.dlq)) == 4
 
     # replay reports the unreadable offsets and reads on
-    out = CliRunner().invoke(app, ["replay", "rollouts", "--bootstrap", t.bootstrap, "--run", cfg.topics.run])
+    out = CliRunner().invoke(app, ["replay", "rollouts", "--show-content", "--bootstrap", t.bootstrap, "--run",
+                                  cfg.topics.run])
     assert out.exit_code == 0, out.output
     lines = [json.loads(x) for x in out.output.splitlines() if x.startswith("{")]
     assert [x["offset"] for x in lines] == list(range(16))

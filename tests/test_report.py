@@ -21,7 +21,7 @@ import torch
 from typer.testing import CliRunner
 
 from stream_rl.cli.main import app
-from stream_rl.ops.report import Thresholds, format_summary, load_metrics, summarize
+from stream_rl.ops.report import Thresholds, format_summary, load_metrics, steps_of, summarize
 
 torch.set_num_threads(1)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -66,8 +66,8 @@ def test_report_writes_png_plots_and_a_self_contained_html_page(tmp_path, traine
     out = run_dir / "report"
     pngs = sorted(out.glob("*.png"))
     stems = {p.stem for p in pngs}
-    assert stems == {"overview", "reward", "kl", "entropy", "loss", "clipfrac", "response_length", "staleness",
-                     "mismatch", "timings", "throughput"}
+    assert stems == {"overview", "reward", "success", "kl", "entropy", "loss", "clipfrac", "response_length",
+                     "staleness", "mismatch", "timings", "throughput"}
     for png in pngs:
         data = png.read_bytes()
         assert data[:8] == PNG_MAGIC and len(data) > 1024, png
@@ -158,3 +158,86 @@ def test_a_torn_last_line_is_skipped_and_reported(tmp_path):
     rows, bad = load_metrics(tmp_path / "metrics.jsonl")
     assert len(rows) == 20 and bad == 1
     assert "1 unreadable lines in metrics.jsonl were skipped" in summarize(rows, bad).warnings
+
+
+# ---------------------------------------------------------------- issue 13: alerts, times, panels, data coverage
+
+
+def write_alerts(run_dir, *alerts) -> None:
+    from stream_rl.alerts.monitor import alert_log_path
+
+    path = alert_log_path(run_dir, alerts[0]["instance_id"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(a) + "\n" for a in alerts))
+
+
+def alert(name, state, action, t, message="x", role="trainer", instance_id="trainer-1a2b3c4d"):
+    return {"name": name, "state": state, "action": action, "role": role, "instance_id": instance_id,
+            "message": message, "value": None, "threshold": None, "created_at": t}
+
+
+def test_report_names_the_alert_that_stopped_the_run(tmp_path):
+    write_rows(tmp_path / "metrics.jsonl", [{"step": i, "reward/mean": 0.5, "time/step_s": 2.0,
+                                              "time/wait_s": 0.5} for i in range(1, 6)])
+    write_alerts(tmp_path, alert("consumer_lag", "firing", "log", 10.0, "lag/position_total = 2000 records"),
+                 alert("consumer_lag", "resolved", "log", 20.0),
+                 alert("consumer_lag", "firing", "log", 30.0, "lag/position_total = 3000 records"),
+                 alert("loss_nonfinite", "firing", "stop", 40.0, "loss/total is nan (not finite)"))
+    result = runner.invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "warnings: none" not in out and "alerts: none" not in out
+    assert ("  - loss_nonfinite (action stop) on trainer trainer-1a2b3c4d, still firing at the end: loss/total is "
+            "nan (not finite)") in out
+    assert ("  - consumer_lag (action log) on trainer trainer-1a2b3c4d, 2 times, still firing at the end: "
+            "lag/position_total = 2000 records") in out
+    assert "  - stopped by alert loss_nonfinite on trainer trainer-1a2b3c4d: loss/total is nan" in out
+    assert "2 alert(s) fired: consumer_lag, loss_nonfinite" in out
+
+
+def test_report_reads_alert_lines_from_role_logs_without_alert_files(tmp_path):
+    write_rows(tmp_path / "metrics.jsonl", [{"step": 1, "reward/mean": 0.5}])
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "trainer-0.log").write_text(
+        "2026-01-01 10:00:00 WARNING stream_rl.alerts.monitor alert kl_ref_high firing (action log) on trainer "
+        "trainer-1a2b3c4d: kl/ref_mean = 1.5 > 1\nother line\n")
+    result = runner.invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "kl_ref_high (action log) on trainer trainer-1a2b3c4d, still firing at the end: kl/ref_mean = 1.5 > 1" \
+        in result.stdout
+    assert "warnings: none" not in result.stdout
+
+
+def test_step_time_and_wait_are_separate_figures():
+    text = format_summary(summarize(hand_rows()))  # time/step_s 2.0, time/wait_s 0.5 on every row
+    assert "mean step time (time/step_s: train + broadcast of one step): 2.000 s" in text
+    assert "mean wait for data before a step (time/wait_s, not part of the step time): 0.500 s" in text
+    assert "mean step cycle (wait + step): 2.500 s, 20% of it waiting" in text
+    assert "(waiting for data" not in text
+
+
+def test_a_binary_reward_does_not_hide_the_mean_under_the_success_rate(tmp_path):
+    from stream_rl.ops.report import _draw, _figure, write_plots
+
+    rows = [{"step": i, "reward/mean": float(i % 2), "reward/group_success_rate": float(i % 2)}
+            for i in range(1, 6)]
+    titles = [t for t, _ in write_plots(rows, tmp_path)]
+    assert "Reward (mean)" in titles and "Group success rate" in titles  # a panel each
+    ax = _figure(4, 3).add_subplot()
+    _draw(ax, steps_of(rows), rows, ["reward/mean", "reward/group_success_rate"], "both")
+    assert len({line.get_linestyle() for line in ax.get_lines()}) == 2  # distinct styles where they overlap
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["reward/mean", "reward/group_success_rate"]
+
+
+def test_epoch_and_distinct_prompts_are_shown(tmp_path):
+    rows = [{"step": i, "reward/mean": 0.5, "data/epoch": float(i >= 4),
+             "data/distinct_prompts": float(min(i, 3) * 10)} for i in range(1, 7)]
+    write_rows(tmp_path / "metrics.jsonl", rows)
+    result = runner.invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "epochs trained: 2 (highest data/epoch 1, 0-based)" in result.stdout
+    assert "distinct prompts trained at least once (data/distinct_prompts): 30" in result.stdout
+    assert {"epoch.png", "distinct_prompts.png"} <= {p.name for p in (tmp_path / "report").glob("*.png")}
+    write_rows(tmp_path / "metrics.jsonl", [{"step": 1, "reward/mean": 0.5}])
+    without = runner.invoke(app, ["report", str(tmp_path), "--out", str(tmp_path / "o3")])
+    assert "epochs trained" not in without.stdout and "distinct prompts" not in without.stdout

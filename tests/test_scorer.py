@@ -446,3 +446,31 @@ def test_two_scorers_in_one_group_score_every_rollout_exactly_once(make_config):
     for s in scored:
         owners.setdefault(partition_of[s.value.rollout_id], set()).add(s.value.scorer_id)
     assert all(len(names) == 1 for names in owners.values()), owners  # one owner per partition
+
+
+@pytest.mark.broker
+def test_score_max_batches_counts_a_batch_of_dead_letters_only(make_config, broker, run_name, tmp_path):
+    """Issue 13: `stream-rl score --max-batches 1` on a topic holding only undecodable records waited forever;
+    a poll whose records were all dead-lettered is a batch."""
+    import os
+    import subprocess
+
+    cfg = make_config(**{"topics.partitions": {"rollouts": 1}})
+    t = Transport(cfg, "test")
+    t.ensure_topics()
+    sink = t.sink()
+    for i in range(3):
+        sink.send_raw(t.names.rollouts, b"\xc1not msgpack %d" % i, key=b"junk", partition=0)
+    sink.flush()
+    sink.close()
+    cmd = [sys.executable, "-m", "stream_rl.cli.main", "score", "--max-batches", "1", "-b", broker.bootstrap,
+           "--run", run_name, "--set", "run.demo_dir=null", "--set", f"run_dir={tmp_path / 'run'}",
+           "--set", "scorer.poll_timeout_s=0.5"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAM_RL_")}
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=90, cwd=tmp_path, env=env)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError("score --max-batches 1 never ended on a batch of dead letters") from exc
+    assert result.returncode == 0, result.stderr
+    letters = read_records(t, t.names.dlq, "dead_letter")
+    assert len(letters) == 3 and {d.value.source_offset for d in letters} == {0, 1, 2}

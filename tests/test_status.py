@@ -159,8 +159,83 @@ def test_status_once_json_reads_the_run_topics(make_config, run_name, broker):
     assert "producer-gone" in table.stdout and "missing" in table.stdout and "loss_nonfinite" in table.stdout
 
 
-def test_status_exits_1_with_one_line_when_the_broker_is_unreachable():
+def test_status_exits_1_with_one_line_when_the_broker_is_unreachable(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no run directories here: the broker is asked for its runs, and cannot answer
     result = CliRunner().invoke(app, ["status", "--once", "--json", "--bootstrap", "127.0.0.1:1"])
     assert result.exit_code == 1
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and "127.0.0.1:1" in lines[0] and "unreachable" in lines[0]
+
+
+def test_endpoint_rows_mark_a_dead_pid_stale_and_data_progress_comes_from_the_trainer_metrics():
+    from stream_rl.ops.status import data_progress, endpoint_rows
+
+    records = [{"role": "trainer", "instance_id": "trainer-a", "url": "http://127.0.0.1:1", "pid": 11, "host": "h1"},
+               {"role": "producer", "instance_id": "producer-a", "url": "http://127.0.0.1:2", "pid": 12, "host": "h1"},
+               {"role": "scorer", "instance_id": "scorer-a", "url": "http://10.0.0.2:3", "pid": 11, "host": "h2"}]
+    rows = endpoint_rows(records, "h1", lambda pid: pid == 11)
+    assert [(r["instance_id"], r["process"]) for r in rows] == [
+        ("producer-a", "stale"), ("scorer-a", "unknown"), ("trainer-a", "running")]
+    assert data_progress({"data/epoch": 1.0, "data/distinct_prompts": 37.0, "loss": 0.5}) == {
+        "epoch": 1, "distinct_prompts": 37}
+    assert data_progress({"loss": 0.5}) == {"epoch": None, "distinct_prompts": None}
+    snap = build_snapshot(run="r", now=NOW, manifest=None, marks={}, endpoints=rows, heartbeats=[
+        _hb("trainer", "trainer-a", 1.0, 2, metrics={"data/epoch": 0.0, "data/distinct_prompts": 5.0})])
+    assert snap["data"] == {"epoch": 0, "distinct_prompts": 5} and snap["endpoints"] == rows
+
+
+def _read_lines(stream, into: list[str]) -> None:
+    for line in stream:
+        into.append(line)
+
+
+@pytest.mark.broker
+def test_status_shows_stale_endpoints_and_data_progress_and_prints_plain_text_when_piped(make_config, run_name,
+                                                                                         broker, tmp_path):
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    from stream_rl.transport.client import Transport
+
+    cfg = make_config(**{"topics.partitions": {"status": 1}})
+    transport = Transport(cfg, "trainer")
+    transport.ensure_topics()
+    sink = transport.sink()
+    sink.send(transport.names.status, replace(_hb("trainer", "trainer-t1", 0.0, 3, step=9, metrics={
+        "data/epoch": 1.0, "data/distinct_prompts": 37.0}), created_at=time.time(), interval_s=60.0),
+        key="trainer-t1")
+    sink.flush()
+    sink.close()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid is not running any more: the role died without removing its endpoint file
+    endpoints = tmp_path / "run" / "endpoints"
+    endpoints.mkdir(parents=True)
+    for instance, pid in (("trainer-t1", os.getpid()), ("producer-dead", gone.pid)):
+        (endpoints / f"{instance}.json").write_text(json.dumps({
+            "role": instance.split("-")[0], "instance_id": instance, "url": "http://127.0.0.1:9", "pid": pid,
+            "host": socket.gethostname()}))
+    args = ["status", "--bootstrap", broker.bootstrap, "--run", run_name, "--set", f"run_dir={tmp_path / 'run'}"]
+
+    snap = json.loads(CliRunner().invoke(app, [*args, "--once", "--json", "--interval", "0.1"]).stdout)
+    assert {e["instance_id"]: e["process"] for e in snap["endpoints"]} == {"producer-dead": "stale",
+                                                                           "trainer-t1": "running"}
+    assert snap["data"] == {"epoch": 1, "distinct_prompts": 37}
+
+    # without --once and without a terminal: plain snapshots, one per refresh, until Ctrl-C (exit 0)
+    proc = subprocess.Popen([sys.executable, "-m", "stream_rl.cli.main", *args, "--interval", "0.3"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True).start()
+    deadline = time.monotonic() + 40
+    while sum(x.startswith("--- stream-rl status") for x in lines) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(20) == 0
+    out = "".join(lines)
+    assert out.count("--- stream-rl status") >= 2, out[-2000:]
+    assert f"run {run_name}" in out and "epoch 1  distinct prompts 37" in out
+    assert "producer-dead" in out and "stale" in out and "\x1b[" not in out  # no terminal codes in a pipe

@@ -22,6 +22,8 @@ Guarantees:
   continues the rollout's trace. A rollout whose token ids are outside the reference or reward model's
   vocabulary, or longer than its context, is dead-lettered with that reason before any forward pass. A record
   batch the client cannot read is dead-lettered by the transport, which seeks past it (no crash loop).
+- ``max_batches`` counts every poll that returned records, also one whose records were all dead-lettered by the
+  transport (undecodable, invalid): ``stream-rl score --max-batches N`` ends on a topic of dead letters too.
 - Heartbeats report the batches done in ``step``. A broker that stays unreachable for
   ``kafka.broker_timeout_s`` stops the scorer with ``BrokerUnreachable`` naming it (exit non-zero).
 - Tracing: the batch's compute runs in a ``process score-batch`` span linked to every rollout's trace; each
@@ -57,7 +59,7 @@ class ScorerStats:
     """What one scorer process did (returned by :func:`run_scorer`)."""
 
     batches: int = 0
-    """Non-empty batches scored."""
+    """Non-empty batches: polls that returned records, or whose records were all dead-lettered by the transport."""
     scored: int = 0
     """ScoredRollouts sent (each acknowledged by the broker before the commit that follows it)."""
     rejected: int = 0
@@ -76,7 +78,8 @@ def scorer_group(cfg: StreamRLConfig) -> str:
 def run_scorer(cfg: StreamRLConfig, stop_event: threading.Event | None = None, max_batches: int | None = None, *,
                scorer_cfg: ScorerConfig | None = None, scoring: Scoring | None = None,
                tracing: Tracing | None = None) -> ScorerStats:
-    """Score rollouts until ``stop_event`` is set or ``max_batches`` non-empty batches were scored.
+    """Score rollouts until ``stop_event`` is set or ``max_batches`` non-empty batches were handled (scored or,
+    for a batch of undecodable records, dead-lettered).
 
     ``scorer_cfg`` defaults to ``cfg.scorer``; ``scoring`` (already loaded models) defaults to
     ``load_scoring(scorer_cfg, scorer_id)``; ``tracing`` defaults to the one built from ``cfg.tracing``.
@@ -98,12 +101,14 @@ def run_scorer(cfg: StreamRLConfig, stop_event: threading.Event | None = None, m
             telemetry.tick()  # alerts: "stop" ends here, after the previous batch was committed
             telemetry.check_stop()
             source.paused = telemetry.paused
+            dead_before = source.dead_lettered
             records = source.poll(scfg.poll_timeout_s, max_records=scfg.batch_size)
             if records:
                 started = time.monotonic()
                 _score_and_send(records, source, sink, transport.names.scored, scoring, stats)
                 telemetry.observe_seconds("score", time.monotonic() - started)
                 telemetry.tokens(sum(r.value.response_length for r in records))
+            if records or source.dead_lettered > dead_before:  # a batch of dead letters only is a batch too
                 stats.batches += 1
                 telemetry.set_step(stats.batches)  # heartbeats' ``step``: batches done
             if records or sink.pending:  # the transport may have dead-lettered undecodable records

@@ -56,6 +56,15 @@ class Ledger:
         if not ahead:
             del self._ahead[prompt_id]
 
+    def prompts(self) -> int:
+        """Distinct prompts with at least one trained epoch."""
+        return len(self._floor)
+
+    def top_epoch(self) -> int:
+        """The highest epoch trained for any prompt (-1 when nothing is trained)."""
+        floors = (f - 1 for f in self._floor.values())
+        return max([*floors, *(max(a) for a in self._ahead.values() if a)], default=-1)
+
     def entries(self) -> int:
         """Stored numbers: one floor per prompt plus every epoch held ahead of a floor (the ledger's size)."""
         return len(self._floor) + sum(len(v) for v in self._ahead.values())

@@ -310,7 +310,9 @@ class Trainer:
         row = {"step": self.state.step, "policy_version": self.state.version, "time": time.time(),
                **{k: _finite(v) for k, v in sorted(metrics.items())}, **counters,
                "batcher/buffered_groups": self.batcher.buffered_groups,
-               "batcher/ready_groups": self.batcher.ready_groups}
+               "batcher/ready_groups": self.batcher.ready_groups,
+               "data/distinct_prompts": float(self.batcher.ledger.prompts()),
+               "data/epoch": float(self.batcher.ledger.top_epoch())}
         append_line(self.metrics_path, row)
         self.telemetry.set_version(self.state.version)
         self.telemetry.row_written(row)

@@ -16,6 +16,12 @@ Guarantees:
 - NaN/Inf guard (in :func:`~consumers.trainer.update.update`): a skipped update leaves weights and optimizer state
   untouched and ``optim/skipped_updates`` counts it; ``optim/updates`` counts the applied ones, and a step with
   none applied trained nothing (the loop then drops its groups instead of marking them trained).
+- Sampler/trainer mismatch: ``mismatch/logp_abs_diff`` = mean over response tokens of |mu - pi_prox|, taken only
+  over the rollouts sampled entirely by the weights the trainer holds (every token's version == the state's
+  version: lag 0), so it measures the sampler/trainer numerics, not staleness; ``mismatch/on_policy_samples``
+  counts those rollouts, and with none the mismatch key is left out (not 0). The off-policy gap over every
+  rollout, whatever its lag, stays in ``mismatch/kl_mu_prox`` (k3 KL of mu to pi_prox) and
+  ``mismatch/offpolicy_logp_abs_diff``.
 - Data parallel (``engine.ranks``): each rank runs its share of every pass; pi_prox, the recorded logprobs and the
   metrics are reduced over ranks, so the state and the metrics are the same on every rank and equal (to float
   rounding) what one rank computes.
@@ -141,6 +147,8 @@ def train_step(engine, batch: RolloutBatch, cfg: TrainerConfig, state: TrainStat
     if nonfinite_loss is not None:  # a skipped non-finite loss makes the step's loss non-finite (alert loss_nonfinite)
         out["loss/total"] = nonfinite_loss
     out.update(_batch_metrics(batch, prox_logp, entropy, tg.advantages))
+    out.update(on_policy_mismatch(batch.behavior_logp, prox_logp, batch.response_mask, batch.token_versions,
+                                  state.version))
     out["kl/coef"] = state.kl_coef
     kl_mean = out["kl/ref_mean"]
     if cfg.kl.adaptive and math.isfinite(kl_mean) and bool(batch.has_ref.any()):
@@ -160,7 +168,8 @@ def train_step(engine, batch: RolloutBatch, cfg: TrainerConfig, state: TrainStat
 
 
 def _batch_metrics(batch: RolloutBatch, prox_logp: Tensor, entropy: Tensor, advantages: Tensor) -> dict[str, float]:
-    """Tensor-side diagnostics: advantages, entropy, KL to the reference (k3 of pi_prox), sampler mismatch."""
+    """Tensor-side diagnostics: advantages, entropy, KL to the reference (k3 of pi_prox), the off-policy gap of
+    mu to pi_prox over every rollout (any lag)."""
     mask = batch.response_mask
     valid = advantages[mask]
     beh = batch.behavior_logp
@@ -173,8 +182,27 @@ def _batch_metrics(batch: RolloutBatch, prox_logp: Tensor, entropy: Tensor, adva
         "advantage/max": float(valid.max()) if valid.numel() else 0.0,
         "policy/entropy": float(alg.masked_mean(entropy, mask)),
         "kl/ref_mean": float(alg.masked_mean(kl_t, ref_mask)) if bool(ref_mask.any()) else math.nan,
-        "mismatch/logp_abs_diff": float(alg.masked_mean((beh - prox_logp).abs(), mask)),
+        "mismatch/offpolicy_logp_abs_diff": float(alg.masked_mean((beh - prox_logp).abs(), mask)),
         "mismatch/kl_mu_prox": float(alg.masked_mean(alg.kl_penalty(beh, prox_logp, "k3", mask=mask), mask)),
         "batch/sequences": float(batch.size), "batch/tokens": float(batch.n_tokens),
         "batch/temperature_mean": float(batch.temperatures.mean()),
     }
+
+
+def on_policy_mismatch(behavior_logp: Tensor, prox_logp: Tensor, mask: Tensor, token_versions: Tensor,
+                       version: int) -> dict[str, float]:
+    """The sampler/trainer logprob mismatch over the rollouts of lag 0 only::
+
+        on(b)  <=>  b has a response token and every one has version == ``version`` (the trainer's weights)
+        mismatch/logp_abs_diff    = sum over tokens of on rows of |mu - pi_prox| / their token count
+        mismatch/on_policy_samples = #{b : on(b)}
+
+    ``mismatch/logp_abs_diff`` is absent when no rollout is on policy (a stale batch says nothing about numerics).
+    Shapes: all [B, T]; ``mask`` bool, ``token_versions`` int64."""
+    same = (token_versions == version) | ~mask  # [B, T]: padding does not disqualify a row
+    on = same.all(dim=1) & mask.any(dim=1)  # [B]
+    out = {"mismatch/on_policy_samples": float(on.sum())}
+    if bool(on.any()):
+        rows = mask & on[:, None]  # [B, T]
+        out["mismatch/logp_abs_diff"] = float(alg.masked_mean((behavior_logp - prox_logp).abs(), rows))
+    return out

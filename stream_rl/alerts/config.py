@@ -77,15 +77,18 @@ class RewardDropRule(Section):
 
 
 class ConsumerLagRule(_PauseNeverClears):
-    """``consumer_lag``: ``lag/total`` (records behind, over all partitions) > ``max_records`` continuously
-    for at least ``for_s`` seconds."""
+    """``consumer_lag``: ``lag/position_total`` (records this process has not read yet, over its partitions:
+    high-water mark - its position, not its committed offset, which the trainer moves only at checkpoints) >
+    ``max_records`` continuously for at least ``for_s`` seconds. Producers read prompts loaded ahead of time, so
+    for them the lag must also be growing over those ``for_s`` seconds."""
 
     rule = "consumer_lag"
     pause_never_clears = "a paused consumer keeps its partitions, so their lag only grows"
 
     enabled: bool = Field(True, description=_ENABLED)
     action: Action = Field("log", description=_ACTION)
-    max_records: int = Field(1000, ge=0, description="lag bound in records (N)")
+    max_records: int = Field(1000, ge=0, description="lag bound in records not yet read (N); producers: and "
+                             "growing")
     for_s: float = Field(60.0, gt=0, le=86_400, description="how long the lag must stay above it (T, seconds)")
 
 

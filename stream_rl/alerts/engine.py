@@ -3,10 +3,10 @@
 Consumes: ``observe(now, values)`` calls from one role process: ``now`` in seconds (Unix time or any clock that
 only moves forward, the same one every call), ``values`` a mapping of observation keys to numbers
 (``loss/total``, ``optim/grad_norm``, ``kl/ref_mean``, ``reward/mean``, ``mismatch/logp_abs_diff``, ``step``,
-``lag/total``, ``process/rss_bytes``, ``gpu/allocated_bytes``, ``dlq/total``; unknown keys are ignored). A key
-that is absent means "no data": its window keeps what it had. Per-step keys (loss, grad norm, KL, reward,
+``lag/position_total``, ``process/rss_bytes``, ``gpu/allocated_bytes``, ``dlq/total``; unknown keys are ignored).
+A key that is absent means "no data": its window keeps what it had. Per-step keys (loss, grad norm, KL, reward,
 mismatch) belong in the one observation made after the step that produced them (each presence is one sample);
-gauges and counters (step, lag, memory, dlq) may be given at every observation.
+gauges and counters (step, memory, dlq) may be given at every observation, the lag once per new measurement.
 Produces: a list of :class:`schemas.Alert` transitions: ``firing`` when a rule starts holding, ``resolved`` when
 it stops; nothing while a state is unchanged or while a rule has no data. ``firing`` (names) and ``action``
 (strongest action among firing alerts: ``none`` < ``log`` < ``pause`` < ``stop``) describe the current state.

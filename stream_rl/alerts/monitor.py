@@ -3,8 +3,10 @@
 Consumes: an :class:`~stream_rl.alerts.engine.AlertEngine`, the process's transport ``Sink``, the run's alerts
 topic (``TopicNames.alerts``) and a logger; ``observe(now, values)`` calls from the role loop.
 Produces: one ``Alert`` record per transition on the alerts topic (key = alert name), flushed before
-``observe`` returns, and one log line per transition (WARNING when firing, INFO when resolved) holding the rule
-name, action, role, instance and the rule's numeric message, never sample text.
+``observe`` returns; the same transition as one JSON line appended to ``run_dir/alerts/<instance_id>.jsonl``
+(the run's own record of its alerts, read by ``stream-rl report`` without a broker; :func:`alert_log_path`); and
+one log line per transition (WARNING when firing, INFO when resolved) holding the rule name, action, role,
+instance and the rule's numeric message, never sample text.
 Guarantees: ``paused`` is true while an alert with action ``pause`` (and none with ``stop``) fires;
 ``check_stop()`` raises :class:`AlertStop` while an alert with action ``stop`` fires, after its record is durable
 on the broker. ``log`` alerts change nothing in the loop.
@@ -22,8 +24,11 @@ Observe gauges (step, lag, memory, dlq) at most about once per second: each obse
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 
 from schemas import Alert
 from stream_rl.alerts.engine import AlertEngine
@@ -43,19 +48,32 @@ class AlertStop(RuntimeError):
         self.alert = alert
 
 
-class AlertMonitor:
-    """Publishes and logs an engine's transitions; tells the loop whether to pause or stop."""
+ALERTS_DIR = "alerts"
+"""Directory under ``run_dir`` holding one ``<instance_id>.jsonl`` of alert transitions per process."""
 
-    def __init__(self, engine: AlertEngine, sink, topic: str, log: logging.Logger | None = None) -> None:
+
+def alert_log_path(run_dir: Path | str, instance_id: str) -> Path:
+    """``run_dir/alerts/<instance_id>.jsonl``: where a process appends its alert transitions."""
+    return Path(run_dir) / ALERTS_DIR / f"{instance_id}.jsonl"
+
+
+class AlertMonitor:
+    """Publishes, records and logs an engine's transitions; tells the loop whether to pause or stop."""
+
+    def __init__(self, engine: AlertEngine, sink, topic: str, log: logging.Logger | None = None,
+                 record_path: Path | None = None) -> None:
         self.engine, self._sink, self.topic = engine, sink, topic
         self._log = log or logging.getLogger(__name__)
+        self.record_path = record_path
         self.published = 0
 
     @classmethod
     def for_role(cls, cfg, role: str, instance_id: str, sink, topic: str,
                  log: logging.Logger | None = None) -> AlertMonitor:
-        """A monitor over ``cfg.alerts`` (``cfg`` is the root config) for one role process."""
-        return cls(AlertEngine(cfg.alerts, role, instance_id), sink, topic, log)
+        """A monitor over ``cfg.alerts`` (``cfg`` is the root config) for one role process, recording its
+        transitions under ``cfg.run_dir``."""
+        return cls(AlertEngine(cfg.alerts, role, instance_id), sink, topic, log,
+                   alert_log_path(cfg.run_dir, instance_id))
 
     def observe(self, now: float, values: Mapping[str, float]) -> list[Alert]:
         """Feed one observation; publish (and flush) and log every transition; return them."""
@@ -65,11 +83,19 @@ class AlertMonitor:
         if transitions:
             self._sink.flush()
             self.published += len(transitions)
+            self._record(transitions)
         for alert in transitions:
             level = logging.WARNING if alert.state == "firing" else logging.INFO
             self._log.log(level, "alert %s %s (action %s) on %s %s: %s", alert.name, alert.state, alert.action,
                           alert.role, alert.instance_id, alert.message)
         return transitions
+
+    def _record(self, transitions: list[Alert]) -> None:
+        if self.record_path is None:
+            return
+        self.record_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.record_path.open("a", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(dataclasses.asdict(a), sort_keys=True) + "\n" for a in transitions)
 
     @property
     def firing(self) -> list[str]:

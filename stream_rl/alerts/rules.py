@@ -1,7 +1,7 @@
 """The alert rules: pure functions over windows of ``(time, value)`` samples, and one rule object per alert.
 
 Consumes: samples of the observation keys (``loss/total``, ``optim/grad_norm``, ``kl/ref_mean``, ``reward/mean``,
-``mismatch/logp_abs_diff``, ``step``, ``lag/total``, ``process/rss_bytes``, ``gpu/allocated_bytes``,
+``mismatch/logp_abs_diff``, ``step``, ``lag/position_total``, ``process/rss_bytes``, ``gpu/allocated_bytes``,
 ``dlq/total``), oldest first, and the rule's config section (:mod:`stream_rl.alerts.config`).
 Produces: a :class:`Verdict` (holds or not, the value seen, the bound, a message made of numbers and key names
 only, never sample text), or ``None`` when there is no data to judge: a rule never fires on missing data.
@@ -12,8 +12,13 @@ Guarantees: every comparison with a bound is strict (a value equal to the bound 
     reward_drop      m(i)   =  mean of the W values ending at i;  current = m(last)
                      best   =  max m(j) over windows that end before the current window begins
                      holds  <=>  best - current > max_drop                                   (needs >= 2W samples)
-    consumer_lag     t0     =  time of the oldest sample of the trailing run with lag > N
+    consumer_lag     lag    =  lag/position_total: records not yet read (high-water mark - the process's position;
+                               not its committed offset, which the trainer moves only at checkpoints)
+                     t0     =  time of the oldest sample of the trailing run with lag > N
                      holds  <=>  t0 exists and t0 <= now - T
+                     producers (prompts are loaded ahead: a backlog is normal, only growth is actionable):
+                     a      =  the newest sample with t <= now - T;  W = the samples from a to the latest
+                     holds  <=>  the above  and  v_last > v_a  and  #{i in W : v_i > v_(i-1)} / (|W| - 1) >= 1/2
     trainer_stalled  t0     =  time of the oldest sample s0 such that no later sample has step > step(s0)
                      holds  <=>  t0 <= now - T   (a trailing stretch of >= T seconds without a new step)
     memory_growth    on the samples with t >= now - window_s (n >= K, t_last - t_first >= min_span_s):
@@ -188,21 +193,39 @@ class RewardDrop(Rule):
 
 
 class ConsumerLag(Rule):
-    name, keys = "consumer_lag", ("lag/total",)
+    name, keys = "consumer_lag", ("lag/position_total",)
 
-    def __init__(self, section) -> None:
+    def __init__(self, section, by_growth: bool = False) -> None:
         super().__init__(section)
         self.horizon_s = section.for_s
+        self.keep = 2
+        self.by_growth = by_growth
 
     def evaluate(self, series, now):
-        samples = series.get("lag/total")
+        samples = series.get(self.keys[0])
         if not samples:
             return None
-        n, lag = self.cfg.max_records, samples[-1][1]
+        n, lag, for_s = self.cfg.max_records, samples[-1][1], self.cfg.for_s
         since = above_since(samples, n)
-        holds = since is not None and since <= now - self.cfg.for_s
-        text = f"for {_fmt(now - since)} s" if holds else f"(needs > {n} for {_fmt(self.cfg.for_s)} s)"
-        return Verdict(holds, lag, float(n), f"lag/total = {_fmt(lag)} records {text}")
+        holds = since is not None and since <= now - for_s
+        text = f"for {_fmt(now - since)} s" if holds else f"(needs > {n} for {_fmt(for_s)} s)"
+        if self.by_growth:
+            grew, growing = lag_growth(samples, now, for_s)
+            holds = holds and grew > 0 and growing >= GROWING_FRACTION
+            text += f", {grew:+g} records over the last {_fmt(for_s)} s ({growing:.0%} of measurements rising)"
+        return Verdict(holds, lag, float(n), f"{self.keys[0]} = {_fmt(lag)} records {text}")
+
+
+GROWING_FRACTION = 0.5
+"""A producer's prompt lag counts as growing when at least this fraction of its measurements rose."""
+
+
+def lag_growth(samples: Sequence[Sample], now: float, window_s: float) -> tuple[float, float]:
+    """(v_last - v_a, fraction of rising steps from a to the latest), a = the newest sample with
+    t <= now - window_s (else the oldest)."""
+    older = [i for i, (t, _) in enumerate(samples) if t <= now - window_s]
+    window = [v for _, v in samples[older[-1] if older else 0:]]
+    return window[-1] - window[0], increase_fraction(window)
 
 
 class TrainerStalled(Rule):
@@ -279,7 +302,7 @@ def build_rules(cfg: AlertsConfig, role: str) -> list[Rule]:
         NonFinite(cfg.grad_norm_nonfinite, "grad_norm_nonfinite", "optim/grad_norm"),
         AboveBound(cfg.kl_ref_high, "kl_ref_high", "kl/ref_mean", cfg.kl_ref_high.max_kl),
         RewardDrop(cfg.reward_drop),
-        ConsumerLag(cfg.consumer_lag),
+        ConsumerLag(cfg.consumer_lag, by_growth=role == "producer"),
         TrainerStalled(cfg.trainer_stalled),
         MemoryGrowth(cfg.memory_growth),
         AboveBound(cfg.logprob_mismatch, "logprob_mismatch", "mismatch/logp_abs_diff",

@@ -1,4 +1,5 @@
-"""Shared CLI plumbing: config resolution from file, environment and flags, with one-line errors and exit 2."""
+"""Shared CLI plumbing: config resolution from file, environment and flags, with one-line errors and exit 2, and
+the broker probe a role runs before it starts (one line naming the address when no broker answers)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,14 @@ RunOpt = Annotated[str | None, typer.Option("--run", help="run name used in topi
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="print the resolved config and exit")]
 
 
+_resolved: list[Any] = []  # the config this process's command resolved (named by stream_rl.cli.errors)
+
+
+def resolved_config() -> Any:
+    """The config the running command resolved, None before it got that far."""
+    return _resolved[-1] if _resolved else None
+
+
 def fail(message: str, code: int = 1) -> None:
     typer.echo(message, err=True)
     raise typer.Exit(code)
@@ -34,6 +43,7 @@ def resolve(config: Path | None, sets: list[str] | None, flags: dict[str, Any] |
         cfg = load_config(config, overrides=overrides, **({"model": model} if model else {}))
     except ConfigError as exc:
         fail(str(exc), 2)
+    _resolved[:] = [cfg]
     if isinstance(cfg, StreamRLConfig):
         for line in config_warnings(cfg):
             typer.echo(f"warning: {line}", err=True)
@@ -41,3 +51,23 @@ def resolve(config: Path | None, sets: list[str] | None, flags: dict[str, Any] |
         typer.echo(dump_config(cfg))
         raise typer.Exit(0)
     return cfg
+
+
+def require_broker(cfg: StreamRLConfig) -> None:
+    """Raise BrokerUnreachable (one line naming the address) when no broker answers within the connect timeout
+    (``kafka.connect_timeout_s``, at most ``kafka.broker_timeout_s``). Run before the role configures logging, so
+    kafka-python's retries print nothing."""
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaTimeoutError
+
+    from stream_rl.broker import resolve_bootstrap
+    from stream_rl.cli.errors import no_broker_message
+    from stream_rl.transport.edge import BrokerUnreachable
+    from stream_rl.transport.settings import admin_settings, connect_timeout_s
+
+    bootstrap = resolve_bootstrap(cfg.kafka.bootstrap_servers, cfg.broker)
+    try:
+        admin = KafkaAdminClient(**admin_settings(cfg.kafka, bootstrap, f"{cfg.kafka.client_id}-probe"))
+    except KafkaTimeoutError:  # kafka-python 3: "Unable to bootstrap from [...]" after bootstrap_timeout_ms
+        raise BrokerUnreachable(no_broker_message(bootstrap, connect_timeout_s(cfg.kafka))) from None
+    admin.close()

@@ -1,9 +1,10 @@
 """CLI command ``stream-rl gc`` (registered in :mod:`stream_rl.cli.main`).
 
-Consumes: the resolved config (where the run's checkpoints, weights store, logs, spans and telemetry files are) and
-the policy flags; the defaults are the trainer's own ``trainer.keep_checkpoints`` and ``weights.keep_last``.
+Consumes: the resolved config (where the run's checkpoints, weights store, logs, spans and telemetry files are:
+``--run-dir``, else ``--run``'s or the newest run's directory, :mod:`stream_rl.cli.runs`) and the policy flags;
+the defaults are the trainer's own ``trainer.keep_checkpoints`` and ``weights.keep_last``.
 Produces: one line per removed (or, with ``--dry-run``, removable) item and a total on stdout; exit 2 on an invalid
-config or policy.
+config or policy or an unknown run (stderr names the run when it was picked as the newest).
 Guarantees: ``--dry-run`` removes nothing; the rules are those of :mod:`stream_rl.ops.gc` (the newest checkpoints
 and weight versions are always kept). Unlike other commands, ``--dry-run`` here prints the plan, not the config
 (``stream-rl config`` prints the config).
@@ -17,11 +18,14 @@ from typing import Annotated
 
 import typer
 
-from stream_rl.cli.common import ConfigOpt, SetOpt, fail, resolve
+from stream_rl.cli.common import ConfigOpt, RunOpt, SetOpt, fail, resolve
+from stream_rl.cli.runs import select_run
 
 
 def gc(config: ConfigOpt = None, set_: SetOpt = None,
-       run_dir: Annotated[Path | None, typer.Option(help="the run directory (run_dir)")] = None,
+       run_dir: Annotated[Path | None, typer.Option(help="the run directory (run_dir; default: the newest run's, "
+                                                    "or --run's)")] = None,
+       run: RunOpt = None,
        dry_run: Annotated[bool, typer.Option("--dry-run", help="print what would be removed; remove nothing")]
        = False,
        keep_checkpoints: Annotated[int | None, typer.Option(
@@ -34,7 +38,8 @@ def gc(config: ConfigOpt = None, set_: SetOpt = None,
     """Prune old checkpoints, weight versions and run files by policy (never the newest ones)."""
     from stream_rl.ops.gc import DAY_S, GcPolicy, apply_gc, format_actions, paths_from_config, plan_gc
 
-    cfg = resolve(config, set_, {"run_dir": str(run_dir) if run_dir is not None else None})
+    cfg = resolve(config, set_, {"run_dir": str(run_dir) if run_dir is not None else None, "topics.run": run})
+    select_run(cfg, "dir")
     try:
         policy = GcPolicy(
             keep_checkpoints=cfg.trainer.keep_checkpoints if keep_checkpoints is None else keep_checkpoints,

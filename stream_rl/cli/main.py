@@ -2,7 +2,9 @@
 (plan, doctor, report, status, trace, gc, bench).
 
 Each command resolves the config (defaults < file < ``STREAM_RL_*`` env < ``--set`` < named flags), exits 2 with
-one line naming the field when it is invalid, and prints the resolved config with ``--dry-run``. Heavy imports
+one line naming the field when it is invalid, and prints the resolved config with ``--dry-run`` (every command
+has it; gc, plan and bench print their plan or inputs instead). The commands that read a run (replay, status,
+topics list, report, trace show, gc) default to the newest run: :mod:`stream_rl.cli.runs`. Heavy imports
 (torch, transformers) happen inside the commands that need them, after parsing.
 """
 
@@ -17,6 +19,7 @@ from stream_rl.cli import bench_cmd, gc_cmd, ops_cmds, roles, status_cmd
 from stream_rl.cli import plan as plan_cmd
 from stream_rl.cli import run as run_cmd
 from stream_rl.cli.common import BootstrapOpt, ConfigOpt, DryRunOpt, RunOpt, SetOpt, fail, resolve
+from stream_rl.cli.runs import select_run
 
 app = typer.Typer(help="Asynchronous, streaming RL fine-tuning of LLMs over Kafka.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -57,22 +60,22 @@ def broker_up(config: ConfigOpt = None, set_: SetOpt = None,
 
 @broker_app.command("down")
 def broker_down(config: ConfigOpt = None, set_: SetOpt = None,
-                state_dir: Annotated[str | None, typer.Option()] = None) -> None:
+                state_dir: Annotated[str | None, typer.Option()] = None, dry_run: DryRunOpt = False) -> None:
     """Stop exactly the broker process recorded in the state directory."""
     from stream_rl import broker
 
-    cfg = resolve(config, set_, {"broker.state_dir": state_dir})
+    cfg = resolve(config, set_, {"broker.state_dir": state_dir}, dry_run)
     state = broker.down(cfg.broker)
     typer.echo(f"stopped broker PID {state.pid} ({state.bootstrap})" if state else "no broker recorded")
 
 
 @broker_app.command("status")
 def broker_status(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt = None,
-                  state_dir: Annotated[str | None, typer.Option()] = None) -> None:
+                  state_dir: Annotated[str | None, typer.Option()] = None, dry_run: DryRunOpt = False) -> None:
     """Exit 0 when the broker answers a metadata request, 1 with the reason otherwise."""
     from stream_rl import broker
 
-    cfg = resolve(config, set_, {"broker.state_dir": state_dir})
+    cfg = resolve(config, set_, {"broker.state_dir": state_dir}, dry_run)
     ok, message = broker.status(cfg.broker, bootstrap or cfg.kafka.bootstrap_servers)
     if not ok:
         fail(message)
@@ -93,11 +96,14 @@ def topics_create(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: Boot
 @topics_app.command("list")
 def topics_list(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt = None,
                 run: RunOpt = None, all_runs: Annotated[bool, typer.Option("--all", help="every topic")] = False,
-                as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Topics with partition counts and record counts (high-water marks from fetch responses)."""
+                as_json: Annotated[bool, typer.Option("--json")] = False, dry_run: DryRunOpt = False) -> None:
+    """The run's topics (default: the newest run; --all: every topic) with partition and record counts
+    (high-water marks from fetch responses)."""
     from stream_rl.transport.client import Transport, highwaters, partitions_of
 
     cfg = resolve(config, set_, {"kafka.bootstrap_servers": bootstrap, "topics.run": run})
+    if not all_runs or dry_run:
+        select_run(cfg, "topics", dry_run)
     transport = Transport(cfg, "cli")
     reader = transport.reader()
     prefix = f"{cfg.topics.prefix}.{cfg.topics.run}."
@@ -117,17 +123,22 @@ def replay(topic: Annotated[str, typer.Argument(help="logical name (rollouts, sc
            from_offset: Annotated[int, typer.Option(help="first offset per partition")] = 0,
            limit: Annotated[int | None, typer.Option(help="at most this many records per partition")] = None,
            partition: Annotated[int | None, typer.Option(help="only this partition")] = None,
-           show_text: Annotated[bool, typer.Option(help="print prompt/response text and raw bytes")] = False,
+           show_content: Annotated[bool, typer.Option("--show-content", "--show-text", help=(
+               "print sample content as is: texts, answers, token ids, metadata values, prompt-bearing ids "
+               "and raw bytes"))] = False,
            config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt = None,
-           run: RunOpt = None) -> None:
-    """Print a topic's records as decoded JSON lines (text redacted unless --show-text). Never commits."""
+           run: RunOpt = None, dry_run: DryRunOpt = False) -> None:
+    """Print a topic's records of the newest run (or --run) as decoded JSON lines, sample content redacted unless
+    --show-content (docs/status-and-traces.md). Never commits."""
     from kafka import TopicPartition
 
-    from stream_rl.replay import record_to_json
+    from stream_rl.replay import Redactor, record_to_json, redaction_key
     from stream_rl.transport.client import Transport, partitions_of, read_range
     from stream_rl.transport.topics import resolve_topic
 
-    cfg = resolve(config, set_, {"kafka.bootstrap_servers": bootstrap, "topics.run": run})
+    cfg = select_run(resolve(config, set_, {"kafka.bootstrap_servers": bootstrap, "topics.run": run}), "topics",
+                     dry_run)
+    redactor = None if show_content else Redactor(redaction_key(cfg.broker.state_dir))
     transport = Transport(cfg, "cli")
     full = resolve_topic(transport.names, topic)
     reader = transport.reader()
@@ -141,19 +152,33 @@ def replay(topic: Annotated[str, typer.Argument(help="logical name (rollouts, sc
         tps = [TopicPartition(full, partition)]
     for tp in tps:
         for rec in read_range(reader, tp, from_offset, limit):
-            typer.echo(json.dumps(record_to_json(rec, show_text)))
+            typer.echo(json.dumps(record_to_json(rec, show_content, redactor)))
     reader.close()
 
 
 @app.command("config")
 def show_config(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt = None,
-                run: RunOpt = None) -> None:
-    """Print the resolved configuration (secrets masked)."""
+                run: RunOpt = None, dry_run: DryRunOpt = False) -> None:
+    """Print the resolved configuration (secrets masked); --dry-run changes nothing here."""
     resolve(config, set_, {"kafka.bootstrap_servers": bootstrap, "topics.run": run}, dry_run=True)
 
 
+@app.callback()
+def _global_options(debug: Annotated[bool, typer.Option(
+        "--debug", envvar="STREAM_RL_DEBUG", help="show the traceback of every failure, not only the one line "
+        "(also STREAM_RL_DEBUG=1)")] = False) -> None:
+    """Asynchronous, streaming RL fine-tuning of LLMs over Kafka."""
+    from stream_rl.cli.errors import set_debug
+
+    set_debug(debug)
+
+
 def main() -> None:
-    app()
+    """The ``stream-rl`` entry point: an expected failure ends in one line and its exit code (stream_rl.cli.errors),
+    anything else in a traceback."""
+    from stream_rl.cli.errors import run_app
+
+    run_app(app)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """CLI commands ``stream-rl doctor`` and ``stream-rl report`` (registered in :mod:`stream_rl.cli.main`).
 
-Consumes: the resolved config (doctor) or a run directory (report).
+Consumes: the resolved config (doctor: the configured run, since it checks before a launch) or a run directory
+(report: ``RUN_DIR``, else ``--run``'s or the newest run's, :mod:`stream_rl.cli.runs`).
 Produces: the doctor's table (rich) or JSON on stdout, exit code 1 when a check fails; the report's files and its
-summary on stdout, exit code 2 when the run has no metrics.
+summary on stdout, exit code 2 when the run has no metrics or is unknown; with ``--dry-run`` either prints the
+resolved config (the chosen run in it) and exits 0.
 Guarantees: heavy imports (torch, transformers, matplotlib) happen inside the commands, after parsing. The doctor
 looks at the model settings as ``stream-rl run`` uses them (the demo's directories fill the settings left at their
 defaults while ``run.demo_dir`` is set); ``--set run.demo_dir=null`` checks the settings as given.
@@ -18,7 +20,8 @@ from typing import Annotated
 
 import typer
 
-from stream_rl.cli.common import BootstrapOpt, ConfigOpt, RunOpt, SetOpt, fail, resolve
+from stream_rl.cli.common import BootstrapOpt, ConfigOpt, DryRunOpt, RunOpt, SetOpt, fail, resolve
+from stream_rl.cli.runs import select_run
 from stream_rl.ops.report import Thresholds  # light: the defaults of the report's warning thresholds
 
 
@@ -26,12 +29,13 @@ def doctor(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOp
            model_dir: Annotated[list[Path] | None, typer.Option(
                "--model-dir", help="also check this model directory (repeatable)")] = None,
            min_free_gib: Annotated[float, typer.Option(help="warn when a filesystem has less free space")] = 10.0,
-           as_json: Annotated[bool, typer.Option("--json", help="print the checks as JSON")] = False) -> None:
+           as_json: Annotated[bool, typer.Option("--json", help="print the checks as JSON")] = False,
+           dry_run: DryRunOpt = False) -> None:
     """Check the environment before a launch: PASS/WARN/FAIL with remedies; exit 1 when any check fails."""
     from stream_rl.cli.run import apply_demo
     from stream_rl.ops.doctor import exit_code, run_checks
 
-    cfg = resolve(config, set_, {"kafka.bootstrap_servers": bootstrap, "topics.run": run})
+    cfg = resolve(config, set_, {"kafka.bootstrap_servers": bootstrap, "topics.run": run}, dry_run)
     if cfg.run.demo_dir is not None:
         apply_demo(cfg, Path(cfg.run.demo_dir))
     checks = run_checks(cfg, model_dir or [], min_free_gib)
@@ -60,16 +64,20 @@ def _render(checks) -> None:
     console.print(f"{counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed")
 
 
-def report(run_dir: Annotated[Path, typer.Argument(help="the run directory (holds metrics.jsonl)")],
+def report(run_dir: Annotated[Path | None, typer.Argument(help="the run directory (holds metrics.jsonl; default: "
+                                                            "the newest run's, or --run's)")] = None,
            out: Annotated[Path | None, typer.Option(help="output directory (default: RUN_DIR/report)")] = None,
            kl_max: Annotated[float, typer.Option(help="warn when kl/ref_mean exceeds this")] = Thresholds.kl_max,
            reward_drop: Annotated[float, typer.Option(
                help="warn when the last 10% mean reward is this much below the first 10%")] = Thresholds.reward_drop,
            mismatch_max: Annotated[float, typer.Option(
-               help="warn when the mean mismatch/logp_abs_diff exceeds this")] = Thresholds.mismatch_max) -> None:
+               help="warn when the mean mismatch/logp_abs_diff exceeds this")] = Thresholds.mismatch_max,
+           config: ConfigOpt = None, set_: SetOpt = None, run: RunOpt = None, dry_run: DryRunOpt = False) -> None:
     """Plot a run's metrics (PNGs and one self-contained HTML page) and print a summary of its health."""
     from stream_rl.ops.report import ReportError, build_report
 
+    flags = {"topics.run": run, "run_dir": None if run_dir is None else str(run_dir)}
+    run_dir = Path(select_run(resolve(config, set_, flags), "dir", dry_run).run_dir)
     try:
         text, where = build_report(run_dir, out, Thresholds(kl_max=kl_max, reward_drop=reward_drop,
                                                             mismatch_max=mismatch_max))

@@ -4,7 +4,8 @@ the ``stream-rl train`` line for the trainer's data-parallel ranks.
 The model comes from a Hugging Face ``config.json`` (``--config-json``) or a parameter count (``--params 7e9``;
 activations, logits and KV cache then stay out of the totals). ``--trainer-ranks N`` fixes the trainer's ranks
 (its ZeRO shards are then over N; colocation needs N equal to ``--gpus``); without it the trainer takes every GPU
-colocated and the fewest that fit separate. Invalid options exit 2 with one line naming the option. The planner
+colocated and the fewest that fit separate. Invalid options exit 2 with one line naming the option; ``--dry-run``
+prints the validated planner inputs (it takes no stream-rl config) and exits 0. The planner
 is pure Python: no torch import, no GPU needed. Formulas: ``docs/planner.md``.
 """
 
@@ -71,6 +72,8 @@ def plan(
     reference: Annotated[bool, typer.Option(help="a frozen reference model for the KL term")] = True,
     reward_model_params: Annotated[float, typer.Option(help="parameters of a reward model (0: rule-based)")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the resolved planner inputs as JSON and "
+                                          "exit")] = False,
 ) -> None:
     """Estimate per-GPU memory (weights, gradients, optimizer, activations, KV cache, reference/reward models) with
     20% headroom, recommend colocated or separate placement of trainer, generator and scorer, and print the
@@ -93,5 +96,8 @@ def plan(
             reference=reference, reward_model_params=round(reward_model_params))
     except ValidationError as exc:
         fail(_option_error(exc), 2)
+    if dry_run:
+        typer.echo(inputs.model_dump_json(indent=2))
+        raise typer.Exit(0)
     result = make_plan(inputs)
     typer.echo(json.dumps(result.to_dict(), indent=2) if as_json else render_table(result))

@@ -1,12 +1,15 @@
 """CLI commands that start the pipeline roles: produce, score, train, and `prompts validate|load`, `demo init`.
 
-Each role command resolves the config, installs SIGTERM/SIGINT handlers that ask the loop to stop after its
-current batch (outputs flushed and committed), and runs the role's thin loop. Heavy imports happen here, after
-the command line is parsed.
+Each role command resolves the config, fills the model settings left at their defaults from the built demo
+(``run.demo_dir``, as `stream-rl run` does; exit 2 in one line when the demo is not built), checks that a broker
+answers (one line naming the address, exit 1, when none does), installs SIGTERM/SIGINT handlers that ask the loop
+to stop after its current batch (outputs flushed and committed), and runs the role's thin loop. Heavy imports
+happen here, after the command line is parsed.
 """
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 from enum import Enum
@@ -15,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from stream_rl.cli.common import BootstrapOpt, ConfigOpt, DryRunOpt, RunOpt, SetOpt, fail, resolve
+from stream_rl.cli.common import BootstrapOpt, ConfigOpt, DryRunOpt, RunOpt, SetOpt, fail, require_broker, resolve
 
 InstanceOpt = Annotated[int | None, typer.Option("--instance", help="index of this process within its role "
                                                  "(used in its id)")]
@@ -26,12 +29,13 @@ demo_app = typer.Typer(help="The built-in demo (tiny model, 2-digit addition, ve
 
 def setup_logging() -> None:
     """One log line per event on stderr (the run directory's ROLE-N.log under `stream-rl run`)."""
-    import logging
     import os
 
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kafka").setLevel(logging.WARNING)
+    from stream_rl.cli.errors import debug_enabled
+    from stream_rl.logs import setup_role_logging
+
+    setup_role_logging(debug=debug_enabled())  # library noise stays out of role logs unless --debug
 
 
 def stop_on_signals() -> threading.Event:
@@ -63,11 +67,40 @@ def run_role(fn, cfg, *args, **kwargs) -> None:
         raise typer.Exit(exc.exit_code) from None
     except (BrokerUnreachable, NoAssignment, TopicError, OffsetLossError, DeliveryError) as exc:
         logging.getLogger("stream_rl.cli").error("%s: %s", type(exc).__name__, exc)
-        fail(f"{type(exc).__name__} (broker {cfg.kafka.bootstrap_servers}): {exc}")
+        fail(f"{type(exc).__name__} (broker {cfg.kafka.bootstrap_servers or 'the local broker'}): {exc}")
 
 
 def _role_flags(bootstrap: str | None, run: str | None) -> dict:
     return {"kafka.bootstrap_servers": bootstrap, "topics.run": run}
+
+
+DEMO_NEEDS = {"produce": ("producer", "model_dir", True), "train": ("trainer", "model_dir", True),
+              "score": ("scorer", "reference_model_dir", False)}
+"""The setting each role takes from the demo when it is left at its default, and whether the role needs it set
+when there is no demo (``run.demo_dir`` null): a scorer may run without a reference model."""
+
+
+def role_config(config, sets, flags: dict, dry_run: bool, role: str):
+    """The role's resolved config, its model settings at their defaults taken from the built demo (as `run` does;
+    ``--dry-run`` shows them even before the demo is built); then the broker must answer."""
+    from stream_rl.cli.run import apply_demo
+    from stream_rl.config import dump_config
+
+    cfg = resolve(config, sets, flags)
+    demo = cfg.run.demo_dir
+    section, name, needed = DEMO_NEEDS[role]
+    if demo is not None and ((demo / "policy").is_dir() or dry_run):
+        apply_demo(cfg, demo)
+    elif name not in getattr(cfg, section).model_fields_set and (demo is not None or needed):
+        where = f"the demo is not built in {demo}" if demo is not None else "run.demo_dir is null"
+        build = f"build it with `stream-rl demo init {demo}` (or `make run`), or " if demo is not None else ""
+        fail(f"{section}.{name} is not set and {where}: {build}set {section}.{name}"
+             + ("" if needed else " (null: none)"), 2)
+    if dry_run:
+        typer.echo(dump_config(cfg))
+        raise typer.Exit(0)
+    require_broker(cfg)
+    return cfg
 
 
 def produce(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt = None, run: RunOpt = None,
@@ -78,7 +111,7 @@ def produce(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapO
     flags = _role_flags(bootstrap, run)
     if instance is not None:
         flags["producer.producer_id"] = f"producer-{instance}"
-    cfg = resolve(config, set_, flags, dry_run)
+    cfg = role_config(config, set_, flags, dry_run, "produce")
     setup_logging()
     from producers.loop import run_producer
 
@@ -93,7 +126,7 @@ def score(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt
     flags = _role_flags(bootstrap, run)
     if instance is not None:
         flags["scorer.scorer_id"] = f"scorer-{instance}"
-    cfg = resolve(config, set_, flags, dry_run)
+    cfg = role_config(config, set_, flags, dry_run, "score")
     setup_logging()
     from consumers.scorer.loop import run_scorer
 
@@ -117,7 +150,7 @@ def train(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt
     flags = {**_role_flags(bootstrap, run), "trainer.max_steps": max_steps}
     if nnodes > 1 and not rdzv_endpoint:
         fail("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every machine)", 2)
-    cfg = resolve(config, set_, flags, dry_run)
+    cfg = role_config(config, set_, flags, dry_run, "train")
     setup_logging()
     if nproc > 1 or nnodes > 1:
         _launch_ranks(cfg, resume, nproc, nnodes, rdzv_endpoint, instance)
@@ -188,10 +221,17 @@ def prompts_validate(file: PromptFileArg, dedup: DedupOpt = Dedup.exact, min_cha
                      max_chars: MaxCharsOpt = None, max_tokens: MaxTokensOpt = None, tokenizer: TokenizerOpt = None,
                      strict: StrictOpt = False,
                      json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
-                     show: Annotated[int, typer.Option(min=1, help="entries listed per section (text)")] = 20) -> None:
+                     show: Annotated[int, typer.Option(min=1, help="entries listed per section (text)")] = 20,
+                     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the options the file would be "
+                                                           "checked with and exit")] = False) -> None:
     """Check a prompt file as `prompts load` would: stats, dropped rows, errors by line. Exit 0 valid, 2 not."""
     import json
 
+    if dry_run:
+        typer.echo(json.dumps({"file": str(file), "dedup": dedup.value, "min_chars": min_chars, "max_chars": max_chars,
+                               "max_tokens": max_tokens, "tokenizer": str(tokenizer) if tokenizer else None,
+                               "strict": strict}, indent=2))
+        raise typer.Exit(0)
     from stream_rl.prompts import render_report
 
     report = _check_prompts(file, dedup, min_chars, max_chars, max_tokens, tokenizer, strict)
@@ -239,14 +279,24 @@ def prompts_load(file: PromptFileArg,
 def demo_init(directory: Annotated[Path, typer.Argument(help="where to build the demo")],
               seed: Annotated[int, typer.Option()] = 0,
               reward_model: Annotated[bool, typer.Option(help="also build the tiny reward model")] = True,
-              overwrite: Annotated[bool, typer.Option(help="rebuild an existing directory")] = False) -> None:
+              overwrite: Annotated[bool, typer.Option("--overwrite", help="rebuild an existing directory")] = False,
+              dry_run: Annotated[bool, typer.Option("--dry-run", help="print what would be built and exit "
+                                                    "(exit 2 if the directory exists without --overwrite)")] = False
+              ) -> None:
     """Build the demo: char tokenizer, tiny Llama after a short supervised warm-start, prompts, verifier."""
     import json
 
+    exists = f"demo init: {directory} already exists: pass --overwrite to rebuild it, or choose another directory"
+    if directory.exists() and not overwrite:  # refused before torch is imported
+        fail(exists, 2)
+    if dry_run:
+        typer.echo(json.dumps({"directory": str(directory), "seed": seed, "reward_model": reward_model,
+                               "overwrite": overwrite, "exists": directory.exists()}, indent=2))
+        raise typer.Exit(0)
     from stream_rl.demo.init import init_demo
 
     try:
         info = init_demo(directory, seed=seed, reward_model=reward_model, overwrite=overwrite)
-    except FileExistsError as exc:
-        fail(str(exc), 2)
+    except FileExistsError:
+        fail(exists, 2)
     typer.echo(json.dumps(info, indent=2, default=str))

@@ -1,23 +1,27 @@
 """CLI commands ``stream-rl status`` and ``stream-rl trace show`` (registered in :mod:`stream_rl.cli.main`).
 
-Consumes: the resolved config (status: broker address, topic prefix and run) or a run directory (trace show).
-Produces: status: a live terminal view (rich) refreshed every ``--interval`` seconds, or with ``--once`` one
-snapshot (``--json``: one JSON document; without ``--once`` one JSON line per refresh); trace show: text.
+Consumes: the resolved config (status: broker address, topic prefix, the run and its directory's endpoint files)
+or a run directory (trace show); both default to the newest run (:mod:`stream_rl.cli.runs`).
+Produces: status: a live terminal view (rich) refreshed every ``--interval`` seconds; when stdout is not a
+terminal, plain-text snapshots instead (one per refresh, each led by a ``--- stream-rl status <time>`` line), or
+with ``--once`` one snapshot (``--json``: one JSON document; without ``--once`` one JSON line per refresh); trace
+show: text. With ``--dry-run`` both print the resolved config and exit 0.
 Guarantees: status only reads (no group joined, nothing committed or sent) and exits 1 with one line when the
-broker is unreachable; trace show exits 1 naming the missing span file and the setting that writes it. Neither
-prints sample text: heartbeats, alerts and spans carry none.
+broker is unreachable, 2 for an unknown run; Ctrl-C ends it with exit 0. trace show exits 1 naming the missing
+span file and the setting that writes it. Neither prints sample text: heartbeats, alerts and spans carry none.
 """
-
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from stream_rl.cli.common import BootstrapOpt, ConfigOpt, RunOpt, SetOpt, fail, resolve
+from stream_rl.cli.common import BootstrapOpt, ConfigOpt, DryRunOpt, RunOpt, SetOpt, fail, resolve
+from stream_rl.cli.runs import select_run
 
 trace_app = typer.Typer(help="Spans a run wrote to RUN_DIR/spans.jsonl (tracing.exporter=jsonl).",
                         no_args_is_help=True)
@@ -30,11 +34,14 @@ def status(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOp
            interval: Annotated[float, typer.Option(min=0.1, help="seconds between refreshes; with --once, "
                                                    "the throughput sampling window")] = 2.0,
            tail: Annotated[int, typer.Option(min=1, help="records read from the end of each partition of the "
-                                             "status and alerts topics")] = 500) -> None:
-    """Live view of a running pipeline from its topics: roles, weights version, throughput, lag, alerts."""
+                                             "status and alerts topics")] = 500,
+           dry_run: DryRunOpt = False) -> None:
+    """Live view of a running pipeline (the newest run, or --run) from its topics: roles, weights version,
+    throughput, lag, alerts, endpoints. Without a terminal: one plain-text snapshot per refresh."""
     from stream_rl.ops.status_read import StatusError, StatusReader
 
-    cfg = resolve(config, set_, {"kafka.bootstrap_servers": bootstrap, "topics.run": run})
+    cfg = select_run(resolve(config, set_, {"kafka.bootstrap_servers": bootstrap, "topics.run": run}), "topics",
+                     dry_run)
     try:
         reader = StatusReader(cfg, tail=tail)
     except StatusError as exc:
@@ -51,11 +58,24 @@ def status(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOp
             while True:
                 typer.echo(json.dumps(_snapshot(reader), sort_keys=True))
                 time.sleep(interval)
-        _live(reader, interval)
+        (_live if sys.stdout.isatty() else _plain)(reader, interval)
     except KeyboardInterrupt:
         return
     finally:
         reader.close()
+
+
+def _plain(reader, interval: float) -> None:
+    """Not a terminal (a pipe, a file, a CI log): a live view would print nothing, so one plain-text snapshot per
+    refresh, each led by a line with its time."""
+    console = _console()
+    while True:
+        snap = _snapshot(reader)
+        console.print(f"--- stream-rl status {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(snap['time']))}",
+                      markup=False, highlight=False)
+        console.print(_render(snap))
+        sys.stdout.flush()
+        time.sleep(interval)
 
 
 def _snapshot(reader, sample_s: float = 0.0) -> dict[str, Any]:
@@ -69,8 +89,6 @@ def _snapshot(reader, sample_s: float = 0.0) -> dict[str, Any]:
 
 
 def _console():
-    import sys
-
     from rich.console import Console
 
     return Console(width=None if sys.stdout.isatty() else 160)
@@ -92,10 +110,13 @@ def _render(snap: dict[str, Any]):
     from rich.text import Text
 
     weights = snap["weights"]
+    data = snap.get("data") or {}
+    progress = "".join(f"  {label} {data[key]}" for key, label in (("epoch", "epoch"),
+                       ("distinct_prompts", "distinct prompts")) if data.get(key) is not None)
     head = Text(f"run {snap['run']}  weights version "
                 f"{weights['version'] if weights else 'none yet'}"
                 + (f" (step {weights['step']}, {weights['age_s']:.0f} s ago)" if weights and weights['step']
-                   is not None else ""), style="bold")
+                   is not None else "") + progress, style="bold")
     roles = Table(title="roles")
     for col in ("role", "instance", "host/pid", "status", "state", "age s", "version", "stale", "step", "rates /s"):
         roles.add_column(col)
@@ -115,6 +136,8 @@ def _render(snap: dict[str, Any]):
         rate = "" if t["records_per_s"] is None else f"{t['records_per_s']:.1f}"
         topics.add_row(name, str(t["partitions"]), str(t["records"]), rate, group.rsplit(".", 1)[-1], per)
     parts = [head, roles, topics]
+    if snap.get("endpoints"):
+        parts.append(_endpoints_table(snap["endpoints"]))
     if snap["trainer_metrics"]:
         metrics = Table(title="last trainer metrics")
         metrics.add_column("metric")
@@ -131,18 +154,36 @@ def _render(snap: dict[str, Any]):
     return Group(*parts)
 
 
+def _endpoints_table(endpoints: list[dict[str, Any]]):
+    from rich.table import Table
+    from rich.text import Text
+
+    style = {"running": "green", "stale": "bold red", "unknown": "yellow"}
+    table = Table(title="endpoints (run_dir/endpoints)")
+    for col in ("instance", "role", "url", "host/pid", "process"):
+        table.add_column(col)
+    for e in endpoints:
+        table.add_row(e["instance_id"], e["role"], e["url"], f"{e['host']}/{e['pid']}",
+                      Text(e["process"], style=style.get(e["process"], "")))
+    return table
+
+
 @trace_app.command("show")
-def trace_show(run_dir: Annotated[Path, typer.Argument(help="the run directory (or a spans.jsonl file)")],
+def trace_show(run_dir: Annotated[Path | None, typer.Argument(help="the run directory or a spans.jsonl file "
+                                                              "(default: the newest run's, or --run's)")] = None,
                rollout: Annotated[str | None, typer.Option(help="only this rollout's trace and the training "
                                                            "steps linked to it")] = None,
-               limit: Annotated[int, typer.Option(min=0, help="newest traces printed after the summary")] = 3
+               limit: Annotated[int, typer.Option(min=0, help="newest traces printed after the summary")] = 3,
+               config: ConfigOpt = None, set_: SetOpt = None, run: RunOpt = None, dry_run: DryRunOpt = False
                ) -> None:
     """Span trees with durations from RUN_DIR/spans.jsonl: a per-span summary and the newest traces, or one
     rollout's trace."""
     from stream_rl.ops.trace_view import TraceViewError, load_spans, overview, rollout_view
 
+    flags = {"topics.run": run, "run_dir": None if run_dir is None else str(run_dir)}
+    cfg = select_run(resolve(config, set_, flags), "dir", dry_run)
     try:
-        spans = load_spans(run_dir)
+        spans = load_spans(run_dir if run_dir is not None else Path(cfg.tracing.jsonl_path or cfg.run_dir))
         lines = rollout_view(spans, rollout) if rollout is not None else overview(spans, limit)
     except TraceViewError as exc:
         fail(f"stream-rl trace show: {exc}")

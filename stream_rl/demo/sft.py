@@ -10,17 +10,22 @@ stops as soon as it reaches `target_accuracy`, or at `max_steps` / `max_seconds`
 succeeds sometimes but far from always, so RL has something to improve: accuracy jumps quickly once the model
 "gets" carrying, so it is checked often.
 
-Guarantees: a fixed seed gives the same run on the same machine and thread count; the model is left in eval
-mode; accuracies are measured with the task's verifier on decoded responses.
+Progress: `on_step` (optional) receives an `SFTProgress` after every step (steps done/total, loss, elapsed time,
+the accuracy when the step was a check); `stream_rl.demo.progress` renders it.
+
+Guarantees: a fixed seed gives the same run on the same machine and thread count (with or without `on_step`);
+the model is left in eval mode; accuracies are measured with the task's verifier on decoded responses.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from stream_rl.demo.progress import SFTProgress
 from stream_rl.demo.task import addition_reward
 
 IGNORE_INDEX = -100
@@ -110,9 +115,16 @@ def accuracy(model, tokenizer, rows: list[dict], *, greedy: bool, max_new_tokens
 
 
 def supervised_warm_start(
-    model, tokenizer, train_rows: list[dict], eval_rows: list[dict], config: SFTConfig | None = None
+    model,
+    tokenizer,
+    train_rows: list[dict],
+    eval_rows: list[dict],
+    config: SFTConfig | None = None,
+    on_step: Callable[[SFTProgress], None] | None = None,
 ) -> SFTResult:
-    """Train `model` in place until the sampled accuracy reaches the target (or a step/time cap)."""
+    """Train `model` in place until the sampled accuracy reaches the target (or a step/time cap).
+
+    `on_step`, when given, is called after every step with an `SFTProgress` (e.g. `DemoProgress.sft_step`)."""
     config = config or SFTConfig()
     torch.manual_seed(config.seed)
     batches = torch.Generator().manual_seed(config.seed)
@@ -131,14 +143,20 @@ def supervised_warm_start(
         optimizer.step()
         result.losses.append(loss.item())
         result.steps = step
+        sampled = None
         if step % config.eval_every == 0:
             sampled = accuracy(model, tokenizer, check_rows, greedy=False, max_new_tokens=config.max_new_tokens)
             result.evals.append((step, sampled))
             if sampled >= config.target_accuracy:
                 result.stopped = "target"
-                break
-        if config.max_seconds is not None and time.perf_counter() - start > config.max_seconds:
+        elapsed = time.perf_counter() - start
+        if result.stopped != "target" and config.max_seconds is not None and elapsed > config.max_seconds:
             result.stopped = "max_seconds"
+        last = result.stopped != "max_steps" or step == config.max_steps
+        if on_step is not None:
+            on_step(SFTProgress(step, config.max_steps, result.losses[-1], elapsed, config.max_seconds,
+                                config.target_accuracy, sampled, last))
+        if last:
             break
     result.seconds = time.perf_counter() - start
     model.eval()

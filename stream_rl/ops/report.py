@@ -1,8 +1,10 @@
 """``stream-rl report``: plots, one self-contained HTML page and a health summary of a run's ``metrics.jsonl``.
 
 Consumes: ``RUN_DIR/metrics.jsonl`` as the trainer writes it: one JSON object per step with ``step``,
-``policy_version``, ``time`` and namespaced floats (``reward/mean``, ``kl/ref_mean``, ``time/update_s``, ...),
-non-finite values written as ``null``.
+``policy_version``, ``time`` and namespaced floats (``reward/mean``, ``kl/ref_mean``, ``time/update_s``,
+``data/epoch``, ``data/distinct_prompts``, ...), non-finite values written as ``null``; and the alerts the run's
+processes recorded (``RUN_DIR/alerts/*.jsonl``, else the alert lines of ``RUN_DIR/logs/*.log``;
+:func:`stream_rl.alerts.read.run_alerts`).
 Produces, in the output directory: one PNG per panel group (:data:`PANELS`) that has data, ``overview.png`` (the
 first available series of every panel on one grid), ``report.html`` (every PNG embedded as a base64 data URI, no
 external resource, no script) and ``summary.txt`` (what :func:`format_summary` prints).
@@ -11,7 +13,15 @@ Guarantees:
   that is null, NaN or infinite leaves a gap in its line and never enters a summary number.
 - An unreadable line (a crash can tear the last one) is skipped and counted in the summary.
 - A missing or empty metrics file raises :class:`ReportError`; nothing is written then.
-- Only numbers from the metrics file reach the outputs: no prompt or response text exists in it.
+- Only numbers from the metrics file and the alerts' rule names and numeric messages reach the outputs: no
+  prompt or response text exists in either.
+- Every alert the run raised is named in the summary (rule, action, role, instance, how often, its message) and
+  is a warning; an alert with action ``stop`` is reported as what stopped the run. ``warnings: none`` means no
+  alert fired and no threshold was crossed.
+- The step time (``time/step_s``: train, settle and broadcast of one step) and the wait for data before it
+  (``time/wait_s``, not part of the step time) are separate figures; a step cycle is their sum.
+- Series that can coincide get panels of their own (a 0/1 reward makes ``reward/mean`` equal
+  ``reward/group_success_rate``), and every line in a panel has its own line style and a legend entry.
 - Plots are drawn on ``matplotlib.figure.Figure`` objects with the Agg canvas (no pyplot state, no display).
 """
 
@@ -27,9 +37,13 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from schemas import Alert
+from stream_rl.alerts.read import open_alerts, run_alerts
+
 # (file stem, title, fnmatch patterns over metric names in legend order; the first match is the overview's)
 PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("reward", "Reward", ("reward/mean", "reward/group_success_rate")),
+    ("reward", "Reward (mean)", ("reward/mean",)),
+    ("success", "Group success rate", ("reward/group_success_rate",)),
     ("kl", "KL", ("kl/ref_mean", "policy/approx_kl")),
     ("entropy", "Policy entropy", ("policy/entropy",)),
     ("loss", "Loss", ("loss/total", "loss/*")),
@@ -39,7 +53,10 @@ PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("mismatch", "Sampler/trainer logprob mismatch", ("mismatch/logp_abs_diff", "mismatch/kl_mu_prox")),
     ("timings", "Stage timings (s)", ("time/step_s", "time/*_s", "time/*_s_mean")),
     ("throughput", "Throughput (tokens/s)", ("throughput/train_tokens_per_s", "throughput/*")),
+    ("epoch", "Epoch (highest trained, 0-based)", ("data/epoch",)),
+    ("distinct_prompts", "Distinct prompts trained", ("data/distinct_prompts",)),
 )
+LINE_STYLES = ("-", "--", ":", "-.")
 
 
 class ReportError(RuntimeError):
@@ -74,6 +91,10 @@ class Summary:
     mismatch_mean: float | None = None
     step_s_mean: float | None = None
     wait_s_mean: float | None = None
+    epoch_last: int | None = None
+    distinct_prompts_last: int | None = None
+    alerts: list[str] = field(default_factory=list)  # one line per (instance, rule) that fired
+    stopped_by: str | None = None  # the alert with action stop that ended the run
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -136,8 +157,10 @@ def _mean(xs: Sequence[float | None]) -> float | None:
     return sum(finite) / len(finite) if finite else None
 
 
-def summarize(rows: Sequence[dict[str, Any]], unreadable: int = 0, th: Thresholds | None = None) -> Summary:
-    """Numbers over the whole run; the first and last 10% are ``max(1, n // 10)`` rows each."""
+def summarize(rows: Sequence[dict[str, Any]], unreadable: int = 0, th: Thresholds | None = None,
+              alerts: Sequence[Alert] = ()) -> Summary:
+    """Numbers over the whole run; the first and last 10% are ``max(1, n // 10)`` rows each; ``alerts``: the
+    run's alert transitions, oldest first."""
     steps = steps_of(rows)
     k = max(1, len(rows) // 10)
     s = Summary(steps=len(rows), first_step=steps[0] if steps else None, last_step=steps[-1] if steps else None,
@@ -154,8 +177,35 @@ def summarize(rows: Sequence[dict[str, Any]], unreadable: int = 0, th: Threshold
     s.max_lag = max(lags) if lags else None
     s.mismatch_mean = _mean(values(rows, "mismatch/logp_abs_diff"))
     s.step_s_mean, s.wait_s_mean = _mean(values(rows, "time/step_s")), _mean(values(rows, "time/wait_s"))
+    s.epoch_last, s.distinct_prompts_last = _last_int(rows, "data/epoch"), _last_int(rows, "data/distinct_prompts")
+    s.alerts, s.stopped_by = alert_lines(alerts)
     s.warnings = _warnings(s, rows, k, th or Thresholds())
     return s
+
+
+def _last_int(rows: Sequence[dict[str, Any]], key: str) -> int | None:
+    found = [v for v in values(rows, key) if v is not None]
+    return int(found[-1]) if found else None
+
+
+def alert_lines(alerts: Sequence[Alert]) -> tuple[list[str], str | None]:
+    """(one line per (instance, rule) that fired: rule, action, role, instance, count, first message, whether
+    it was still open at the end; the ``stop`` alert that ended the run, if one fired)."""
+    fired: dict[tuple[str, str], list[Alert]] = {}
+    for alert in alerts:
+        if alert.state == "firing":
+            fired.setdefault((alert.instance_id, alert.name), []).append(alert)
+    still_open = {(a.instance_id, a.name) for a in open_alerts(alerts)}
+    lines, stopped_by = [], None
+    for key, firings in fired.items():
+        first = firings[0]
+        times = f", {len(firings)} times" if len(firings) > 1 else ""
+        state = "still firing at the end" if key in still_open else "resolved"
+        lines.append(f"{first.name} (action {first.action}) on {first.role} {first.instance_id}{times}, {state}: "
+                     f"{first.message}")
+        if first.action == "stop" and stopped_by is None:
+            stopped_by = f"{first.name} on {first.role} {first.instance_id}: {first.message}"
+    return lines, stopped_by
 
 
 def _skipped_updates(rows: Sequence[dict[str, Any]]) -> int | None:
@@ -168,7 +218,10 @@ def _skipped_updates(rows: Sequence[dict[str, Any]]) -> int | None:
 
 
 def _warnings(s: Summary, rows: Sequence[dict[str, Any]], k: int, th: Thresholds) -> list[str]:
-    out = []
+    out = [f"stopped by alert {s.stopped_by}"] if s.stopped_by else []
+    if s.alerts:
+        out.append(f"{len(s.alerts)} alert(s) fired: " + ", ".join(sorted({a.split(' ', 1)[0] for a in s.alerts}))
+                   + " (see alerts above)")
     if s.kl_max is not None and s.kl_max > th.kl_max:
         out.append(f"KL to the reference above {th.kl_max:g}: max {s.kl_max:.4g} at step {s.kl_max_step}")
     if s.skipped_updates:
@@ -206,10 +259,30 @@ def format_summary(s: Summary, name: str = "") -> str:
              + (f" at step {s.kl_max_step}" if s.kl_max_step is not None else ""),
              f"skipped updates: {'n/a' if s.skipped_updates is None else s.skipped_updates}",
              f"max staleness lag (versions): {num(s.max_lag)}",
-             f"mean logprob mismatch (mismatch/logp_abs_diff): {num(s.mismatch_mean)}",
-             f"mean step time: {num(s.step_s_mean, '.3f')} s (waiting for data {num(s.wait_s_mean, '.3f')} s)",
-             "warnings:" if s.warnings else "warnings: none"]
+             f"mean logprob mismatch (mismatch/logp_abs_diff): {num(s.mismatch_mean)}"]
+    lines += _data_lines(s) + _time_lines(s, num)
+    lines += ["alerts:" if s.alerts else "alerts: none"] + [f"  - {a}" for a in s.alerts]
+    lines.append("warnings:" if s.warnings else "warnings: none")
     return "\n".join(lines + [f"  - {w}" for w in s.warnings]) + "\n"
+
+
+def _data_lines(s: Summary) -> list[str]:
+    out = []
+    if s.epoch_last is not None:
+        out.append(f"epochs trained: {s.epoch_last + 1} (highest data/epoch {s.epoch_last}, 0-based)")
+    if s.distinct_prompts_last is not None:
+        out.append(f"distinct prompts trained at least once (data/distinct_prompts): {s.distinct_prompts_last}")
+    return out
+
+
+def _time_lines(s: Summary, num) -> list[str]:
+    out = [f"mean step time (time/step_s: train + broadcast of one step): {num(s.step_s_mean, '.3f')} s",
+           f"mean wait for data before a step (time/wait_s, not part of the step time): "
+           f"{num(s.wait_s_mean, '.3f')} s"]
+    if s.step_s_mean is not None and s.wait_s_mean is not None and s.step_s_mean + s.wait_s_mean > 0:
+        cycle = s.step_s_mean + s.wait_s_mean
+        out.append(f"mean step cycle (wait + step): {cycle:.3f} s, {s.wait_s_mean / cycle:.0%} of it waiting")
+    return out
 
 
 def _figure(width: float, height: float):
@@ -225,17 +298,19 @@ def _draw(ax, x: Sequence[int], rows: Sequence[dict[str, Any]], keys: Sequence[s
     """One line per key; gaps where values are missing; a moving average over noisy long series."""
     import numpy as np
 
-    for key in keys:
+    for i, key in enumerate(keys):
         y = np.array([np.nan if v is None else v for v in values(rows, key)], dtype=float)
         few = np.count_nonzero(~np.isnan(y)) < 30
+        style = LINE_STYLES[i % len(LINE_STYLES)]
         line, = ax.plot(x, y, marker="." if few else None, linewidth=1.0, alpha=1.0 if few else 0.35,
-                        label=None if not few else key)
+                        label=None if not few else key, linestyle=style)
         if not few:
             window = max(2, len(y) // 20)
             counts = np.convolve((~np.isnan(y)).astype(float), np.ones(window), "valid")
             smooth = np.convolve(np.nan_to_num(y), np.ones(window), "valid") / counts.clip(min=1)
             smooth[counts == 0] = np.nan
-            ax.plot(x[window - 1:], smooth, color=line.get_color(), linewidth=1.6, label=f"{key} (avg {window})")
+            ax.plot(x[window - 1:], smooth, color=line.get_color(), linewidth=1.6, linestyle=style,
+                    label=f"{key} (avg {window})")
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("step", fontsize=8)
     ax.tick_params(labelsize=8)
@@ -282,7 +357,8 @@ def build_report(run_dir: Path, out: Path | None = None, th: Thresholds | None =
     """Everything ``stream-rl report`` writes; returns (summary text, output directory)."""
     rows, unreadable = load_metrics(Path(run_dir) / "metrics.jsonl")
     out = Path(out) if out is not None else Path(run_dir) / "report"
-    text = format_summary(summarize(rows, unreadable, th), Path(run_dir).name)
+    alerts, _ = run_alerts(run_dir)
+    text = format_summary(summarize(rows, unreadable, th, alerts), Path(run_dir).name)
     plots = write_plots(rows, out)
     (out / "summary.txt").write_text(text)
     write_html(plots, text, f"stream-rl report: {Path(run_dir).name}", out / "report.html")

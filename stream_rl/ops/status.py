@@ -2,12 +2,13 @@
 
 Consumes: ``Heartbeat`` records (status topic), the newest ``WeightsManifest`` (weights topic), ``Alert`` records
 (alerts topic), per-topic high-water marks (two samples ``dt_s`` apart, for throughput) and the committed offsets
-of the run's consumer groups; ``now`` (Unix seconds) is passed in.
+of the run's consumer groups, the run directory's endpoint records; ``now`` (Unix seconds) and the pid check are
+passed in.
 Produces: one JSON-ready dict (see :func:`build_snapshot`) that ``stream-rl status`` prints as JSON or renders as
 tables::
 
     {"run", "time", "roles": [...], "weights": {...} | None, "topics": {...}, "lag": {...},
-     "trainer_metrics": {...}, "alerts": [...]}
+     "trainer_metrics": {...}, "data": {"epoch", "distinct_prompts"}, "alerts": [...], "endpoints": [...]}
 
 Guarantees:
 - Per instance only its newest heartbeat counts (by ``created_at``); an instance is ``alive`` when that heartbeat
@@ -17,13 +18,19 @@ Guarantees:
 - Lag of a group's partition is ``high-water mark - committed offset`` (the whole partition when the group has
   committed nothing there yet); high-water marks come from fetch responses, never ListOffsets.
 - An alert is open when the newest transition of its ``(instance_id, name)`` is ``firing``.
+- ``data``: the trainer's ``data/epoch`` (highest epoch trained so far, 0-based) and ``data/distinct_prompts``
+  (prompt ids trained at least once) from its newest heartbeat's metrics (the metrics.jsonl row); None each
+  while the trainer does not report it.
+- ``endpoints``: one row per ``run_dir/endpoints/<instance_id>.json``; ``process`` is ``stale`` when the file's
+  host is this host and its pid is not running (a role that died without removing it; a reused pid reads as
+  running), ``unknown`` for another host.
 - Heartbeats and alerts never carry sample text (schemas/messages.py), so neither does the snapshot.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from stream_rl.alerts.read import open_alerts as fold_alerts
@@ -112,11 +119,36 @@ def trainer_metrics(latest: Mapping[str, Any]) -> dict[str, float]:
     return {k: v for k, v in sorted(hb.metrics.items()) if isinstance(v, (int, float)) and math.isfinite(v)}
 
 
+def data_progress(metrics: Mapping[str, float]) -> dict[str, int | None]:
+    """The trainer's ``data/epoch`` (highest epoch trained, 0-based) and ``data/distinct_prompts`` (prompt ids
+    trained at least once) from its last metrics; None where the trainer does not report it."""
+    return {name: int(metrics[key]) if key in metrics else None
+            for name, key in (("epoch", "data/epoch"), ("distinct_prompts", "data/distinct_prompts"))}
+
+
+def endpoint_rows(records: Iterable[Mapping[str, Any]], this_host: str,
+                  pid_running: Callable[[int], bool]) -> list[dict[str, Any]]:
+    """One row per endpoint file, sorted by (role, instance id): ``process`` is ``running`` or ``stale`` (its pid
+    is not running here: the role died without removing its file) on ``this_host``, ``unknown`` on another host."""
+    rows = []
+    for rec in records:
+        pid, host = rec.get("pid"), rec.get("host")
+        if host != this_host or not isinstance(pid, int):
+            process = "unknown"
+        else:
+            process = "running" if pid_running(pid) else "stale"
+        rows.append({"role": rec.get("role"), "instance_id": rec.get("instance_id"), "url": rec.get("url"),
+                     "host": host, "pid": pid, "process": process})
+    return sorted(rows, key=lambda r: (str(r["role"]), str(r["instance_id"])))
+
+
 def build_snapshot(*, run: str, now: float, heartbeats: Iterable[Any], manifest: Any | None,
                    marks: Mapping[str, list[int]], previous_marks: Mapping[str, list[int]] | None = None,
                    dt_s: float | None = None, committed: Mapping[str, Mapping[int, int | None]] | None = None,
-                   groups: Mapping[str, str] | None = None, alerts: Iterable[Any] = ()) -> dict[str, Any]:
-    """The whole snapshot (module docstring); ``marks`` are high-water marks per logical topic and partition."""
+                   groups: Mapping[str, str] | None = None, alerts: Iterable[Any] = (),
+                   endpoints: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The whole snapshot (module docstring); ``marks`` are high-water marks per logical topic and partition,
+    ``endpoints`` the rows of :func:`endpoint_rows`."""
     latest = latest_per_instance(heartbeats)
     version = weights_version(manifest, latest, now)
     weights = None
@@ -125,7 +157,9 @@ def build_snapshot(*, run: str, now: float, heartbeats: Iterable[Any], manifest:
                    "total_bytes": manifest.total_bytes, "age_s": round(now - manifest.created_at, 3)}
     elif version is not None:
         weights = {"version": version, "step": None, "mode": None, "total_bytes": None, "age_s": None}
+    metrics = trainer_metrics(latest)
     return {"run": run, "time": now, "roles": role_rows(latest, now, version), "weights": weights,
             "topics": topic_rows(marks, previous_marks, dt_s),
             "lag": lag_rows(marks, committed or {}, groups or {}),
-            "trainer_metrics": trainer_metrics(latest), "alerts": open_alerts(alerts)}
+            "trainer_metrics": metrics, "data": data_progress(metrics), "alerts": open_alerts(alerts),
+            "endpoints": list(endpoints or [])}

@@ -11,22 +11,62 @@ Guarantees:
   alerts older than the tail are not seen (an instance silent for that long is not shown at all).
 - An unreachable broker raises :class:`StatusError` with one line naming the address, before any other call.
 - Records that do not decode as the expected kind are skipped (they are the dead-letter topic's business).
+- Endpoint files (``run_dir/endpoints/*.json``) are read on every snapshot; one that is not a JSON object (torn
+  by a writer, foreign) is skipped. A pid counts as running while ``kill(pid, 0)`` finds it and it is no zombie.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 import time
+from pathlib import Path
 from typing import Any
 
 from schemas import SchemaError, decode
 from stream_rl.config import StreamRLConfig
-from stream_rl.ops.status import build_snapshot
+from stream_rl.ops.status import build_snapshot, endpoint_rows
 from stream_rl.transport.topics import CONSUMER_GROUPS, LOGICAL_TOPICS
 
 TAIL = 500
 """Default number of records read from the end of each partition of the status and alerts topics."""
 WEIGHTS_TAIL = 20
 """Records read from the end of the weights topic (manifests; the newest version is among the last ones)."""
+
+
+def read_endpoints(directory: Path) -> list[dict[str, Any]]:
+    """The endpoint records in ``directory`` (``<instance_id>.json``; hidden temporary files left out)."""
+    if not directory.is_dir():
+        return []
+    out = []
+    for path in sorted(directory.glob("*.json")):
+        if path.name.startswith("."):
+            continue
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def pid_running(pid: int) -> bool:
+    """True while process ``pid`` exists on this host and is not a zombie."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # no /proc (not Linux), or it just ended
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 class StatusError(RuntimeError):
@@ -121,4 +161,6 @@ class StatusReader:
             manifest=max(manifests, key=lambda m: (m.version, m.created_at)) if manifests else None,
             marks=marks, previous_marks=previous[1] if previous else None,
             dt_s=taken - previous[0] if previous else None, committed=self.committed(), groups=self.groups,
-            alerts=tail("alerts", self.tail, "alert"))
+            alerts=tail("alerts", self.tail, "alert"),
+            endpoints=endpoint_rows(read_endpoints(Path(self.cfg.run_dir) / "endpoints"), socket.gethostname(),
+                                    pid_running))

@@ -12,11 +12,17 @@ Placements:
   each GPU also holds one generator (tensor parallel 1, ``gen_batch`` sequences) and the scorer's models. With
   ``trainer_ranks`` set to anything but G it does not apply (:data:`Placement.reason` says why).
 - **separate**: each role on its own GPUs: the trainer on ``trainer_ranks`` data-parallel GPUs, or when that is
-  None the fewest that fit (only ZeRO >= 1 gains from more); the generator and the scorer the fewest power-of-two
-  tensor-parallel degree (weights and KV cache split evenly).
+  None the fewest that fit (only ZeRO >= 1 gains from more); the generator and the scorer on one GPU each (none
+  for a scorer without models).
 
-A placement fits when each GPU's estimate plus the headroom (default 20 %) is at most the GPU's memory. We
-recommend colocating when that fits, otherwise separate roles when they fit and their GPUs add up to at most G.
+Only layouts this project runs are planned: the trainer's data-parallel ranks (torch, DDP-style, at ZeRO 0;
+DeepSpeed ZeRO 1/2/3 over N ranks; ``consumers/trainer/engines.py``, ``ranks.py``). There is no tensor or pipeline
+parallelism anywhere (trainer, generator or scorer), so a generator or scorer that does not fit one GPU fits on no
+number of them.
+
+A placement fits when each GPU's estimate plus the headroom (default 20 %) is at most the GPU's memory, and
+:func:`verdict` says why it fits or not (``fits: 12.3 GiB of 80 GiB per GPU``). We recommend colocating when that
+fits, otherwise separate roles when they fit and their GPUs add up to at most G.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from stream_rl.planner import memory as mem
 from stream_rl.planner.model_size import ModelShape, count_params
+from stream_rl.planner.units import human_bytes, human_gib
 
 MAX_GPUS = 4096
 ENGINE_DTYPE = {"fp32": "float32", "bf16": "bfloat16"}  # planner dtype -> trainer.dtype (the trainer has no fp16)
@@ -161,6 +168,7 @@ class Plan:
         def placement(p: Placement) -> dict:
             out = asdict(p)
             out["trainer_ranks"] = p.trainer_ranks
+            out["verdict"] = verdict(self.inputs, p)
             out["roles"] = [{"role": r.role, "gpus": r.gpus, "total_bytes": r.total,
                              "components": dict(r.components)} for r in p.roles]
             return out
@@ -267,21 +275,15 @@ def _separate_trainer(inputs: PlanInputs, params: int) -> RoleMemory:
     return RoleMemory("trainer", None, trainer_memory(inputs, params, inputs.gpus).components)
 
 
-def _fewest_tp(inputs: PlanInputs, build) -> RoleMemory:
-    """A generator or scorer at the smallest power-of-two tensor-parallel degree that fits."""
-    tp = 1
-    while tp <= MAX_GPUS:
-        role = build(tp)
-        if role.gpus == 0 or _fits(inputs, role.total):
-            return role
-        tp *= 2
-    return RoleMemory(build(1).role, None, build(inputs.gpus).components)
+def _one_gpu(inputs: PlanInputs, role: RoleMemory) -> RoleMemory:
+    """A generator or scorer on one GPU (no tensor parallelism here): ``gpus`` None when it does not fit one."""
+    return role if role.gpus == 0 or _fits(inputs, role.total) else RoleMemory(role.role, None, role.components)
 
 
 def _separate(inputs: PlanInputs, params: int) -> Placement:
     roles = (_separate_trainer(inputs, params),
-             _fewest_tp(inputs, lambda tp: generator_memory(inputs, params, tp)),
-             _fewest_tp(inputs, lambda tp: scorer_memory(inputs, params, tp)))
+             _one_gpu(inputs, generator_memory(inputs, params, 1)),
+             _one_gpu(inputs, scorer_memory(inputs, params, 1)))
     per_gpu = max(r.total for r in roles)
     counts = [r.gpus for r in roles]
     gpus = None if None in counts else sum(counts)
@@ -290,10 +292,10 @@ def _separate(inputs: PlanInputs, params: int) -> Placement:
 
 
 def _recommend(inputs: PlanInputs, colocated: Placement, separate: Placement) -> tuple[str, str]:
-    gib, cap = mem.gib, inputs.gpu_memory_gib
+    cap = inputs.gpu_memory_gib
     if colocated.fits:
         return "colocated", (f"colocate: every role on each of the {inputs.gpus} GPU(s), "
-                             f"{gib(colocated.needed_per_gpu):.1f} GiB needed of {cap:g} GiB")
+                             f"{human_bytes(colocated.needed_per_gpu)} needed of {human_gib(cap)}")
     counts = ", ".join(f"{r.role} {r.gpus if r.gpus is not None else 'none fit'}" for r in separate.roles)
     if separate.fits:
         spare = inputs.gpus - separate.gpus
@@ -302,14 +304,42 @@ def _recommend(inputs: PlanInputs, colocated: Placement, separate: Placement) ->
     trainer = separate.roles[0]
     if inputs.trainer_ranks is not None and not _fits(inputs, trainer.total):
         return "does-not-fit", (f"the trainer on --trainer-ranks {inputs.trainer_ranks} needs "
-                                f"{gib(mem.with_headroom(trainer.total, inputs.headroom)):.1f} GiB per GPU of "
-                                f"{cap:g} GiB: try more --trainer-ranks, a higher --zero-stage, a smaller "
+                                f"{human_bytes(mem.with_headroom(trainer.total, inputs.headroom))} per GPU of "
+                                f"{human_gib(cap)}: try more --trainer-ranks, a higher --zero-stage, a smaller "
                                 f"--micro-batch/--seq-len, or larger GPUs")
     if separate.gpus is not None:
         return "does-not-fit", (f"separate roles need {separate.gpus} GPU(s) ({counts}); only {inputs.gpus} "
                                 f"available")
     return "does-not-fit", (f"no placement fits ({counts}): try a higher --zero-stage, --grad-checkpointing, a "
-                            f"smaller --micro-batch/--seq-len or --gen-batch, or larger GPUs")
+                            f"smaller --micro-batch/--seq-len or --gen-batch, or larger GPUs (the generator and "
+                            f"the scorer must each fit one GPU: there is no tensor parallelism)")
+
+
+def _where(inputs: PlanInputs, role: str) -> str:
+    if role != "trainer":
+        return "on one GPU (no tensor parallelism)"
+    if inputs.zero_stage == 0:
+        return "per GPU (ZeRO 0 keeps everything on every rank)"
+    return f"per GPU even over {inputs.gpus} data-parallel ranks"
+
+
+def verdict(inputs: PlanInputs, p: Placement) -> str:
+    """Why ``p`` fits or not, in figures: ``fits: 12.3 GiB of 80 GiB per GPU (7 of 8 GPUs)``, ``does not fit:
+    needs 95 GiB per GPU, has 80 GiB``, ``does not fit: needs 9 GPUs, has 8``, or the reason it does not apply."""
+    if p.reason is not None:
+        return f"not applicable: {p.reason}"
+    has = human_gib(inputs.gpu_memory_gib)
+    gpus = f" ({p.gpus} of {inputs.gpus} GPUs)" if p.gpus is not None else ""
+    if p.fits:
+        return f"fits: {human_bytes(p.needed_per_gpu)} of {has} per GPU{gpus}, headroom included"
+    too_big = [r for r in p.roles if r.gpus is None]
+    if too_big:
+        needs = ", ".join(f"the {r.role} needs {human_bytes(mem.with_headroom(r.total, inputs.headroom))} "
+                          f"{_where(inputs, r.role)}" for r in too_big)
+        return f"does not fit: {needs}; has {has}"
+    if not _fits(inputs, p.per_gpu):
+        return f"does not fit: needs {human_bytes(p.needed_per_gpu)} per GPU, has {has} (headroom included)"
+    return f"does not fit: needs {p.gpus} GPUs, has {inputs.gpus}"
 
 
 def trainer_launch(inputs: PlanInputs, ranks: int) -> TrainerLaunch:
@@ -342,7 +372,7 @@ def _notes(inputs: PlanInputs, params: int, launch: TrainerLaunch | None) -> tup
     generator = generator_memory(inputs, params, 1)
     share = mem.with_headroom(generator.total, inputs.headroom) / _gpu_bytes(inputs)
     notes.append(f"vLLM preallocates gpu_memory_utilization of the GPU: colocated, the generator needs about "
-                 f"{share:.2f} (producer.vllm.gpu_memory_utilization)")
+                 f"{max(share, 0.01):.2f} (producer.vllm.gpu_memory_utilization)")
     return tuple(notes)
 
 

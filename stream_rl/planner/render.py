@@ -1,14 +1,16 @@
-"""The plan as text: per-GPU GiB per role and component, colocated against separate, the recommendation and the
-trainer's launch line (what ``stream-rl plan`` prints without ``--json``).
+"""The plan as text: per-GPU memory per role and component, colocated against separate, each placement's verdict
+with its reason, the recommendation and the trainer's launch line (what ``stream-rl plan`` prints without
+``--json``).
 
 Consumes: a :class:`~stream_rl.planner.plan.Plan`. Produces: a string. Guarantees: pure formatting, every number
-comes from the plan (no estimate is made here).
+comes from the plan (no estimate is made here) and carries its unit at a readable scale (``592 K parameters``,
+``1.5 MiB``, ``12.3 GiB``; :mod:`~stream_rl.planner.units`).
 """
 
 from __future__ import annotations
 
-from stream_rl.planner import memory as mem
-from stream_rl.planner.plan import Plan, RoleMemory
+from stream_rl.planner.plan import Plan, RoleMemory, verdict
+from stream_rl.planner.units import human_bytes, human_count, human_gib
 
 
 def _role_rows(colocated: RoleMemory | None, separate: RoleMemory) -> list[tuple[str, str, str, str]]:
@@ -18,7 +20,7 @@ def _role_rows(colocated: RoleMemory | None, separate: RoleMemory) -> list[tuple
     def gib(r: RoleMemory | None, name: str | None = None) -> str:
         if r is None:
             return "n/a"
-        return f"{mem.gib(dict(r.components)[name] if name else r.total):.2f}"
+        return human_bytes(dict(r.components)[name] if name else r.total)
 
     label = "ranks (GPUs)" if separate.role == "trainer" else "GPUs"
     rows = [(separate.role, label, gpus(colocated), gpus(separate))]
@@ -36,8 +38,8 @@ def _head(plan: Plan) -> str:
     else:
         precision = f"{i.dtype} weights/gradients, fp32 {i.optimizer}"
     ranks = i.trainer_ranks if i.trainer_ranks is not None else "fewest that fit"
-    return (f"{plan.params / 1e9:.3f} B parameters, {precision}, ZeRO {i.zero_stage}, trainer ranks {ranks}, "
-            f"{i.gpus} x {i.gpu_memory_gib:g} GiB, headroom {i.headroom:.0%}")
+    return (f"{human_count(plan.params)} parameters ({plan.params:,}), {precision}, ZeRO {i.zero_stage}, "
+            f"trainer ranks {ranks}, {i.gpus} x {human_gib(i.gpu_memory_gib)} GPUs, headroom {i.headroom:.0%}")
 
 
 def _launch_lines(plan: Plan) -> list[str]:
@@ -53,20 +55,19 @@ def _launch_lines(plan: Plan) -> list[str]:
 
 
 def render_table(plan: Plan) -> str:
-    """A plain-text table of per-GPU GiB per role and component, colocated vs separate, the recommendation and
-    the trainer's launch line."""
+    """A plain-text table of per-GPU memory per role and component, colocated vs separate, each placement's
+    verdict, the recommendation and the trainer's launch line."""
     co, se = plan.colocated, plan.separate
-    rows = [("role", "component", "colocated GiB/GPU", "separate GiB/GPU")]
+    rows = [("role", "component", "colocated, per GPU", "separate, per GPU")]
     colocated_roles = co.roles or (None,) * len(se.roles)
     for c, s in zip(colocated_roles, se.roles):
         rows += _role_rows(c, s)
     na = co.reason is not None
-    rows.append(("all", "per GPU + headroom", "n/a" if na else f"{mem.gib(co.needed_per_gpu):.2f}",
-                 f"{mem.gib(se.needed_per_gpu):.2f}"))
-    rows.append(("all", "fits", "n/a" if na else "yes" if co.fits else "no", "yes" if se.fits else "no"))
+    rows.append(("all", "per GPU + headroom", "n/a" if na else human_bytes(co.needed_per_gpu),
+                 human_bytes(se.needed_per_gpu)))
     widths = [max(len(r[k]) for r in rows) for k in range(4)]
     lines = [_head(plan), ""] + ["  ".join(r[k].ljust(widths[k]) if k < 2 else r[k].rjust(widths[k])
                                            for k in range(4)) for r in rows]
-    lines += [""] + ([f"colocated: not applicable ({co.reason})"] if na else [])
+    lines += ["", f"colocated: {verdict(plan.inputs, co)}", f"separate: {verdict(plan.inputs, se)}"]
     lines += [f"recommendation: {plan.message}"] + _launch_lines(plan) + [f"note: {n}" for n in plan.notes]
     return "\n".join(lines)

@@ -3,7 +3,9 @@
 Consumes: what the role loop and the telemetry threads report into a :class:`HealthState` (loop ticks, broker
 acknowledgements, model loaded, weights version), and the Prometheus text of :class:`RoleMetrics`.
 Produces: a daemon-thread ``ThreadingHTTPServer`` bound to ``http_host:http_port`` (127.0.0.1 by default; port 0 picks
-a free one) and ``run_dir/endpoints/<instance_id>.json`` = ``{"role", "instance_id", "url", "pid", "host"}``.
+a free one) and ``run_dir/endpoints/<instance_id>.json`` = ``{"role", "instance_id", "url", "pid", "host"}``, removed
+again by ``close`` (a role that stops cleanly leaves no endpoint file behind; one killed outright does, and
+``stream-rl status`` marks it stale).
 Guarantees (pure :func:`readiness` / :func:`liveness` over a snapshot)::
 
     /healthz  200  <=>  the loop ticked within liveness_timeout_s
@@ -97,6 +99,7 @@ class HealthServer:
         self.url = f"http://{host}:{self.port}"
         self._thread = threading.Thread(target=self.server.serve_forever, name=f"health-{self.port}", daemon=True)
         self._thread.start()
+        self.recorded: Path | None = None
 
     def record(self, directory: Path, role: str, instance_id: str) -> Path:
         """Write ``directory/<instance_id>.json`` naming this endpoint (tmp + rename)."""
@@ -106,12 +109,27 @@ class HealthServer:
         tmp.write_text(json.dumps({"role": role, "instance_id": instance_id, "url": self.url, "pid": os.getpid(),
                                    "host": socket.gethostname()}, sort_keys=True))
         os.replace(tmp, path)
+        self.recorded = path
         return path
 
     def close(self) -> None:
+        """Stop serving, then remove the endpoint file this server recorded (when it still names this server)."""
         self.server.shutdown()
         self.server.server_close()
         self._thread.join(5.0)
+        path, self.recorded = self.recorded, None
+        if path is not None:
+            _remove_own_record(path, self.url)
+
+
+def _remove_own_record(path: Path, url: str) -> None:
+    """Delete ``path`` unless it is gone or another process has since recorded itself there (same instance id)."""
+    try:
+        named = json.loads(path.read_text())
+    except (OSError, ValueError):  # gone, or unreadable: ours was written atomically, so that one is not ours
+        return
+    if isinstance(named, dict) and named.get("url") == url and named.get("pid") == os.getpid():
+        path.unlink(missing_ok=True)
 
 
 def _handler_class(state: HealthState, liveness_timeout_s: float, broker_timeout_s: float,

@@ -12,7 +12,8 @@ Guarantees::
 High-water marks come from fetch responses (ListOffsets(latest) is wrong on tansu; see notes): the reader fetches
 each partition from the previous mark (first time: the committed offset), so a measurement moves only new records.
 The loop never waits on any of this; a failed measurement is logged, counted as an error and retried at the next
-interval.
+interval. The sums over the watched partitions are ``lag/total`` (committed) and ``lag/position_total`` (position);
+alerts judge the latter (:mod:`stream_rl.alerts.rules`).
 """
 
 from __future__ import annotations
@@ -109,7 +110,13 @@ class LagMonitor:
 
     @property
     def total(self) -> int:
+        """Committed lag over the watched partitions (``lag/total``)."""
         return sum(self.lag.values())
+
+    @property
+    def position_total(self) -> int:
+        """Position lag over the watched partitions (``lag/position_total``): what this process has not read."""
+        return sum(self.position_lag.values())
 
     def close(self) -> None:
         self._stop.set()

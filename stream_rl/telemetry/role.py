@@ -7,8 +7,12 @@ Produces: :class:`~stream_rl.telemetry.metrics.RoleMetrics` series, the HTTP end
 ``/metrics``) recorded in ``run_dir/endpoints/<instance_id>.json``, heartbeats on the status topic, lag gauges, and
 alert observations (``stream_rl.alerts.AlertMonitor``: records on the alerts topic, a log line, an action).
 Guarantees:
-- The loop's calls are cheap (counter adds, a clock read); gauges for alerts (lag, RSS, GPU memory, dead letters,
+- The loop's calls are cheap (counter adds, a clock read); gauges for alerts (RSS, GPU memory, dead letters,
   step) are sampled at most once per second inside ``tick``; heartbeats and lag run on daemon threads.
+- Lag: ``lag/total`` (high-water mark - committed offset) and ``lag/position_total`` (high-water mark - the next
+  offset this process reads) go into heartbeats; alerts judge ``lag/position_total`` only, once per new lag
+  measurement (the trainer commits only at checkpoints, so its committed lag says nothing about keeping up).
+- ``close`` also removes this process's ``run_dir/endpoints/<instance_id>.json``.
 - Alert actions: ``paused`` is true while a ``pause`` alert fires (the loop stops consuming, keeps ticking);
   ``check_stop`` raises :class:`~stream_rl.alerts.monitor.AlertStop` while a ``stop`` alert fires. The trainer
   calls :meth:`step_done` right after its optimizer step and before publishing weights.
@@ -35,6 +39,7 @@ log = logging.getLogger(__name__)
 
 STEP_ALERT_KEYS = ("loss/total", "optim/grad_norm", "kl/ref_mean", "reward/mean", "mismatch/logp_abs_diff")
 GAUGE_PERIOD_S = 1.0
+LAG_KEYS = ("lag/total", "lag/position_total")
 
 
 class RoleTelemetry:
@@ -58,6 +63,7 @@ class RoleTelemetry:
         self._assigned: frozenset | None = None
         self._source = None
         self._last_gauges = 0.0
+        self._lag_observed_at: float | None = None
         self.server = None
         if tcfg.http:
             self.server = HealthServer(self.health, tcfg.http_host, tcfg.http_port,
@@ -118,7 +124,7 @@ class RoleTelemetry:
         self._last_gauges = now
         self._track_assignment()
         self.gauges = self._sample_gauges()
-        self._observe_alerts(self.gauges)
+        self._observe_alerts(self._alert_gauges())
         self._update_state()
 
     def tokens(self, n: int) -> None:
@@ -161,7 +167,7 @@ class RoleTelemetry:
         values = {k: metrics[k] for k in STEP_ALERT_KEYS if isinstance(metrics.get(k), (int, float))}
         self.gauges = self._sample_gauges()
         self._last_gauges = time.monotonic()
-        self._observe_alerts({**self.gauges, **values})
+        self._observe_alerts({**self._alert_gauges(), **values})
         self.check_stop()
 
     def row_written(self, row: Mapping[str, Any]) -> None:
@@ -199,6 +205,17 @@ class RoleTelemetry:
             gauges["gpu/allocated_bytes"] = float(sum(a for a, _ in gpu.values()))
         if self.lag is not None and self.lag.measured_at is not None:
             gauges["lag/total"] = float(self.lag.total)
+            gauges["lag/position_total"] = float(self.lag.position_total)
+        return gauges
+
+    def _alert_gauges(self) -> dict[str, float]:
+        """The gauges for an alert observation: the lag only when it was measured anew since the last one (each
+        presence is one sample, and a producer's lag is judged by its growth between measurements)."""
+        gauges = {k: v for k, v in self.gauges.items() if k not in LAG_KEYS}
+        measured = self.lag.measured_at if self.lag is not None else None
+        if measured is not None and measured != self._lag_observed_at:
+            self._lag_observed_at = measured
+            gauges.update({k: self.gauges[k] for k in LAG_KEYS if k in self.gauges})
         return gauges
 
     def _observe_alerts(self, values: Mapping[str, float]) -> None:

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,6 +213,7 @@ class Source:
         self.dead_lettered = 0
         self.observer = None  # telemetry (records_in, dead_lettered); set by RoleTelemetry.attach
         self.paused = False  # while True, poll() fetches nothing (an alert's "pause"), group membership stays
+        self.holds: Container = ()  # partitions a role holds paused on its own (the producer's epoch gate)
 
     @property
     def consumer(self):
@@ -267,13 +268,19 @@ class Source:
         self._next[tp] = where.last + 1
 
     def _apply_pause(self) -> None:
-        """Pause every assigned partition while ``paused`` (re-applied each poll: a rebalance may add some)."""
+        """Pause every assigned partition while ``paused``, else exactly those in ``holds`` (re-applied each
+        poll: a rebalance may add some)."""
+        assigned = self._consumer.assignment()
         if self.paused:
-            assigned = self._consumer.assignment()
             if assigned:
                 self._consumer.pause(*assigned)
-        elif self._consumer.paused():
-            self._consumer.resume(*self._consumer.paused())
+            return
+        held = [tp for tp in assigned if tp in self.holds]
+        if held:
+            self._consumer.pause(*held)
+        released = [tp for tp in self._consumer.paused() if tp not in self.holds]
+        if released:
+            resume(self._consumer, released)
 
     def dead_letter(self, topic: str, partition: int, offset: int, key: bytes | None, raw: bytes | None,
                     reason: str, error_type: str, *, headers: Headers | None = None) -> None:
@@ -344,6 +351,22 @@ KEY_FIELDS = {"prompt": "prompt_id", "rollout": "group_id", "scored_rollout": "g
 """The documented record key of each kind that roles consume in groups (docs/wire-format.md): the key decides
 the partition (murmur2 of the key, as kafka-python and Apache Kafka's Java client place it), and a group must
 stay on one partition."""
+
+
+def resume(consumer, partitions: Sequence[Any]) -> None:
+    """Resume ``partitions`` of a kafka-python consumer so that they are fetched again.
+
+    kafka-python 3.0.12 parks the parsed records of a partition paused mid-fetch and restores them only when no
+    other partition's records are in line; while other partitions keep flowing they stay parked, and a parked
+    partition is never fetched again (observed: a paused-then-resumed partition returned nothing for 60 polls).
+    The parked records are dropped here: the position did not move, so the next fetch reads them again."""
+    consumer.resume(*partitions)
+    parked = getattr(getattr(consumer, "_fetcher", None), "_paused_partition_records", None)
+    if isinstance(parked, dict):
+        for tp in partitions:
+            records = parked.pop(tp, None)
+            if records is not None:
+                records.drain()
 
 
 def key_problem(value: Any, key: bytes | None) -> str | None:

@@ -20,6 +20,10 @@ Guarantees:
 - a producer blocks at most ``kafka.broker_timeout_s`` in ``send`` (metadata of a missing topic, a full buffer)
   and reports a send as failed after at most that long (``delivery_timeout_ms``), so a vanished broker or a
   missing topic becomes an error (see :mod:`stream_rl.transport.edge`), never a hang;
+- an admin client (a command's query, a role's start-up probe) gives up reaching a broker after
+  ``kafka.connect_timeout_s`` (at most ``broker_timeout_s``; kafka-python's default is 30 s), so a command
+  pointed at no broker fails fast; a role's producer and consumer keep re-bootstrapping for
+  ``kafka.broker_timeout_s``, so a broker that comes back within that loses nothing;
 - SASL/SSL settings pass through; the password comes from its file or the environment, never from a log.
 Nothing in the project calls ``end_offsets``, ``seek_to_end`` or ``offsets_for_times`` (wrong on tansu 0.6);
 high-water marks come from fetch responses (``consumer.highwater``).
@@ -88,12 +92,18 @@ def security_settings(cfg: KafkaConfig) -> dict[str, Any]:
     return out
 
 
+def connect_timeout_s(cfg: KafkaConfig) -> float:
+    """How long a new client tries to reach a broker: ``connect_timeout_s``, at most ``broker_timeout_s``."""
+    return min(cfg.connect_timeout_s, cfg.broker_timeout_s)
+
+
 def _common(cfg: KafkaConfig, bootstrap: str, client_id: str | None,
-            probe: ClientProbe | None = None) -> dict[str, Any]:
+            probe: ClientProbe | None = None, bootstrap_timeout_s: float | None = None) -> dict[str, Any]:
     return {
         "bootstrap_servers": bootstrap.split(","),
         "client_id": client_id or cfg.client_id,
         "request_timeout_ms": cfg.request_timeout_ms,
+        "bootstrap_timeout_ms": int((bootstrap_timeout_s or cfg.broker_timeout_s) * 1000),
         "kafka_client": probe if probe is not None else ClientProbe(),
         **security_settings(cfg),
     }
@@ -134,4 +144,5 @@ def consumer_settings(cfg: KafkaConfig, bootstrap: str, group_id: str | None,
 
 
 def admin_settings(cfg: KafkaConfig, bootstrap: str, client_id: str | None = None) -> dict[str, Any]:
-    return _common(cfg, bootstrap, client_id)
+    """An admin client: short-lived queries, so a missing broker fails after ``connect_timeout_s``."""
+    return _common(cfg, bootstrap, client_id, bootstrap_timeout_s=connect_timeout_s(cfg))

@@ -259,3 +259,21 @@ def test_gae_advantages_are_whitened_over_the_batch_by_default():
     assert mean == pytest.approx(0.0, abs=1e-6) and std == pytest.approx(1.0, abs=1e-5)
     mean, std = adv_stats(whiten_advantages=False)
     assert abs(mean) > 1e-3 or abs(std - 1.0) > 1e-3
+
+
+def test_on_policy_mismatch_averages_only_the_rows_sampled_by_the_weights_held():
+    """Hand-computed: row 0 (version 3 everywhere, 2 tokens) |-1.0 - -1.5| = 0.5, |-2.0 - -2.0| = 0; row 1 has one
+    token of version 2 (lag 1): excluded; row 2 (version 3, 1 token, padding at version 0) |-0.5 - -0.25| = 0.25.
+    Mean over the 3 tokens of rows 0 and 2: (0.5 + 0 + 0.25) / 3 = 0.25."""
+    import torch
+
+    from consumers.trainer.step import on_policy_mismatch
+
+    mu = torch.tensor([[-1.0, -2.0], [-1.0, -1.0], [-0.5, 0.0]])
+    prox = torch.tensor([[-1.5, -2.0], [-3.0, -3.0], [-0.25, 0.0]])
+    mask = torch.tensor([[True, True], [True, True], [True, False]])
+    versions = torch.tensor([[3, 3], [3, 2], [3, 0]])
+    out = on_policy_mismatch(mu, prox, mask, versions, version=3)
+    assert out == {"mismatch/on_policy_samples": 2.0, "mismatch/logp_abs_diff": pytest.approx(0.25)}
+    stale = on_policy_mismatch(mu, prox, mask, versions, version=4)
+    assert stale == {"mismatch/on_policy_samples": 0.0}  # nothing on policy: the key is absent, not 0

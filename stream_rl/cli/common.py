@@ -67,7 +67,8 @@ def require_broker(cfg: StreamRLConfig) -> None:
 
     bootstrap = resolve_bootstrap(cfg.kafka.bootstrap_servers, cfg.broker)
     try:
-        admin = KafkaAdminClient(**admin_settings(cfg.kafka, bootstrap, f"{cfg.kafka.client_id}-probe"))
+        admin = KafkaAdminClient(**admin_settings(cfg.kafka, bootstrap, f"{cfg.kafka.client_id}-probe",
+                                                 probe=True))
     except KafkaTimeoutError:  # kafka-python 3: "Unable to bootstrap from [...]" after bootstrap_timeout_ms
         raise BrokerUnreachable(no_broker_message(bootstrap, connect_timeout_s(cfg.kafka))) from None
     admin.close()

@@ -18,7 +18,7 @@ import typer
 from stream_rl.cli import bench_cmd, gc_cmd, ops_cmds, roles, status_cmd
 from stream_rl.cli import plan as plan_cmd
 from stream_rl.cli import run as run_cmd
-from stream_rl.cli.common import BootstrapOpt, ConfigOpt, DryRunOpt, RunOpt, SetOpt, fail, resolve
+from stream_rl.cli.common import BootstrapOpt, ConfigOpt, DryRunOpt, RunOpt, SetOpt, fail, require_broker, resolve
 from stream_rl.cli.runs import select_run
 
 app = typer.Typer(help="Asynchronous, streaming RL fine-tuning of LLMs over Kafka.", no_args_is_help=True,
@@ -89,6 +89,7 @@ def topics_create(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: Boot
     from stream_rl.transport.client import Transport
 
     cfg = resolve(config, set_, {"kafka.bootstrap_servers": bootstrap, "topics.run": run}, dry_run)
+    require_broker(cfg)
     for name, parts in Transport(cfg, "cli").ensure_topics().items():
         typer.echo(f"{name}\t{parts}")
 
@@ -104,6 +105,7 @@ def topics_list(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: Bootst
     cfg = resolve(config, set_, {"kafka.bootstrap_servers": bootstrap, "topics.run": run})
     if not all_runs or dry_run:
         select_run(cfg, "topics", dry_run)
+    require_broker(cfg)
     transport = Transport(cfg, "cli")
     reader = transport.reader()
     prefix = f"{cfg.topics.prefix}.{cfg.topics.run}."
@@ -139,6 +141,7 @@ def replay(topic: Annotated[str, typer.Argument(help="logical name (rollouts, sc
     cfg = select_run(resolve(config, set_, {"kafka.bootstrap_servers": bootstrap, "topics.run": run}), "topics",
                      dry_run)
     redactor = None if show_content else Redactor(redaction_key(cfg.broker.state_dir))
+    require_broker(cfg)
     transport = Transport(cfg, "cli")
     full = resolve_topic(transport.names, topic)
     reader = transport.reader()

@@ -268,6 +268,7 @@ def prompts_load(file: PromptFileArg,
     dropped = ", ".join(f"{reason} {n}" for reason, n in sorted(st.dropped.items())) or "none"
     typer.echo(f"{file}: {st.rows} {report.unit}s, {st.valid} valid, {st.kept} kept (dropped: {dropped}); "
                f"{len(report.warnings)} warnings")
+    require_broker(cfg)
     transport = Transport(cfg, "prompts")
     transport.ensure_topics()
     sent = publish_prompts(transport, messages)

@@ -162,7 +162,7 @@ def _answers_with_credentials(cfg, bootstrap: str, timeout_s: float) -> tuple[bo
     from stream_rl.transport.settings import admin_settings
 
     try:
-        with closing(KafkaAdminClient(**admin_settings(cfg.kafka, bootstrap, "stream-rl-doctor"),
+        with closing(KafkaAdminClient(**admin_settings(cfg.kafka, bootstrap, "stream-rl-doctor", probe=True),
                                       bootstrap_timeout_ms=int(timeout_s * 1000))) as admin:
             admin.list_topics()
     except (KafkaError, OSError, ValueError) as exc:
@@ -181,7 +181,7 @@ def check_topics(cfg, bootstrap: str) -> list[Check]:
     names = TopicNames.from_config(cfg.topics)
     wanted = {names.name(t): cfg.topics.partitions.get(t, 1) for t in LOGICAL_TOPICS}
     try:
-        with closing(KafkaAdminClient(**admin_settings(cfg.kafka, bootstrap, "stream-rl-doctor"))) as admin:
+        with closing(KafkaAdminClient(**admin_settings(cfg.kafka, bootstrap, "stream-rl-doctor", probe=True))) as admin:
             present = sorted(set(admin.list_topics()) & set(wanted))
             counts = {d.get("name", d.get("topic")): len(d["partitions"])
                       for d in (admin.describe_topics(present) if present else [])}

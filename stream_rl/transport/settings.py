@@ -20,10 +20,10 @@ Guarantees:
 - a producer blocks at most ``kafka.broker_timeout_s`` in ``send`` (metadata of a missing topic, a full buffer)
   and reports a send as failed after at most that long (``delivery_timeout_ms``), so a vanished broker or a
   missing topic becomes an error (see :mod:`stream_rl.transport.edge`), never a hang;
-- an admin client (a command's query, a role's start-up probe) gives up reaching a broker after
-  ``kafka.connect_timeout_s`` (at most ``broker_timeout_s``; kafka-python's default is 30 s), so a command
-  pointed at no broker fails fast; a role's producer and consumer keep re-bootstrapping for
-  ``kafka.broker_timeout_s``, so a broker that comes back within that loses nothing;
+- the probe a command runs before it starts (``admin_settings(..., probe=True)``) gives up reaching a broker
+  after ``kafka.connect_timeout_s`` (at most ``broker_timeout_s``; kafka-python's default is 30 s), so a command
+  pointed at no broker fails fast; every other client (a role's producer, consumer and admin queries) keeps
+  re-bootstrapping for ``kafka.broker_timeout_s``, so a broker that comes back within that loses nothing;
 - SASL/SSL settings pass through; the password comes from its file or the environment, never from a log.
 Nothing in the project calls ``end_offsets``, ``seek_to_end`` or ``offsets_for_times`` (wrong on tansu 0.6);
 high-water marks come from fetch responses (``consumer.highwater``).
@@ -143,6 +143,8 @@ def consumer_settings(cfg: KafkaConfig, bootstrap: str, group_id: str | None,
     }
 
 
-def admin_settings(cfg: KafkaConfig, bootstrap: str, client_id: str | None = None) -> dict[str, Any]:
-    """An admin client: short-lived queries, so a missing broker fails after ``connect_timeout_s``."""
-    return _common(cfg, bootstrap, client_id, bootstrap_timeout_s=connect_timeout_s(cfg))
+def admin_settings(cfg: KafkaConfig, bootstrap: str, client_id: str | None = None,
+                   probe: bool = False) -> dict[str, Any]:
+    """An admin client. ``probe``: a reachability check before a command starts, which gives up after
+    ``connect_timeout_s``; otherwise (a role's topic and lag queries) it re-bootstraps for ``broker_timeout_s``."""
+    return _common(cfg, bootstrap, client_id, bootstrap_timeout_s=connect_timeout_s(cfg) if probe else None)

@@ -117,6 +117,8 @@ class EpochGate:
         if not self.held or self.clock() - self._checked_at < self.check_every_s:
             return
         self._checked_at = self.clock()
+        if self._own_work_left():
+            return  # a partition of ours still has records to take: the epoch cannot have opened (no reads)
         self.open_epoch = open_epoch_of(self._next_epochs(), self.open_epoch)
         opened = [tp for tp, hold in self.held.items() if hold.epoch <= self.open_epoch]
         if opened:
@@ -134,6 +136,9 @@ class EpochGate:
             self._finishing_at = now
             assigned = self.consumer.assignment()
             parts = self.partitions()
+            if all(tp in assigned for tp in parts):  # one producer owns them all: nobody else waits
+                self._finishing = False
+                return False
             nexts = self._next_epochs(parts)
             self.open_epoch = open_epoch_of(nexts, self.open_epoch)
             self._finishing = any(tp not in assigned and (e is None or e > self.open_epoch)
@@ -153,6 +158,18 @@ class EpochGate:
                 start = self.consumer.committed(tp, timeout_ms=10_000)
             out.append(self.next_first_load(tp, start or 0))
         return out
+
+    def _own_work_left(self) -> bool:
+        """Whether a partition assigned here and not held still has records beyond this producer's position (the
+        consumer's high-water mark from its last fetch: no request). Such a record is either of the open epoch
+        (so it is not over) or becomes held when polled, so looking further now cannot open an epoch."""
+        for tp in self.consumer.assignment():
+            if tp in self.held:
+                continue
+            highwater = self.consumer.highwater(tp)
+            if highwater is not None and self.consumer.position(tp) < highwater:
+                return True
+        return False
 
     def _drop_revoked(self) -> None:
         assigned = self.consumer.assignment()

@@ -322,7 +322,7 @@ def test_dockerfile_runs_stream_rl():
     text = (ROOT / "ops" / "Dockerfile").read_text()
     entry = re.search(r"^ENTRYPOINT\s+(\[.*\])\s*$", text, re.M)
     assert entry and json.loads(entry.group(1)) == ["stream-rl"]
-    assert 'stream-rl = "stream_rl.cli.main:app"' in (ROOT / "pyproject.toml").read_text()
+    assert 'stream-rl = "stream_rl.cli.main:main"' in (ROOT / "pyproject.toml").read_text()
     for src in re.findall(r"^COPY\s+(.+?)\s+\S+\s*$", text, re.M):
         for item in src.split():
             assert (ROOT / item).exists(), f"Dockerfile copies {item}, which is missing"

@@ -52,17 +52,16 @@ def split_by_epoch(records: Sequence, open_epoch: int, held: dict | None = None)
     """Records that may go now, and the partitions to hold: ``{(topic, partition): Held}``.
 
     A partition is held from its first record with ``attempt == 0`` and ``epoch > open_epoch``; every later record
-    of that partition is held with it. Partitions already in ``held`` hand out nothing."""
-    held = dict(held or {})
+    of that partition is held with it. Partitions already in ``held`` hand out nothing (and stay as held)."""
+    held = held or {}
     allowed, new = [], {}
     for rec in records:
         key = (rec.topic, rec.partition)
-        if key in held:
-            held[key] = Held(min(held[key].offset, rec.offset), held[key].epoch)
+        if key in held or key in new:
             continue
         msg = rec.value
         if msg.attempt == 0 and msg.epoch > open_epoch:
-            held[key] = new[key] = Held(rec.offset, msg.epoch)
+            new[key] = Held(rec.offset, msg.epoch)
             continue
         allowed.append(rec)
     return allowed, new

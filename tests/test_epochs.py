@@ -36,7 +36,7 @@ def test_a_partition_is_held_from_its_first_first_load_record_of_a_closed_epoch(
     allowed, held = split_by_epoch(recs, open_epoch=0)
     assert [r.value.prompt_id for r in allowed] == ["a", "e"]
     assert held == {("t", 1): Held(7, 1), ("t", 0): Held(6, 1)}
-    # epoch 1 open: nothing is held; a partition held earlier hands out nothing (and keeps its lowest offset)
+    # epoch 1 open: nothing is held; a partition held earlier hands out nothing
     allowed, held = split_by_epoch(recs, open_epoch=1)
     assert [r.value.prompt_id for r in allowed] == ["a", "b", "c", "d", "e", "f"] and held == {}
     allowed, held = split_by_epoch(recs, open_epoch=1, held={("t", 2): Held(4, 2)})

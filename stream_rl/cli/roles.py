@@ -29,9 +29,6 @@ demo_app = typer.Typer(help="The built-in demo (tiny model, 2-digit addition, ve
 
 def setup_logging() -> None:
     """One log line per event on stderr (the run directory's ROLE-N.log under `stream-rl run`)."""
-    import os
-
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     from stream_rl.cli.errors import debug_enabled
     from stream_rl.logs import setup_role_logging
 

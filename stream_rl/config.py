@@ -67,6 +67,10 @@ class KafkaConfig(_Section):
     ssl_check_hostname: bool = Field(True, description="verify the broker host name against its certificate")
     session_timeout_ms: int = Field(6000, gt=0, description="short: group joins wait session_timeout/2")
     heartbeat_interval_ms: int = Field(2000, gt=0, description="consumer-group heartbeat period")
+    leave_group_on_close: bool = Field(
+        False, description="a role that stops sends LeaveGroup, so its group rebalances at once; leave false on "
+        "the local broker (tansu 0.6 breaks a group that is sent a LeaveGroup mid-rebalance), set true on "
+        "Apache Kafka")
     request_timeout_ms: int = Field(30000, gt=0, description="client request timeout")
     max_request_size: int = Field(1_048_576, gt=0, description="1 MiB, Apache Kafka's default record limit")
     max_poll_records: int = Field(500, gt=0, description="most records one poll returns")

@@ -1,8 +1,8 @@
 """Consumer groups stay joinable however a member stops (a tansu 0.6 quirk, worked around in the transport edge).
 
-tansu 0.6 mishandles a LeaveGroup sent by a member that is still joining or rebalancing: the group then hands no
-partition to anyone for minutes. ``close_consumer`` leaves only from a stable member; the others are expired by the
-broker after the session timeout, so the next member is assigned within seconds.
+tansu 0.6 mishandles a LeaveGroup that lands while its group is rebalancing: the group then hands no partition
+to anyone for minutes. ``close_consumer`` sends none by default (``kafka.leave_group_on_close``); the broker
+expires a stopped member after the session timeout, so the next member is assigned within seconds.
 """
 
 from __future__ import annotations
@@ -66,18 +66,32 @@ def test_a_member_closed_during_its_first_join_leaves_the_group_joinable(broker,
         close_consumer(second)
 
 
+def _poll_each_in_its_own_thread(members, seconds: float, until=lambda: False) -> None:
+    """Poll every member from its own thread, as separate processes would. One thread polling them in turn can
+    starve a member's join or sync (a poll blocks while the broker holds a join), so a settled group is not
+    guaranteed that way."""
+    import threading
+
+    deadline = time.monotonic() + seconds
+
+    def run(member) -> None:
+        while time.monotonic() < deadline and not until():
+            member.poll(timeout_ms=100)
+
+    threads = [threading.Thread(target=run, args=(m,)) for m in members]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds + 30)
+
+
 def test_members_closed_during_a_rebalance_leave_the_group_joinable(broker, run_name, topic):
     group = f"{run_name}.grp"
     a, b = _member(broker.bootstrap, group, topic), _member(broker.bootstrap, group, topic)
-    deadline = time.monotonic() + 30
-    while not (a.assignment() and b.assignment()) and time.monotonic() < deadline:
-        a.poll(timeout_ms=100)
-        b.poll(timeout_ms=100)
-    assert a.assignment() and b.assignment()
+    _poll_each_in_its_own_thread((a, b), 60.0, until=lambda: bool(a.assignment() and b.assignment()))
+    assert a.assignment() and b.assignment(), "two members polling on their own did not settle in 60 s"
     c = _member(broker.bootstrap, group, topic)  # triggers a rebalance
-    for _ in range(10):
-        for member in (a, b, c):
-            member.poll(timeout_ms=100)
+    _poll_each_in_its_own_thread((a, b, c), 1.0)
     for member in (a, b, c):  # all stop mid-rebalance, as `stream-rl run` stopping its roles can
         close_consumer(member)
     d = _member(broker.bootstrap, group, topic)
@@ -85,6 +99,39 @@ def test_members_closed_during_a_rebalance_leave_the_group_joinable(broker, run_
         assert _assigned_within(d, 40.0) is not None, "the next member got no partition in 40 s"
     finally:
         close_consumer(d)
+
+
+def test_stable_members_closed_one_after_another_leave_the_group_joinable(broker, run_name, topic):
+    """With a LeaveGroup from each, the second leave can land in the rebalance the first started (1 of 3 tries
+    broke the group when measured); without, both are expired."""
+    group = f"{run_name}.pair"
+    a, b = _member(broker.bootstrap, group, topic), _member(broker.bootstrap, group, topic)
+    _poll_each_in_its_own_thread((a, b), 60.0, until=lambda: bool(a.assignment() and b.assignment()))
+    assert a.assignment() and b.assignment(), "two members polling on their own did not settle in 60 s"
+    close_consumer(a)
+    close_consumer(b)
+    d = _member(broker.bootstrap, group, topic)
+    try:
+        assert _assigned_within(d, 40.0) is not None, "the next member got no partition in 40 s"
+        assert len(d.assignment()) == 4
+    finally:
+        close_consumer(d)
+
+
+def test_a_stable_member_closed_with_leave_hands_its_partitions_over_before_it_could_expire(broker, run_name,
+                                                                                             topic):
+    """``leave=True`` (``kafka.leave_group_on_close``, for Apache Kafka) does send the LeaveGroup: the next
+    member is assigned sooner than the broker could have expired the first (session timeout 6 s)."""
+    group = f"{run_name}.solo"
+    first = _member(broker.bootstrap, group, topic)
+    assert _assigned_within(first, 30.0) is not None
+    close_consumer(first, leave=True)
+    second = _member(broker.bootstrap, group, topic)
+    try:
+        took = _assigned_within(second, 40.0)
+        assert took is not None and took < KafkaConfig().session_timeout_ms / 1000, took
+    finally:
+        close_consumer(second)
 
 
 def test_a_member_whose_group_never_settles_stops_with_an_error_naming_the_group(broker, run_name, topic):

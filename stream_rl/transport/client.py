@@ -71,7 +71,8 @@ class Transport:
                                                      probe))
         source = Source(consumer, sink, self.names.dlq, expected_kind, self.instance_id, self.tracing,
                         probe=probe, broker_timeout_s=self.cfg.kafka.broker_timeout_s, bootstrap=self.bootstrap,
-                        assignment_timeout_s=self.cfg.kafka.assignment_timeout_s)
+                        assignment_timeout_s=self.cfg.kafka.assignment_timeout_s,
+                        leave_group=self.cfg.kafka.leave_group_on_close)
         consumer.subscribe(list(topics), listener=_Forget(source))
         return source
 

@@ -200,8 +200,9 @@ class Source:
     def __init__(self, consumer, sink: Sink, dlq_topic: str, expected_kind: str | tuple[str, ...] | None,
                  consumer_id: str, tracing: Tracing, *, probe: ClientProbe | None = None,
                  broker_timeout_s: float = DEFAULT_BROKER_TIMEOUT_S, bootstrap: str = "?",
-                 assignment_timeout_s: float | None = None):
+                 assignment_timeout_s: float | None = None, leave_group: bool = False):
         self._consumer = consumer
+        self._leave_group = leave_group
         self._watch = AssignmentWatch(assignment_timeout_s)
         self._liveness = _Liveness(probe, broker_timeout_s, bootstrap)
         self._sink = sink
@@ -344,7 +345,7 @@ class Source:
         return self._tracing.process_span(name, [r.headers for r in records], attributes)
 
     def close(self) -> None:
-        close_consumer(self._consumer)
+        close_consumer(self._consumer, leave=self._leave_group)
 
 
 KEY_FIELDS = {"prompt": "prompt_id", "rollout": "group_id", "scored_rollout": "group_id"}

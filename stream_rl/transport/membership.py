@@ -1,14 +1,18 @@
 """Consumer-group membership on the local broker: leaving a group safely, and noticing a member that never joins.
 
 Consumes: kafka-python ``KafkaConsumer`` objects that subscribed to topics (group members).
-Produces: :func:`close_consumer` (close without stalling the group) and :class:`AssignmentWatch` (raises
+Produces: :func:`close_consumer` (close without breaking the group) and :class:`AssignmentWatch` (raises
 :class:`NoAssignment` for a member stuck without partitions).
 Guarantees:
-- ``close_consumer`` sends LeaveGroup only from a member that is stable in its group. tansu 0.6 mishandles a
-  LeaveGroup from a member that is still joining or rebalancing: the group then stays unjoinable (measured: a new
-  member got no assignment in 60 s; tests/test_group_membership.py). Without it the broker expires the member
-  after ``session_timeout_ms`` (measured: the next member was assigned in ~11 s), as after a kill -9. A stable
-  member still leaves at once, so a clean stop rebalances the rest of the group without waiting.
+- ``close_consumer`` sends no LeaveGroup unless asked to (``kafka.leave_group_on_close``), and then only from a
+  member that is stable in its group. tansu 0.6 mishandles a LeaveGroup sent while its group is rebalancing,
+  whoever sends it: the group then hands no partition to anyone for minutes. The client cannot see the broker's
+  side: two stable members closed one after the other broke the group in 1 of 3 tries (the second leave lands
+  in the rebalance the first one started), and two stable members closed while a third was joining broke it in
+  3 of 3 (tests/test_group_membership.py). Without a LeaveGroup the broker expires the member after
+  ``session_timeout_ms``, as after a kill -9 (measured: the next member was assigned in ~11 s). On Apache Kafka,
+  which handles a leave in any state, ``kafka.leave_group_on_close=true`` hands a stopped member's partitions
+  to the rest of its group at once.
 - ``AssignmentWatch.check`` raises once a member has had no partition for ``timeout_s`` while its group is not
   stable (a join that never completes); a member of a stable group with no partition (more members than
   partitions) is logged once and left to idle. Consumers that assign partitions themselves are never checked.
@@ -34,11 +38,11 @@ def _coordinator(consumer):
     return coordinator
 
 
-def close_consumer(consumer) -> None:
-    """Close ``consumer``, leaving its group only if it is a stable member (module docstring)."""
+def close_consumer(consumer, leave: bool = False) -> None:
+    """Close ``consumer``; leave its group only if ``leave`` and it is a stable member (module docstring)."""
     coordinator = _coordinator(consumer)
-    if coordinator is not None and (not coordinator.stable() or coordinator.need_rejoin()):
-        coordinator.reset_generation()  # forget the member id: nothing to leave with
+    if coordinator is not None and (not leave or not coordinator.stable() or coordinator.need_rejoin()):
+        coordinator.reset_generation()  # forget the member id: nothing to leave with; the broker expires it
     consumer.close(autocommit=False)
 
 

@@ -63,3 +63,16 @@ def group_id_for(prompt_id: str, epoch: int) -> str:
 def rollout_id_for(prompt_id: str, epoch: int, sample_index: int) -> str:
     """The rollout id of one sample: ``"{prompt_id}:{epoch}:{sample_index}"`` (same for every attempt)."""
     return f"{group_id_for(prompt_id, epoch)}:{_require_index('sample_index', sample_index)}"
+
+
+def is_decimal(text: str) -> bool:
+    """Whether ``text`` is a canonical non-negative decimal integer (``"0"``, ``"12"``; not ``"012"``, ``"+1"``)."""
+    return text.isascii() and text.isdigit() and str(int(text)) == text
+
+
+def is_group_id(text: object) -> bool:
+    """Whether ``text`` has the form of ``group_id_for(prompt_id, epoch)``: a prompt id, ``:``, an epoch."""
+    if not isinstance(text, str):
+        return False
+    prompt_id, _, epoch = text.rpartition(":")
+    return id_problem(prompt_id, PROMPT_ID_MAX_LEN) is None and is_decimal(epoch)

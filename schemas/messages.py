@@ -14,8 +14,8 @@ Guarantees:
 - "Frozen-ish": attributes cannot be reassigned (use ``dataclasses.replace``), but arrays and dicts inside are
   ordinary mutable objects; do not mutate a message after handing it to a producer.
 
-Flow (see docs/architecture.md): ``Prompt`` -> producers -> ``Rollout`` -> scorers -> ``ScoredRollout`` -> trainer,
-which publishes ``WeightsManifest`` (+ ``WeightsChunk`` records in inline mode) and ``StaleRollout`` records;
+Flow (see docs/architecture.md): ``Prompt`` -> producers -> ``Rollout`` -> scorers -> ``ScoredRollout`` (and a
+``MemberRejected`` for each rollout a scorer dead-letters) -> trainer, which publishes ``WeightsManifest`` (+ ``WeightsChunk`` records in inline mode) and ``StaleRollout`` records;
 any consumer writes ``DeadLetter`` records for input it cannot decode or validate; every role process publishes
 ``Heartbeat`` records (status topic) and ``Alert`` transitions (alerts topic).
 """
@@ -190,6 +190,38 @@ class ScoredRollout(Message):
     def group_id(self) -> str:
         """The embedded rollout's group id (the record key)."""
         return self.rollout.group_id
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class MemberRejected(Message):
+    """A member of a group that a consumer dead-lettered, so the group can never complete. Scored topic, key
+    ``group_id``: it follows the group's other members on their partition, and the trainer drops the group at
+    once (its buffered members to the stale topic, its prompt re-queued) instead of holding its partition's safe
+    offset until the group goes stale. Its dead letter, with the record itself, is on the dlq topic."""
+
+    KIND: ClassVar[str] = "member_rejected"
+
+    group_id: str
+    """The group (``group_id_for(prompt_id, epoch)``): the rejected record's ``group_id``, or its key when its
+    value could not be decoded."""
+    rollout_id: str | None = None
+    """The rejected rollout's id; ``None`` when its value could not be decoded."""
+    attempt: int | None = None
+    """The rejected rollout's attempt (>= 0); ``None`` when its value could not be decoded."""
+    reason: str
+    """Why it was rejected (non-empty), as in its dead letter."""
+    error_type: str
+    """Class name of the error, as in its dead letter (non-empty)."""
+    source_topic: str
+    """Topic the rejected record was read from."""
+    source_partition: int
+    """Its partition (>= 0)."""
+    source_offset: int
+    """Its offset (>= 0)."""
+    consumer_id: str
+    """Id of the consumer that rejected it (``ID_PATTERN``)."""
+    created_at: float = field(default_factory=_now)
+    """Unix time of the rejection."""
 
 
 SAFETENSORS_ITEMSIZE: dict[str, int] = {
@@ -443,7 +475,7 @@ class Alert(Message):
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.KIND: cls
-    for cls in (Prompt, Rollout, ScoredRollout, WeightsManifest, WeightsChunk, DeadLetter, StaleRollout,
-                Heartbeat, Alert)
+    for cls in (Prompt, Rollout, ScoredRollout, MemberRejected, WeightsManifest, WeightsChunk, DeadLetter,
+                StaleRollout, Heartbeat, Alert)
 }
 """Registry: wire ``kind`` -> message class."""

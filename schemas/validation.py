@@ -29,10 +29,12 @@ from schemas.fields import (
     Added, Array, Bool, Bytes, Enum, FieldType, Float, Id, Int, Optional, Pattern, Shape, Spec, Str, StrList, StrMap,
     check_fields, fields_from_wire, fields_to_wire,
 )
-from schemas.ids import PROMPT_ID_MAX_LEN, SHA256_PATTERN, TOPIC_PATTERN, group_id_for, rollout_id_for
+from schemas.ids import (
+    PROMPT_ID_MAX_LEN, SHA256_PATTERN, TOPIC_PATTERN, group_id_for, is_decimal, is_group_id, rollout_id_for,
+)
 from schemas.messages import (
     ALERT_ACTIONS, ALERT_STATES, MAX_GROUP_SIZE, MESSAGE_TYPES, ROLE_STATES, ROLES, SAFETENSORS_ITEMSIZE, Alert, DeadLetter,
-    Heartbeat, Message, Prompt, Rollout, ScoredRollout, StaleRollout, TensorEntry, WeightsChunk, WeightsManifest,
+    Heartbeat, MemberRejected, Message, Prompt, Rollout, ScoredRollout, StaleRollout, TensorEntry, WeightsChunk, WeightsManifest,
     chunk_count_for,
 )
 
@@ -189,6 +191,11 @@ SPECS: dict[type[Message], Spec] = {
         ("raw_size", Added(Optional(Int(0)), None)), ("raw_sha256", Added(Optional(_SHA256), None)),
         ("raw_truncated", Added(Bool(), False)),
     ),
+    MemberRejected: (
+        ("group_id", _ID), ("rollout_id", Optional(_ID)), ("attempt", Optional(_COUNT)),
+        ("reason", Str(nonempty=True)), ("error_type", Str(nonempty=True)), ("source_topic", _TOPIC),
+        ("source_partition", _COUNT), ("source_offset", _COUNT), ("consumer_id", _ID), ("created_at", _TIME),
+    ),
     StaleRollout: (
         ("rollout_id", _ID), ("prompt_id", _PROMPT_ID), ("epoch", _COUNT), ("group_id", _ID),
         ("reason", Str(nonempty=True)), ("lag", _COUNT), ("max_lag", _COUNT), ("trainer_version", _COUNT),
@@ -274,9 +281,20 @@ def _chunk_rule(msg: WeightsChunk) -> None:
 def _stale_rule(msg: StaleRollout) -> None:
     _require_group_id(msg)
     prefix = f"{msg.group_id}:"
-    suffix = msg.rollout_id[len(prefix):]
-    if not (msg.rollout_id.startswith(prefix) and suffix.isascii() and suffix.isdigit()
-            and str(int(suffix)) == suffix):
+    if not (msg.rollout_id.startswith(prefix) and is_decimal(msg.rollout_id[len(prefix):])):
+        raise SchemaError("rollout_id", f"must be rollout_id_for(prompt_id, epoch, i) = {prefix}<i>, "
+                                        f"got {msg.rollout_id!r}")
+
+
+def _member_rejected_rule(msg: MemberRejected) -> None:
+    if not is_group_id(msg.group_id):
+        raise SchemaError("group_id", f"must be group_id_for(prompt_id, epoch) = <prompt_id>:<epoch>, got "
+                                      f"{msg.group_id!r:.80}")
+    if (msg.rollout_id is None) != (msg.attempt is None):
+        raise SchemaError("attempt", "rollout_id and attempt are both set (a decoded rollout) or both nil")
+    prefix = f"{msg.group_id}:"
+    if msg.rollout_id is not None and not (msg.rollout_id.startswith(prefix)
+                                           and is_decimal(msg.rollout_id[len(prefix):])):
         raise SchemaError("rollout_id", f"must be rollout_id_for(prompt_id, epoch, i) = {prefix}<i>, "
                                         f"got {msg.rollout_id!r}")
 
@@ -307,6 +325,6 @@ def _no_rule(msg: Message) -> None:
 RULES: dict[type[Message], Callable[[Any], None]] = {
     Prompt: _no_rule, Rollout: _rollout_rule, ScoredRollout: _scored_rule, WeightsManifest: _manifest_rule,
     WeightsChunk: _chunk_rule, DeadLetter: _dead_letter_rule, StaleRollout: _stale_rule, Heartbeat: _no_rule,
-    Alert: _no_rule,
+    Alert: _no_rule, MemberRejected: _member_rejected_rule,
 }
 """Cross-field rule by message class, run after every field passed its own checks."""

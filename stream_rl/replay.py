@@ -48,6 +48,7 @@ CONTENT_FIELDS: dict[str, dict[str, str]] = {
     "rollout": _ROLLOUT,
     "scored_rollout": {"rollout": ROLLOUT},
     "stale_rollout": {"rollout_id": ID, "prompt_id": ID, "group_id": ID},
+    "member_rejected": {"rollout_id": ID, "group_id": ID, "reason": QUOTED},
     "dead_letter": {"raw_value": BYTES, "raw_key": BYTES, "reason": QUOTED},
     "weights_chunk": {"data": BYTES},
     "weights_manifest": {}, "heartbeat": {}, "alert": {},

@@ -23,7 +23,7 @@ from consumers.scorer.loop import run_scorer
 from consumers.scorer.reference import ReferenceLogprobs
 from consumers.scorer.step import Scoring
 from consumers.scorer.builtin_rewards import exact_match
-from schemas import DeadLetter, SchemaError, decode, encode
+from schemas import DeadLetter, SchemaError, decode, encode, message_kind
 from stream_rl.cli.main import app
 from stream_rl.tracing import Tracing
 from stream_rl.transport.client import Transport
@@ -175,19 +175,21 @@ def test_oversized_null_invalid_and_unscorable_records_are_dead_lettered_and_the
     bad_token = make_rollout(7, response_ids=(3, VOCAB))  # a token id equal to the vocabulary size
     too_long = make_rollout(8, prompt_ids=tuple(range(1, 31)), response_ids=(3, 4, 5))  # > 32 positions
     send_rollouts(t, [bad_token, too_long] + good)                                              # 3, 4, 5..8
+    sink.send_raw(t.names.rollouts, b"\xc1 keyed by its group", key=b"p9:0")                   # 9
+    sink.flush()
     stop, box = threading.Event(), {}
     thread = threading.Thread(target=lambda: box.update(stats=run_scorer(
         cfg, stop, scorer_cfg=ScorerConfig(batch_size=4, poll_timeout_s=0.3), scoring=reference_scoring())))
     thread.start()
     try:
-        wait_for(lambda: len(read_records(t, t.names.scored)) >= 4 and len(read_records(t, t.names.dlq)) >= 5,
-                 60, "4 scored and 5 dead letters")
+        wait_for(lambda: len(read_records(t, t.names.scored)) >= 7 and len(read_records(t, t.names.dlq)) >= 6,
+                 60, "4 scored, 3 member_rejected and 6 dead letters")
     finally:
         stop.set()
         thread.join(30)
     assert box["stats"].scored == 4 and box["stats"].rejected == 2
     dlq = {d.value.source_offset: d for d in read_records(t, t.names.dlq, "dead_letter")}
-    assert sorted(dlq) == [0, 1, 2, 3, 4]
+    assert sorted(dlq) == [0, 1, 2, 3, 4, 9]
     source = {r.offset: r for r in read_records(t, t.names.rollouts)}
     assert trace_id(dlq[0].headers) == trace_id(source[0].headers)  # continues the rejected record's trace
     assert dlq[0].value.raw_value == b"\xc1 traced garbage" and dlq[0].value.raw_size == 16
@@ -199,4 +201,13 @@ def test_oversized_null_invalid_and_unscorable_records_are_dead_lettered_and_the
     assert trace_id(dlq[3].headers) == trace_id(source[3].headers)
     scored = read_records(t, t.names.scored, "scored_rollout")
     assert sorted(s.value.rollout_id for s in scored) == sorted(r.rollout_id for r in good)
+    # every rejected rollout that names its group is announced on scored, keyed by the group (none for "junk")
+    notices = [r for r in read_records(t, t.names.scored) if message_kind(r.value) == "member_rejected"]
+    got = {(r.key, (n := decode(r.value, "member_rejected")).rollout_id, n.attempt, n.source_offset, n.error_type)
+           for r in notices}
+    assert got == {(bad_token.group_id.encode(), bad_token.rollout_id, 0, 3, "ValueError"),
+                   (too_long.group_id.encode(), too_long.rollout_id, 0, 4, "ValueError"),
+                   (b"p9:0", None, None, 9, "SchemaError")}
+    assert all(decode(r.value, "member_rejected").reason == dlq[decode(r.value).source_offset].value.reason
+               for r in notices)
     assert all(np.isfinite(s.value.ref_logprobs).all() for s in scored)

@@ -12,7 +12,7 @@ import pytest
 
 from schemas import (
     Alert, Heartbeat,
-    ID_PATTERN, MESSAGE_TYPES, DeadLetter, Prompt, Rollout, SchemaError, ScoredRollout, StaleRollout, TensorEntry,
+    ID_PATTERN, MESSAGE_TYPES, DeadLetter, MemberRejected, Prompt, Rollout, SchemaError, ScoredRollout, StaleRollout, TensorEntry,
     WeightsChunk, WeightsManifest, chunk_count_for, decode, decode_array, encode, encode_array, group_id_for,
     message_kind, rollout_id_for, to_jsonable, validate, wire_dtype,
 )
@@ -84,6 +84,29 @@ def make_stale() -> StaleRollout:
                         trainer_version=9, requeued=True, created_at=1.7e9)
 
 
+def make_member_rejected() -> MemberRejected:
+    return MemberRejected(group_id=group_id_for("p0", 1), rollout_id=rollout_id_for("p0", 1, 2), attempt=1,
+                          reason="reference model cannot score this rollout: token id 99", error_type="ValueError",
+                          source_topic="stream-rl.run1.rollouts", source_partition=2, source_offset=41,
+                          consumer_id="scorer-1", created_at=1.7e9)
+
+
+def test_member_rejected_names_a_group_and_its_rollout_or_only_the_group():
+    import dataclasses as dc
+    undecoded = dc.replace(make_member_rejected(), rollout_id=None, attempt=None)
+    assert decode(encode(undecoded)) == undecoded  # a record that did not decode: its key names the group
+    for bad, field, says in (
+            (dc.replace(make_member_rejected(), group_id="p0"), "member_rejected.group_id", "<prompt_id>:<epoch>"),
+            (dc.replace(make_member_rejected(), group_id="p0:01"), "member_rejected.group_id", "<epoch>"),
+            (dc.replace(make_member_rejected(), attempt=None), "member_rejected.attempt", "both set"),
+            (dc.replace(undecoded, attempt=0), "member_rejected.attempt", "both nil"),
+            (dc.replace(make_member_rejected(), rollout_id="p1:1:2"), "member_rejected.rollout_id", "p0:1:<i>"),
+            (dc.replace(make_member_rejected(), reason=""), "member_rejected.reason", "")):
+        with pytest.raises(SchemaError, match=field.replace(".", r"\.")) as info:
+            encode(bad)
+        assert says in str(info.value)
+
+
 def make_heartbeat() -> Heartbeat:
     return Heartbeat(role="trainer", instance_id="trainer-1a2b3c4d", host="node-1", pid=4242, state="ready",
                      policy_version=7, step=14, rates={"records_in": 12.5, "tokens": 880.0},
@@ -100,7 +123,7 @@ def make_alert() -> Alert:
 MAKERS = {"prompt": make_prompt, "rollout": make_rollout, "scored_rollout": make_scored,
           "weights_manifest": lambda: make_manifest()[1], "weights_chunk": make_chunk,
           "dead_letter": make_dead_letter, "stale_rollout": make_stale, "heartbeat": make_heartbeat,
-          "alert": make_alert}
+          "alert": make_alert, "member_rejected": make_member_rejected}
 
 
 def test_heartbeat_and_alert_reject_unknown_role_state_and_action():

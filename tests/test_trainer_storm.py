@@ -25,10 +25,10 @@ from consumers.trainer.history import log_requeues, read_requeues
 from consumers.trainer.ledger import Ledger, split_rollout_id
 from consumers.trainer.loop import trainer_group
 from consumers.trainer.positions import OffsetLossError, check_offset
-from schemas import rollout_id_for
+from schemas import MemberRejected, rollout_id_for
 from stream_rl.transport.client import Transport
 from test_trainer_loop import finish, metric_rows, model_dir, start  # noqa: F401  (model_dir is a fixture)
-from test_trainer_batcher import TOPIC, rec
+from test_trainer_batcher import TOPIC, Rec, rec
 from test_trainer_support import scored, wait_for
 from topic_read import committed, read_values
 
@@ -79,6 +79,50 @@ def test_a_dead_lettered_member_drops_its_group_at_once_and_frees_the_safe_offse
     (first,) = b.reject(rec(5, 2, 0), 0, "bad")  # the group's first member: re-queued with nothing buffered
     assert first.stale == [] and first.requeue.prompt_id == "p2"
     assert b.counters["rejected"] == 3 and b.counters["requeued"] == 2 and b.buffered_groups == 1
+
+
+def test_a_member_dead_lettered_upstream_drops_its_group_at_once_or_when_its_first_member_arrives():
+    """A scorer's MemberRejected (or the trainer's own edge) names a group whose member never arrives."""
+    b = Batcher(max_lag=2)
+    b.add(rec(0, 0, 0, group_size=3), 0)
+    notice = Rec(TOPIC, 0, 1, None)  # the notice's own record: its offset counts as seen
+    (drop,) = b.reject_member("p0:0", 0, "p0:0:1 by scorer-1 (ValueError): token id 99", 0, at=notice)
+    assert [s.rollout_id for s in drop.stale] == [rollout_id_for("p0", 0, 0)] and drop.stale[0].requeued
+    assert "a member was dead-lettered: p0:0:1 by scorer-1" in drop.reason and drop.requeue.attempt == 1
+    assert b.safe_offsets() == {(TOPIC, 0): 2} and b.buffered_groups == 0
+    assert b.reject_member("p0:0", 0, "again", 0) == []  # a repeated notice (a scorer re-ran): nothing more
+    assert b.reject_member("p0:0", None, "undecodable, keyed p0:0", 0) == []  # attempt unknown, group dropped
+    # rejected before any member arrived: the first member of that attempt drops it, with nothing to wait for
+    assert b.reject_member("p1:0", 1, "bad", 0) == []
+    assert b.add(rec(2, 1, 0), 0) == []  # attempt 0 is not the rejected one: it is kept
+    (late,) = b.add(rec(3, 1, 1, attempt=1), 0)
+    assert [s.rollout_id for s in late.stale] == [rollout_id_for("p1", 0, 0), rollout_id_for("p1", 0, 1)]
+    assert late.requeue.attempt == 2  # the group's highest attempt + 1
+    # attempt unknown (an undecodable record keyed by its group id): the next member to arrive drops it
+    assert b.reject_member("p2:0", None, "not msgpack", 0) == []
+    (undecoded,) = b.add(rec(4, 2, 1), 0)
+    assert "a member was dead-lettered: not msgpack" in undecoded.reason and undecoded.requeue.attempt == 1
+    assert b.add(rec(5, 2, 0, attempt=1), 0) == []  # the regenerated attempt is unaffected
+    # a group already trained, or already whole, is never dropped by a late notice
+    b.add(rec(6, 3, 0), 0)
+    b.add(rec(7, 3, 1), 0)
+    assert b.reject_member("p3:0", 0, "late", 0) == [] and b.ready_groups == 1
+    b.mark_trained(b.take(1))
+    assert b.reject_member("p3:0", None, "later", 0) == [] and b.reject_member("p3:0", 0, "later", 0) == []
+    assert b.add(rec(8, 3, 0), 0) == [] and b.counters["duplicates"] == 1
+
+
+def test_groups_rejected_before_any_member_arrived_are_remembered_up_to_a_bound(monkeypatch):
+    import consumers.trainer.batcher as batcher_mod
+
+    monkeypatch.setattr(batcher_mod, "MAX_DOOMED", 2)
+    b = Batcher(max_lag=2)
+    for p in range(3):
+        b.reject_member(f"p{p}:0", 0, "bad", 0)
+    assert b.add(rec(0, 0, 0), 0) == []  # the oldest was forgotten: p0 only waits to go stale
+    assert len(b.add(rec(1, 1, 0), 0)) == 1 and len(b.add(rec(2, 2, 0), 0)) == 1
+    b.see(Rec(TOPIC, 1, 7, None))  # a record the edge dead-lettered that names no group: passed, never held
+    assert b.safe_offsets() == {(TOPIC, 0): 0, (TOPIC, 1): 8}
 
 
 def test_groups_of_a_skipped_step_are_not_trained_and_are_requeued():
@@ -231,6 +275,46 @@ def test_records_the_model_cannot_take_are_dead_lettered_and_their_groups_do_not
     assert ckpt.offsets == {(transport.names.scored, 0): 9}  # nothing pinned by the dropped groups
     assert [line["rollout_ids"] for line in trained_lines(cfg)] == [
         [rollout_id_for("p1", 0, s) for s in range(2)], [rollout_id_for("p4", 0, s) for s in range(2)]]
+    sink.close()
+
+
+def _notice(group_id: str, offset: int, rollout_id: str | None = None) -> MemberRejected:
+    return MemberRejected(group_id=group_id, rollout_id=rollout_id, attempt=None if rollout_id is None else 0,
+                          reason="reference model cannot score this rollout", error_type="ValueError",
+                          source_topic="stream-rl.t.rollouts", source_partition=0, source_offset=offset,
+                          consumer_id="scorer-1")
+
+
+@pytest.mark.broker
+def test_groups_whose_members_were_dead_lettered_upstream_are_dropped_at_once_and_pin_nothing(make_config,
+                                                                                              model_dir):
+    """Issue 12: a scorer's MemberRejected and a record the trainer's edge cannot decode (keyed by its group)
+    drop the group at once; without that, the first one would pin offset 0 until it went stale, and the
+    checkpoint after the one trainable group would stay there."""
+    cfg = storm_config(make_config, model_dir, **{"trainer.max_steps": 1, "trainer.checkpoint_every": 100})
+    transport = Transport(cfg, "test")
+    transport.ensure_topics()
+    sink = transport.sink()
+    send(transport, sink, [group(5)[0], _notice("p5:0", 11, rollout_id_for("p5", 0, 1)),  # 0, 1: p5 dropped
+                           _notice("p6:0", 12), *group(6)])  # 2: before any member; 3: p6 dropped, 4: superseded
+    sink.send_raw(transport.names.scored, b"\xc1 not msgpack", key=b"p7:0")  # 5: the edge dead-letters it
+    send(transport, sink, [group(7)[1], *group(1)])  # 6: p7 dropped; 7, 8: p1 trained at step 1
+    finish(*start(cfg))
+
+    stale = read_values(transport, transport.names.stale, "stale_rollout")
+    assert [(s.rollout_id, s.requeued) for s in stale] == [
+        (rollout_id_for("p5", 0, 0), True), (rollout_id_for("p6", 0, 0), True), (rollout_id_for("p6", 0, 1), False),
+        (rollout_id_for("p7", 0, 1), True)]
+    assert "a member was dead-lettered: p5:0:1 by scorer-1 (ValueError): reference model" in stale[0].reason
+    assert "a member was dead-lettered: a rollout by scorer-1" in stale[1].reason
+    assert "a member was dead-lettered: invalid message: not valid msgpack" in stale[3].reason
+    prompts = read_values(transport, transport.names.prompts, "prompt")
+    assert sorted((p.prompt_id, p.attempt) for p in prompts) == [("p5", 1), ("p6", 1), ("p7", 1)]
+    assert [(d.source_offset, d.error_type) for d in read_values(transport, transport.names.dlq, "dead_letter")] \
+        == [(5, "SchemaError")]
+    assert [line["rollout_ids"] for line in trained_lines(cfg)] == [[rollout_id_for("p1", 0, s) for s in range(2)]]
+    ckpt = load_checkpoint(latest_checkpoint(Path(cfg.run_dir) / "checkpoints"))
+    assert ckpt.offsets == {(transport.names.scored, 0): 9}  # nothing pinned by the dropped groups
     sink.close()
 
 

@@ -7,20 +7,35 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from schemas import Heartbeat, decode
+from schemas import Heartbeat, SchemaError, decode, message_kind
 from stream_rl.transport.client import partitions_of, read_range
 
 
 def read_records(transport, topic: str, kind: str | None = None) -> list[SimpleNamespace]:
     """Every record of ``topic`` (a full name) up to its high-water marks, partition by partition, as
-    ``(partition, offset, key, headers, value)``; ``value`` decoded as ``kind``, or the raw bytes when None."""
+    ``(partition, offset, key, headers, value)``; ``value`` decoded as ``kind``, or the raw bytes when None.
+    With ``kind``, records of another kind that shares the topic (``SHARED``) are left out; any other record
+    must decode as ``kind``."""
     reader = transport.reader()
     try:
         return [SimpleNamespace(partition=rec.partition, offset=rec.offset, key=rec.key, headers=rec.headers,
                                 value=rec.value if kind is None else decode(rec.value, kind))
-                for tp in partitions_of(reader, topic) for rec in read_range(reader, tp, 0, None)]
+                for tp in partitions_of(reader, topic) for rec in read_range(reader, tp, 0, None)
+                if kind is None or _kind_or_none(rec.value) not in SHARED.get(kind, ())]
     finally:
         reader.close()
+
+
+SHARED = {"scored_rollout": ("member_rejected",)}
+"""Kinds written to the same topic as another (docs/wire-format.md): scorers write ``member_rejected`` notices
+on the scored topic."""
+
+
+def _kind_or_none(value: bytes | None) -> str | None:
+    try:
+        return message_kind(value)
+    except SchemaError:
+        return None
 
 
 def read_values(transport, topic: str, kind: str) -> list:

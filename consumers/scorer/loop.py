@@ -3,7 +3,9 @@
 Consumes: ``Rollout`` records from ``names.rollouts`` in the consumer group ``{prefix}.{run}.scorers``.
 Produces: ``ScoredRollout`` records on ``names.scored`` keyed by ``group_id`` (a GRPO group stays on one
 partition); ``DeadLetter`` records on ``names.dlq`` for rollouts that cannot be scored (reason and source offset)
-and, through the transport, for records that do not decode as rollouts.
+and, through the transport, for records that do not decode as rollouts; for each dead-lettered rollout that names
+its group (decoded, or keyed by a well-formed group id), a ``MemberRejected`` on ``names.scored`` keyed by that
+``group_id``, so the trainer drops the group at once (it can never complete).
 
 One iteration::
 
@@ -44,11 +46,13 @@ from dataclasses import dataclass
 
 from consumers.scorer.config import ScorerConfig
 from consumers.scorer.step import Rejected, Scoring, batch_metrics, load_scoring, score_rollouts
+from schemas import MemberRejected
 from stream_rl.config import StreamRLConfig
 from stream_rl.telemetry.role import RoleTelemetry
 from stream_rl.tracing import Tracing
 from stream_rl.transport import Consumed, Sink, Source
 from stream_rl.transport.client import Transport
+from stream_rl.transport.rejections import member_rejected, notice_of
 from stream_rl.transport.topics import TopicNames
 
 log = logging.getLogger(__name__)
@@ -91,6 +95,7 @@ def run_scorer(cfg: StreamRLConfig, stop_event: threading.Event | None = None, m
     _ensure_run_topics(transport)
     sink = transport.sink()
     source = transport.source([transport.names.rollouts], scorer_group(cfg), "rollout", sink)
+    source.rejections = []  # every edge dead letter: its group gets a MemberRejected on the scored topic
     telemetry = RoleTelemetry(cfg, "scorer", transport, group=scorer_group(cfg), topics=[transport.names.rollouts])
     telemetry.attach(source, sink).set_ready(model_loaded=True, version=0)  # scores do not depend on the policy
     stats = ScorerStats()
@@ -103,9 +108,10 @@ def run_scorer(cfg: StreamRLConfig, stop_event: threading.Event | None = None, m
             source.paused = telemetry.paused
             dead_before = source.dead_lettered
             records = source.poll(scfg.poll_timeout_s, max_records=scfg.batch_size)
+            _send_notices(source, sink, transport.names.scored, transport.instance_id)
             if records:
                 started = time.monotonic()
-                _score_and_send(records, source, sink, transport.names.scored, scoring, stats)
+                _score_and_send(records, source, sink, transport.names.scored, scoring, stats, transport.instance_id)
                 telemetry.observe_seconds("score", time.monotonic() - started)
                 telemetry.tokens(sum(r.value.response_length for r in records))
             if records or source.dead_lettered > dead_before:  # a batch of dead letters only is a batch too
@@ -146,15 +152,32 @@ def _ensure_run_topics(transport: Transport) -> None:
 
 
 def _score_and_send(records: Sequence[Consumed], source: Source, sink: Sink, scored_topic: str,
-                    scoring: Scoring, stats: ScorerStats) -> None:
+                    scoring: Scoring, stats: ScorerStats, consumer_id: str) -> None:
     with source.process_span("score-batch", records, {"stream_rl.batch_size": len(records)}):
         outputs = score_rollouts([record.value for record in records], scoring)
     for record, result in zip(records, outputs, strict=True):
         with source.process_span("score", [record]):  # child of this rollout's trace
             if isinstance(result, Rejected):
                 source.dead_letter_record(record, result.reason, result.error_type)
+                _send_notice(sink, scored_topic, member_rejected(
+                    record.value, record.key, topic=record.topic, partition=record.partition, offset=record.offset,
+                    reason=result.reason, error_type=result.error_type, consumer_id=consumer_id))
                 stats.rejected += 1
             else:
                 sink.send(scored_topic, result, key=result.group_id)
                 stats.scored += 1
     log.info("scorer batch %s", json.dumps(batch_metrics(outputs), sort_keys=True))
+
+
+def _send_notices(source: Source, sink: Sink, scored_topic: str, consumer_id: str) -> None:
+    """A MemberRejected for every rollout the edge dead-lettered in the last poll that names its group."""
+    rejections, source.rejections = source.rejections or [], []
+    for rejection in rejections:
+        _send_notice(sink, scored_topic, notice_of(rejection, consumer_id))
+
+
+def _send_notice(sink: Sink, scored_topic: str, notice: MemberRejected | None) -> None:
+    """Publish ``notice`` next to its group's scored members (key ``group_id``), so that the trainer drops the
+    group at once instead of waiting for it to go stale."""
+    if notice is not None:
+        sink.send(scored_topic, notice, key=notice.group_id)

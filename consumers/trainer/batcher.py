@@ -19,7 +19,9 @@ Guarantees (pure: no Kafka, no clock, no I/O):
   rollout claiming a version newer than the trainer's (weights lost in a crash) is stale with lag 0.
 - Other group drops work the same way (stale records with the reason, one re-queue, later members superseded):
   a member rejected by the trainer's admission check (:meth:`Batcher.reject`; the loop dead-letters the member
-  itself) drops its group at once instead of letting it pin the partition's safe offset, and the groups of a
+  itself), or dead-lettered before it got here (:meth:`Batcher.reject_member`: a scorer's ``MemberRejected``
+  notice, the trainer's own transport edge), drops its group at once instead of letting it pin the partition's
+  safe offset (with no member buffered yet, the first one of that attempt to arrive drops it), and the groups of a
   step whose update was skipped (:meth:`Batcher.drop_skipped`) are dropped instead of being marked trained.
 - Re-queue cap: a (prompt, epoch) is re-queued at most ``max_requeues`` times (attempts 1..max_requeues); a
   group of the last attempt that is dropped gets ``StaleRollout(requeued=False)`` with a reason saying so.
@@ -51,13 +53,15 @@ from stream_rl.algorithms import policy_lag
 
 TopicPartition = tuple[str, int]
 NO_JUMPS = Lineage()
+MAX_DOOMED = 10_000
+"""Groups remembered as rejected before any member arrived; beyond it the oldest is forgotten (and would only
+wait to go stale)."""
 
 
 class RecordLike(Protocol):
     topic: str
     partition: int
     offset: int
-    value: Any
 
 
 @dataclass
@@ -125,6 +129,7 @@ class Batcher:
         self._held: dict[TopicPartition, set[int]] = {}  # offsets of held records, per partition
         self._held_ids: set[str] = set()  # rollout ids buffered, ready or in training
         self._last_seen: dict[TopicPartition, int] = {}
+        self._doomed: dict[str, tuple[int | None, str]] = {}  # group id -> (attempt, reason): no member yet
         self.counters = {"received": 0, "duplicates": 0, "stale": 0, "superseded": 0, "requeued": 0,
                          "trained": 0, "rejected": 0, "skipped": 0, "not_requeued": 0}
 
@@ -150,6 +155,9 @@ class Batcher:
         group.records[rid] = record
         self._held.setdefault((record.topic, record.partition), set()).add(record.offset)
         self._held_ids.add(rid)
+        doomed = self._doomed_reason(gid, attempt)
+        if doomed is not None:
+            return [self._drop_group(group, current_version, doomed)]
         if lag > self.max_lag or lag < 0:
             return [self._drop_group(group, current_version, self._lag_reason(current_version, rid, lag))]
         if group.complete:
@@ -175,6 +183,45 @@ class Batcher:
         group = self._buffering.get(gid) or Group(gid, scored.rollout.group_size)
         return [self._drop_group(group, current_version, f"member {rid} was dead-lettered: {reason}",
                                  source=scored)]
+
+    def reject_member(self, group_id: str, attempt: int | None, reason: str, current_version: int,
+                      at: RecordLike | None = None) -> list[StaleDrop]:
+        """A member of ``group_id`` (of ``attempt``; None: unknown) was dead-lettered before it reached this
+        batcher (a scorer's ``MemberRejected``, or the trainer's own transport edge; ``at``: the record that said
+        so, whose offset counts as seen). The group can never complete: its buffered members are dropped at once
+        with ``reason`` and the prompt re-queued, or, with none buffered yet, the first member of that attempt
+        to arrive drops it. A group already trained, whole, or dropped at that attempt (attempt unknown: at any
+        attempt) is left alone, so a repeated rejection changes nothing."""
+        if at is not None:
+            self._see(at)
+        self.counters["rejected"] += 1
+        prompt_id, epoch = group_id.rsplit(":", 1)
+        if self.ledger.trained(prompt_id, int(epoch)):
+            return []
+        if group_id in self.requeued and (attempt is None or attempt <= self.requeued[group_id]):
+            return []
+        if any(g.group_id == group_id for g in (*self._ready, *self._in_flight)):
+            return []
+        group = self._buffering.get(group_id)
+        if group is None:
+            self._doomed[group_id] = (attempt, reason)
+            while len(self._doomed) > MAX_DOOMED:  # oldest first: a group that never arrives is forgotten
+                del self._doomed[next(iter(self._doomed))]
+            return []
+        buffered = max(r.value.rollout.attempt for r in group.records.values())
+        if attempt is not None and attempt < buffered:
+            return []  # a rejection of an older attempt than the one buffered
+        return [self._drop_group(group, current_version, f"a member was dead-lettered: {reason}")]
+
+    def _doomed_reason(self, group_id: str, attempt: int) -> str | None:
+        """The drop reason when a member of ``group_id`` of ``attempt`` was rejected before any arrived."""
+        doomed = self._doomed.get(group_id)
+        if doomed is None or (doomed[0] is not None and doomed[0] > attempt):
+            return None
+        del self._doomed[group_id]
+        if doomed[0] is not None and doomed[0] < attempt:
+            return None  # it rejected an older attempt: this one can still complete
+        return f"a member was dead-lettered: {doomed[1]}"
 
     def note_requeued(self, group_id: str, attempt: int) -> None:
         """Remember that attempt ``attempt`` of ``group_id`` was dropped and its prompt re-queued (by a previous
@@ -221,6 +268,7 @@ class Batcher:
             first = next(iter(group.records.values())).value.rollout
             self.ledger.add(first.prompt_id, first.epoch)
             self.requeued.pop(group.group_id, None)  # its members are duplicates now, whatever their attempt
+            self._doomed.pop(group.group_id, None)
             for record in group.records.values():
                 self._release(record)
             self.counters["trained"] += len(group.records)
@@ -274,6 +322,11 @@ class Batcher:
 
     def _trained(self, scored: ScoredRollout) -> bool:
         return self.ledger.trained(scored.rollout.prompt_id, scored.rollout.epoch)
+
+    def see(self, record: RecordLike) -> None:
+        """Count ``record``'s offset as seen without taking it (the loop dead-lettered it, and it names no
+        group): safe offsets move past it."""
+        self._see(record)
 
     def _see(self, record: RecordLike) -> None:
         tp = (record.topic, record.partition)

@@ -1,7 +1,8 @@
 """``stream-rl train``: the trainer role's loop, a thin shell around the batcher and :func:`train_step`.
 
 Consumes: ``ScoredRollout`` records from every partition of ``names.scored``, assigned explicitly (no group
-membership; the group ``{prefix}.{run}.trainer`` only holds the committed offsets that tools read).
+membership; the group ``{prefix}.{run}.trainer`` only holds the committed offsets that tools read), and the
+``MemberRejected`` notices scorers write there for rollouts they dead-lettered.
 Produces: ``StaleRollout`` records on ``names.stale`` (key ``group_id``) and re-queued ``Prompt`` records on
 ``names.prompts`` (key ``prompt_id``); dead letters on ``names.dlq`` for records the model cannot take;
 policy versions through :class:`~stream_rl.weights.WeightsPublisher`
@@ -33,7 +34,8 @@ Guarantees:
   letter below them is on the broker.
 - Nothing the model cannot take reaches ``train_step`` (:mod:`~consumers.trainer.admit`): such a record is
   dead-lettered with the reason and the role continues; its group is dropped at once (stale + re-queue), so it
-  never pins its partition's safe offset.
+  never pins its partition's safe offset. So is a group a scorer's ``MemberRejected`` names, or one named by a
+  record the transport edge dead-lettered here (undecodable, keyed by its group id).
 - A step that applied no update (non-finite loss or gradient norm) trains nothing: its rollouts stay out of the
   ledger and ``trained.jsonl``, go to the stale topic with the reason, and their prompts are re-queued; its
   metrics row is written (the ``loss_nonfinite`` alert sees it).
@@ -82,9 +84,11 @@ from consumers.trainer.replica import checkpoint_root, restore, run_follower, st
 from consumers.trainer.rollout_metrics import rollout_metrics
 from consumers.trainer.step import TrainState, skip_reason, train_step
 from consumers.trainer.tensors import build_batch
+from schemas import MemberRejected
 from stream_rl import failpoints
 from stream_rl.alerts.monitor import AlertStop
 from stream_rl.telemetry.role import RoleTelemetry
+from stream_rl.transport.rejections import group_of
 from stream_rl.transport.topics import TopicNames
 
 log = logging.getLogger(__name__)
@@ -137,7 +141,9 @@ class Trainer:
         self.publisher = WeightsPublisher(self.transport, self.sink, cfg.weights, self.transport.instance_id)
         if resume:
             self._reconcile_version()
-        self.source = assigned_source(self.transport, trainer_group(cfg), "scored_rollout", self.sink)
+        self.source = assigned_source(self.transport, trainer_group(cfg), ("scored_rollout", "member_rejected"),
+                                      self.sink)
+        self.source.rejections = []  # what the edge dead-letters: offsets seen, groups named are dropped
         self.start = self._position(ckpt.offsets if ckpt else {})
         self.telemetry.attach(self.source, self.sink)
         self.telemetry.set_ready(model_loaded=True, version=self.state.version)
@@ -193,6 +199,7 @@ class Trainer:
             self.source.paused = self.telemetry.paused
             for record in self.source.poll(self.tcfg.poll_timeout_s):
                 self._send_drops(self._admit(record), record.headers)  # drops continue the record's trace
+            self._send_drops(self._edge_rejections())
             groups = self.batcher.take(self.tcfg.groups_per_step)
             if groups is None:
                 if self.sink.pending:
@@ -205,11 +212,30 @@ class Trainer:
     def _admit(self, record) -> list[StaleDrop]:
         """Check ``record`` against the model (:mod:`consumers.trainer.admit`): into the batcher, or dead-lettered
         with the reason and its group dropped at once (it could never complete)."""
+        if isinstance(record.value, MemberRejected):  # a scorer dead-lettered a member of this group
+            notice = record.value
+            return self.batcher.reject_member(
+                notice.group_id, notice.attempt, f"{notice.rollout_id or 'a rollout'} by {notice.consumer_id} "
+                f"({notice.error_type}): {notice.reason}", self.state.version, at=record)
         rejection = check_scored(record.value, self.limits)
         if rejection is None:
             return self.batcher.add(record, self.state.version)
         self.source.dead_letter_record(record, rejection.reason, rejection.error_type)
         return self.batcher.reject(record, self.state.version, rejection.reason)
+
+    def _edge_rejections(self) -> list[StaleDrop]:
+        """The records the transport edge dead-lettered in the last poll: each counts as seen (safe offsets move
+        past it), and a group one names (decoded, or keyed by a group id) is dropped (it can never complete)."""
+        rejections, self.source.rejections = self.source.rejections, []
+        drops = []
+        for rejection in rejections:
+            named = group_of(rejection.value, rejection.key)
+            if named is None:
+                self.batcher.see(rejection)
+                continue
+            drops += self.batcher.reject_member(named.group_id, named.attempt, rejection.reason,
+                                                self.state.version, at=rejection)
+        return drops
 
     def _finished(self) -> bool:
         return self.tcfg.max_steps is not None and self.state.step >= self.tcfg.max_steps

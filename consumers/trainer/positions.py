@@ -85,7 +85,7 @@ def assign_and_position(consumer, reader, topic: str, checkpoint: Mapping[Key, i
     return start
 
 
-def assigned_source(transport, group: str, kind: str, sink):
+def assigned_source(transport, group: str, kind: str | tuple[str, ...], sink):
     """The transport's :class:`~stream_rl.transport.edge.Source` on the scored topic, without its subscription
     (the caller assigns the partitions: :func:`assign_and_position`); ``group`` is used for commits only."""
     source = transport.source([transport.names.scored], group, kind, sink)

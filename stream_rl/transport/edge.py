@@ -32,7 +32,9 @@ Guarantees (the delivery contract every role loop relies on)::
   a member of a stable group that got nothing (more members than partitions) logs that once and idles.
 - ``paused`` (set by the loop while an alert with action ``pause`` fires) pauses every assigned partition, so
   ``poll`` returns nothing while the consumer stays in its group; clearing it resumes them.
-- An ``observer`` (the role's telemetry) is told of every record fetched, sent and dead-lettered.
+- An ``observer`` (the role's telemetry) is told of every record fetched, sent and dead-lettered; a role that
+  sets ``rejections`` to a list is handed every record the edge dead-lettered (:mod:`~stream_rl.transport.rejections`),
+  to name the group that can no longer complete.
 - A commit that loses a rebalance race is not an error: the records are redelivered to the partition's new
   owner (at-least-once), and consumers downstream drop duplicates by record id.
 """
@@ -49,6 +51,7 @@ from schemas import DeadLetter, SchemaError, decode, encode
 from stream_rl.tracing import Headers, Tracing, current_headers, extract_span_context
 from stream_rl.tracing_attrs import span_attributes
 from stream_rl.transport.membership import AssignmentWatch, close_consumer
+from stream_rl.transport.rejections import EdgeRejection
 from stream_rl.transport.settings import ClientProbe
 from stream_rl.transport.topics import TopicError
 from stream_rl.transport.unreadable import Unreadable, find_unreadable
@@ -213,6 +216,7 @@ class Source:
         self._next: dict[Any, int] = {}  # TopicPartition -> offset after the last record handed out
         self.dead_lettered = 0
         self.observer = None  # telemetry (records_in, dead_lettered); set by RoleTelemetry.attach
+        self.rejections: list | None = None  # a role that sets a list gets an EdgeRejection per edge dead letter
         self.paused = False  # while True, poll() fetches nothing (an alert's "pause"), group membership stays
         self.holds: Container = ()  # partitions a role holds paused on its own (the producer's epoch gate)
 
@@ -245,17 +249,22 @@ class Source:
                 try:
                     value = decode(rec.value, self._expected_kind)
                 except SchemaError as exc:
-                    self.dead_letter(rec.topic, rec.partition, rec.offset, rec.key, rec.value, str(exc),
-                                     "SchemaError", headers=headers)
+                    self._reject(rec, None, str(exc), "SchemaError", headers)
                     continue
                 problem = key_problem(value, rec.key) if self._expected_kind is not None else None
                 if problem is not None:
-                    self.dead_letter(rec.topic, rec.partition, rec.offset, rec.key, rec.value, problem,
-                                     "KeyError", headers=headers)
+                    self._reject(rec, value, problem, "KeyError", headers)
                     continue
                 out.append(Consumed(rec.topic, rec.partition, rec.offset, rec.key, value, headers,
                                     rec.timestamp, rec.value))
         return out
+
+    def _reject(self, rec, value: Any, reason: str, error_type: str, headers: Headers) -> None:
+        self.dead_letter(rec.topic, rec.partition, rec.offset, rec.key, rec.value, reason, error_type,
+                         headers=headers)
+        if self.rejections is not None:
+            self.rejections.append(EdgeRejection(rec.topic, rec.partition, rec.offset, rec.key, value, reason,
+                                                 error_type))
 
     def _skip_unreadable(self, where: Unreadable) -> None:
         """Dead-letter every offset of an unreadable batch and seek past it (committed with the next batch)."""
@@ -263,8 +272,11 @@ class Source:
         log.error("%s[%d] offsets %d..%d cannot be read by this client (%s): dead-lettered and skipped",
                   tp.topic, tp.partition, where.first, where.last, where.error_type)
         for offset in range(where.first, where.last + 1):
-            self.dead_letter(tp.topic, tp.partition, offset, None, None,
-                             f"{where.reason} (offsets {where.first}..{where.last})", where.error_type)
+            reason = f"{where.reason} (offsets {where.first}..{where.last})"
+            self.dead_letter(tp.topic, tp.partition, offset, None, None, reason, where.error_type)
+            if self.rejections is not None:
+                self.rejections.append(EdgeRejection(tp.topic, tp.partition, offset, None, None, reason,
+                                                     where.error_type))
         self._consumer.seek(tp, where.last + 1)
         self._next[tp] = where.last + 1
 
@@ -348,7 +360,8 @@ class Source:
         close_consumer(self._consumer, leave=self._leave_group)
 
 
-KEY_FIELDS = {"prompt": "prompt_id", "rollout": "group_id", "scored_rollout": "group_id"}
+KEY_FIELDS = {"prompt": "prompt_id", "rollout": "group_id", "scored_rollout": "group_id",
+              "member_rejected": "group_id"}
 """The documented record key of each kind that roles consume in groups (docs/wire-format.md): the key decides
 the partition (murmur2 of the key, as kafka-python and Apache Kafka's Java client place it), and a group must
 stay on one partition."""

@@ -22,7 +22,8 @@ TRANSPORT_FIGURES = {
 WEIGHTS_FIGURES = {
     *(f"0.25MB.{mode}_{part}" for mode in ("inline", "store") for part in ("s", "publish_s", "fetch_s", "vs_disk",
                                                                           "mb_s")),
-    "0.25MB.disk_s", "0.25MB.disk_save_s", "0.25MB.disk_load_s", "0.25MB.disk_mb_s",
+    "0.25MB.disk_s", "0.25MB.disk_save_s", "0.25MB.disk_load_s", "0.25MB.disk_mb_s", "0.25MB.fsync_s",
+    "0.25MB.sha256_pass_s",
 }
 
 

@@ -16,8 +16,8 @@ from stream_rl.config import load_config
 from stream_rl.transport.client import Transport, highwaters, partitions_of
 from stream_rl.weights import WeightsConfig
 from stream_rl.weights.payload import (
-    WeightsError, _load_checked, assemble, build_manifest, make_chunks, serialize, sha256_hex, split,
-    tensors_from_chunks, tensors_from_file,
+    WeightsError, _load_checked, assemble, build_manifest, make_chunks, prepare, save_store_file, serialize,
+    sha256_hex, split, tensors_from_chunks, tensors_from_store,
 )
 from stream_rl.weights.publisher import WeightsPublisher, choose_mode
 from stream_rl.weights.receiver import WeightsReceiver, path_from_uri
@@ -107,13 +107,42 @@ def test_a_republished_version_uses_the_last_copy_of_each_chunk():
         assemble(manifest, retry + first_try)
 
 
-def test_decode_round_trip_keeps_values_and_dtypes():
+def _file(tmp_path, data: bytes):
+    path = tmp_path / "v00000007.safetensors"
+    path.write_bytes(data)
+    return path
+
+
+def test_decode_round_trip_keeps_values_and_dtypes(tmp_path):
     state = mixed_state()
     payload = serialize(state)
     manifest = manifest_for(payload)
     assert_same_tensors(tensors_from_chunks(manifest, make_chunks(payload, 7, 40)), state)
     store_manifest = manifest_for(payload, store_uri="/w/v00000007.safetensors")
-    assert_same_tensors(tensors_from_file(store_manifest, payload.file_bytes), state)
+    assert_same_tensors(tensors_from_store(store_manifest, _file(tmp_path, payload.file_bytes)), state)
+
+
+def test_a_store_file_is_written_straight_to_disk_and_read_back_through_one_mapping(tmp_path):
+    """save_store_file gives the same file, index and digest as serialize; the tensors tensors_from_store returns
+    are copy-on-write views of the mapping it hashed: bit-exact, and writing to one never reaches the file."""
+    state = mixed_state()
+    payload = serialize(state)
+    path = tmp_path / "v.safetensors"
+    stored = save_store_file(prepare(state), path)
+    assert path.read_bytes() == payload.file_bytes
+    assert (stored.tensors, stored.total_bytes, stored.sha256) == (payload.tensors, payload.total_bytes,
+                                                                   payload.sha256)
+    manifest = manifest_for(payload, store_uri=path.as_uri())
+    tensors = tensors_from_store(manifest, path)
+    assert_same_tensors(tensors, state)
+    assert tensors["w.bf16"].view(torch.int16).equal(state["w.bf16"].view(torch.int16))  # bit for bit
+    tensors["w.f32"].add_(1.0)
+    assert path.read_bytes() == payload.file_bytes and tensors_from_store(manifest, path)["w.f32"].equal(
+        state["w.f32"])
+    path.unlink()  # a garbage-collected version: the tensors already handed out stay readable
+    assert tensors["w.bf16"].float().sum().isfinite()
+    with pytest.raises(WeightsError, match="weights v7: store file .* not found"):
+        tensors_from_store(manifest, path)
 
 
 def _flip(data: bytes, at: int) -> bytes:
@@ -140,24 +169,28 @@ def test_assemble_rejects_every_kind_of_bad_chunk_naming_the_version():
         assert str(err.value).startswith("weights v7: ") and err.value.version == 7
 
 
-def test_store_file_checks_header_and_data():
+def test_store_file_checks_header_and_data(tmp_path):
     payload = serialize(mixed_state())
     manifest = manifest_for(payload, store_uri="/w/v00000007.safetensors")
     with pytest.raises(WeightsError, match="weights v7: payload sha256"):
-        tensors_from_file(manifest, _flip(payload.file_bytes, len(payload.file_bytes) - 3))
+        tensors_from_store(manifest, _file(tmp_path, _flip(payload.file_bytes, len(payload.file_bytes) - 3)))
+    with pytest.raises(WeightsError, match="weights v7: store file: .*tensors cover"):  # cut short
+        tensors_from_store(manifest, _file(tmp_path, payload.file_bytes[:-1]))
     other = serialize({**mixed_state(), "w.f32": torch.randn(5, 6)})  # same names, different index
     with pytest.raises(WeightsError, match="weights v7: file index entry"):
-        tensors_from_file(manifest, other.file_bytes)
+        tensors_from_store(manifest, _file(tmp_path, other.file_bytes))
     with pytest.raises(WeightsError, match="weights v7: store file: .*too short"):
-        tensors_from_file(manifest, b"\x01")
+        tensors_from_store(manifest, _file(tmp_path, b"\x01"))
+    with pytest.raises(WeightsError, match="weights v7: store file: .*header length .* runs past the end"):
+        tensors_from_store(manifest, _file(tmp_path, payload.file_bytes[:12]))
 
 
-def test_decoded_tensors_must_match_the_index():
+def test_decoded_tensors_must_match_the_index(tmp_path):
     payload = serialize({"a": torch.ones(2, 2)})
     manifest = manifest_for(payload, store_uri="/w/v00000007.safetensors")
     lying = dataclasses.replace(manifest, tensors=[dataclasses.replace(manifest.tensors[0], dtype="I32")])
     with pytest.raises(WeightsError, match="weights v7: file index entry .*F32"):  # store: file header vs index
-        tensors_from_file(lying, payload.file_bytes)
+        tensors_from_store(lying, _file(tmp_path, payload.file_bytes))
     with pytest.raises(WeightsError, match=r"weights v7: tensor 'a' decoded as .*F32"):  # the last guard of both
         _load_checked(lying, payload.file_bytes)
 

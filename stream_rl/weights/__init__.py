@@ -2,8 +2,9 @@
 
 Consumes/produces: see :mod:`stream_rl.weights.publisher` (trainer side), :mod:`stream_rl.weights.receiver`
 (producer side), :mod:`stream_rl.weights.payload` (pure serialization and checks) and docs/weights.md.
-Guarantees: importing this package (e.g. for :class:`WeightsConfig`, which the root config embeds) loads neither
-torch nor kafka; the classes below are imported on first use.
+Guarantees: importing this package loads neither torch, kafka nor pydantic; every name below (the root config
+embeds :class:`WeightsConfig`) is imported on first use, so the pure payload module runs where only torch and
+safetensors exist (the GPU script).
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from stream_rl.weights.config import WeightsConfig
-
 _LAZY = {
+    "WeightsConfig": "stream_rl.weights.config",
     "WeightsPublisher": "stream_rl.weights.publisher",
     "choose_mode": "stream_rl.weights.publisher",
     "WeightsReceiver": "stream_rl.weights.receiver",
@@ -21,7 +21,7 @@ _LAZY = {
     "Payload": "stream_rl.weights.payload",
 }
 
-__all__ = ["WeightsConfig", *_LAZY]
+__all__ = [*_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -18,7 +18,10 @@ Layout (also in docs/weights.md and docs/wire-format.md)::
     store file        = the whole safetensors file, header included
 
 An inline receiver rebuilds the header from the manifest's tensor index and has safetensors decode header +
-payload; a store receiver parses the file's own header and requires it to equal the manifest's index.
+payload. The store side writes the file with ``safetensors.torch.save_file`` (streamed, no whole-file copy in
+memory) and hashes it once through a memory map; a store receiver maps the file (private, copy-on-write), parses
+its own header, requires it to equal the manifest's index, hashes the mapped data section once and returns
+tensors that are views of that mapping (no copy: what was hashed is what is used).
 
 Guarantees: every receiving-side check raises :class:`WeightsError` (``"weights v{N}: <problem>"``) before any
 tensor is returned, so a caller gets all verified tensors or an exception, never part of a version. Digests are
@@ -31,6 +34,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import mmap
+import os
 import struct
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -97,12 +102,59 @@ def serialize(state_dict: Mapping[str, torch.Tensor]) -> Payload:
     """
     import safetensors.torch
 
-    if not state_dict:
-        raise ValueError("cannot serialize an empty state dict")
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in state_dict.items()}
-    file_bytes = safetensors.torch.save(tensors)
+    file_bytes = safetensors.torch.save(prepare(state_dict))
     entries, data_start = parse_header(file_bytes)
     return Payload(file_bytes, data_start, entries, sha256_hex(memoryview(file_bytes)[data_start:]))
+
+
+def prepare(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state_dict``'s tensors detached, on the CPU and contiguous (a copy only where needed); ValueError when
+    it is empty."""
+    if not state_dict:
+        raise ValueError("cannot serialize an empty state dict")
+    return {name: t.detach().to("cpu").contiguous() for name, t in state_dict.items()}
+
+
+def payload_size(tensors: Mapping[str, torch.Tensor]) -> int:
+    """Bytes of the payload (data section) ``tensors`` make: the sum of their sizes."""
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+@dataclass(frozen=True)
+class StoredPayload:
+    """A payload written straight to a safetensors file: its index and digest (what a manifest needs)."""
+
+    tensors: tuple[TensorEntry, ...]
+    total_bytes: int
+    sha256: str
+
+
+def save_store_file(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike) -> StoredPayload:
+    """Write ``tensors`` (from :func:`prepare`) as a safetensors file at ``path`` with ``save_file``, which
+    streams them to the file (no in-memory copy of the whole file), then read its index back and hash its data
+    section once, through a memory map of the page-cached file. Not fsynced (the caller decides)."""
+    import safetensors.torch
+
+    safetensors.torch.save_file(dict(tensors), str(path))
+    with open(path, "rb") as handle:
+        entries, data_start, mapped = map_file(handle)
+    with memoryview(mapped) as view:
+        digest = sha256_hex(view[data_start:])
+    return StoredPayload(entries, len(mapped) - data_start, digest)
+
+
+def map_file(handle) -> tuple[tuple[TensorEntry, ...], int, mmap.mmap]:
+    """The tensor index, data-section start and a private (copy-on-write) memory map of the safetensors file
+    open as ``handle``; ValueError as :func:`parse_header` for a malformed file."""
+    size = os.fstat(handle.fileno()).st_size
+    prefix = handle.read(_U64.size)
+    if len(prefix) < _U64.size:
+        raise ValueError(f"safetensors file too short ({size} bytes)")
+    (header_len,) = _U64.unpack(prefix)
+    if _U64.size + header_len > size:
+        raise ValueError(f"safetensors header length {header_len} runs past the end ({size} bytes)")
+    entries, data_start = _index(prefix + handle.read(header_len), size)
+    return entries, data_start, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
 
 
 def parse_header(file_bytes: bytes) -> tuple[tuple[TensorEntry, ...], int]:
@@ -117,13 +169,19 @@ def parse_header(file_bytes: bytes) -> tuple[tuple[TensorEntry, ...], int]:
     data_start = _U64.size + header_len
     if data_start > len(file_bytes):
         raise ValueError(f"safetensors header length {header_len} runs past the end ({len(file_bytes)} bytes)")
+    return _index(bytes(file_bytes[:data_start]), len(file_bytes))
+
+
+def _index(head: bytes, file_size: int) -> tuple[tuple[TensorEntry, ...], int]:
+    """The index of a file of ``file_size`` bytes from ``head`` (its length prefix and JSON header)."""
+    data_start = len(head)
     try:
-        header = json.loads(bytes(file_bytes[_U64.size:data_start]))
+        header = json.loads(head[_U64.size:])
         entries = sorted((_entry(name, spec) for name, spec in header.items() if name != "__metadata__"),
                          key=lambda e: e.offset)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise ValueError(f"malformed safetensors header: {exc!r}") from None
-    _check_tiling(entries, len(file_bytes) - data_start)
+    _check_tiling(entries, file_size - data_start)
     return tuple(entries), data_start
 
 
@@ -158,7 +216,7 @@ def build_header(entries: Iterable[TensorEntry]) -> bytes:
     return _U64.pack(len(text)) + text
 
 
-def build_manifest(payload: Payload, *, version: int, step: int, mode: str, chunk_size: int, trainer_id: str,
+def build_manifest(payload: Payload | StoredPayload, *, version: int, step: int, mode: str, chunk_size: int, trainer_id: str,
                    chunks_topic: str | None = None, store_uri: str | None = None) -> WeightsManifest:
     """The manifest announcing ``payload`` as ``version`` (not validated here; ``schemas.validate`` does that)."""
     return WeightsManifest(
@@ -236,16 +294,35 @@ def tensors_from_chunks(manifest: WeightsManifest, chunks: Iterable[WeightsChunk
     return _load_checked(manifest, build_header(manifest.tensors) + assemble(manifest, chunks))
 
 
-def tensors_from_file(manifest: WeightsManifest, file_bytes: bytes) -> dict[str, torch.Tensor]:
-    """The tensors of a store-mode safetensors file, after checking its header equals the manifest index and its
-    data section has the manifest's size and SHA-256."""
+def tensors_from_store(manifest: WeightsManifest, path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The tensors of a store-mode version read through a memory map of its file: the header must equal the
+    manifest index and the data section have its size and SHA-256 (one pass over the mapped bytes); the tensors
+    are then views of that same private mapping (no copy, and what was hashed is what is returned)."""
+    import torch
+
+    version = manifest.version
     try:
-        entries, data_start = parse_header(file_bytes)
+        with open(path, "rb") as handle:
+            entries, data_start, mapped = map_file(handle)
+    except FileNotFoundError:
+        raise WeightsError(version, f"store file {path} not found (garbage-collected?)") from None
     except ValueError as exc:
-        raise WeightsError(manifest.version, f"store file: {exc}") from None
+        raise WeightsError(version, f"store file: {exc}") from None
+    except OSError as exc:
+        raise WeightsError(version, f"cannot read store file {path}: {exc}") from None
     _compare_index(manifest, entries)
-    check_payload(manifest, memoryview(file_bytes)[data_start:])
-    return _load_checked(manifest, file_bytes)
+    with memoryview(mapped) as view:
+        check_payload(manifest, view[data_start:])
+    dtypes = {name: dtype for dtype, name in torch_dtype_names().items()}
+    out = {}
+    for e in entries:
+        dtype = dtypes[e.dtype]
+        if e.nbytes == 0:
+            out[e.name] = torch.empty(e.shape, dtype=dtype)
+            continue
+        count = e.nbytes // SAFETENSORS_ITEMSIZE[e.dtype]  # copy-on-write: a write to a tensor stays in memory
+        out[e.name] = torch.frombuffer(mapped, dtype=dtype, count=count, offset=data_start + e.offset).reshape(e.shape)
+    return out
 
 
 def _compare_index(manifest: WeightsManifest, entries: tuple[TensorEntry, ...]) -> None:

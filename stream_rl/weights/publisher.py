@@ -8,12 +8,13 @@ key ``str(version)``.
 Guarantees (the order is the contract; see docs/weights.md)::
 
     inline: create chunk topic (1 partition) ─> send chunks ─> sink.flush() (acked) ─> send manifest ─> flush
-    store:  write tmp file ─> fsync file ─> rename to v{N:08d}.safetensors ─> fsync dir
-            ─> send manifest ─> flush
+    store:  save_file to a tmp file (streamed, hashed once through a memory map) ─> validate the manifest
+            ─> fsync file ─> rename to v{N:08d}.safetensors ─> fsync dir ─> send manifest ─> flush
 
 - A manifest on the weights topic therefore implies its payload is complete and durable: a receiver that sees
   the manifest never waits for chunks that are still in flight, and a late joiner can start from the newest one.
-- The manifest is validated before anything is sent or written, so an invalid version leaves no orphan payload.
+- The manifest is validated before anything is sent or renamed into place (store mode: the temporary file is
+  removed when it is invalid), so an invalid version leaves no orphan payload.
 - ``publish`` returns only after the broker acknowledged the manifest (``DeliveryError`` otherwise).
 - ``collect_garbage`` removes the chunk topics and store files of every version but the newest ``keep_last``
   found on the broker and in the store (including those of earlier trainer processes), and tolerates versions
@@ -36,7 +37,9 @@ from schemas import WeightsManifest, validate
 from stream_rl import failpoints
 from stream_rl.fsutil import fsync_path
 from stream_rl.weights.config import WeightsConfig
-from stream_rl.weights.payload import Payload, build_manifest, make_chunks, serialize
+from stream_rl.weights.payload import (
+    Payload, StoredPayload, build_manifest, make_chunks, payload_size, prepare, save_store_file, serialize,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -84,19 +87,19 @@ class WeightsPublisher:
     def publish(self, state_dict: Mapping[str, torch.Tensor], version: int, step: int) -> WeightsManifest:
         """Make ``state_dict`` available as ``version`` (after optimizer step ``step``); return its manifest."""
         started = time.monotonic()
-        payload = serialize(state_dict)
-        mode = choose_mode(self.cfg, payload.total_bytes)
+        tensors = prepare(state_dict)
+        mode = choose_mode(self.cfg, payload_size(tensors))
         if mode == "inline":
+            payload = serialize(tensors)
             topic = self._transport.names.weights_chunks(version)
             manifest = validate(self._manifest(payload, version, step, mode, chunks_topic=topic))
             self._send_chunks(payload, manifest)
         else:
-            path = (self.store_dir / store_file_name(version)).resolve()
-            manifest = validate(self._manifest(payload, version, step, mode, store_uri=path.as_uri()))
             if not self._topics_ready:
                 self._transport.ensure_topics()
                 self._topics_ready = True
-            self._write_file(payload, path)
+            path = (self.store_dir / store_file_name(version)).resolve()
+            payload, manifest = self._write_file(tensors, path, version, step)
         failpoints.hit("weights.mid_publish")  # recovery drills: the payload exists, its manifest does not
         manifest = dataclasses.replace(manifest, created_at=time.time())  # the payload is durable now
         self._sink.send(self._transport.names.weights, manifest, key=str(version))
@@ -105,7 +108,8 @@ class WeightsPublisher:
                  payload.total_bytes, len(payload.tensors), time.monotonic() - started)
         return manifest
 
-    def _manifest(self, payload: Payload, version: int, step: int, mode: str, **where: str) -> WeightsManifest:
+    def _manifest(self, payload: Payload | StoredPayload, version: int, step: int, mode: str,
+                  **where: str) -> WeightsManifest:
         return build_manifest(payload, version=version, step=step, mode=mode, chunk_size=self.cfg.chunk_size,
                               trainer_id=self.trainer_id, **where)
 
@@ -122,19 +126,22 @@ class WeightsPublisher:
                 unflushed = 0
         self._sink.flush()  # every chunk acknowledged before the manifest exists
 
-    def _write_file(self, payload: Payload, path: Path) -> None:
+    def _write_file(self, tensors: Mapping[str, torch.Tensor], path: Path, version: int,
+                    step: int) -> tuple[StoredPayload, WeightsManifest]:
+        """Write the version file under a temporary name, validate its manifest, fsync, rename, fsync the
+        directory; an invalid manifest or any failure removes the temporary file (no orphan payload)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
         try:
-            with open(tmp, "wb") as handle:
-                handle.write(payload.file_bytes)
-                handle.flush()
-                os.fsync(handle.fileno())
+            payload = save_store_file(tensors, tmp)
+            manifest = validate(self._manifest(payload, version, step, "store", store_uri=path.as_uri()))
+            fsync_path(tmp)
             os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
         fsync_path(path.parent)
+        return payload, manifest
 
     def collect_garbage(self, keep_last: int | None = None) -> list[int]:
         """Delete chunk topics and store files of all versions but the newest ``keep_last`` (default

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from schemas import SchemaError, WeightsChunk, WeightsManifest, decode
 from stream_rl.transport.client import highwaters, partitions_of
 from stream_rl.weights.config import WeightsConfig
-from stream_rl.weights.payload import WeightsError, tensors_from_chunks, tensors_from_file
+from stream_rl.weights.payload import WeightsError, tensors_from_chunks, tensors_from_store
 
 if TYPE_CHECKING:
     import torch
@@ -174,14 +174,7 @@ class WeightsReceiver:
         return chunks
 
     def _read_file(self, manifest: WeightsManifest) -> dict[str, torch.Tensor]:
-        path = path_from_uri(manifest.version, manifest.store_uri or "")
-        try:
-            file_bytes = path.read_bytes()
-        except FileNotFoundError:
-            raise WeightsError(manifest.version, f"store file {path} not found (garbage-collected?)") from None
-        except OSError as exc:
-            raise WeightsError(manifest.version, f"cannot read store file {path}: {exc}") from None
-        return tensors_from_file(manifest, file_bytes)
+        return tensors_from_store(manifest, path_from_uri(manifest.version, manifest.store_uri or ""))
 
     def close(self) -> None:
         self._reader.close()

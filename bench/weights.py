@@ -281,7 +281,8 @@ def reading(result: Mapping[str, Any]) -> str:
             f"in SHA-256: at the time seven passes over every byte, since each chunk digest is computed twice when "
             f"publishing (by `WeightsChunk.from_data` and again by the codec's validation) and twice when fetching "
             f"(codec decode, then `check_chunk`), and the payload digest once when publishing and twice when "
-            f"fetching; the payload is now hashed once per side (`tensors_from_chunks`), the chunks still twice. "
+            f"fetching; now the payload is hashed once per side, and each chunk twice when publishing and once when "
+            f"fetching (its decode checks it; `check_chunk` no longer repeats that). "
             f"The rest is copies (joining the chunks, header + payload "
             f"concatenation) and safetensors decoding. The "
             f"memory store holds the whole version in the broker's RAM until its topic is deleted "
@@ -297,7 +298,8 @@ def reading(result: Mapping[str, Any]) -> str:
     paragraphs.append(
         "Inline broadcasts suit small policies (no shared filesystem needed) and the store suits large ones, "
         "which is what `weights.mode = \"auto\"` does by switching at 64 MiB. What would make broadcasts "
-        "cheaper: computing each chunk digest once (the codec's chunk check and `check_chunk` repeat each other), "
+        "cheaper: computing each chunk digest once when publishing too (`WeightsChunk.from_data` and the codec's "
+        "validation repeat each other), "
         "assembling chunks into one preallocated buffer, and bf16 or delta payloads (there are no delta updates yet: every version moves "
         "the full state dict). Not included in the figures: the producer's wait until its next poll of the "
         "weights topic, and loading the tensors into the engine.")

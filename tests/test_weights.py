@@ -169,6 +169,25 @@ def test_assemble_rejects_every_kind_of_bad_chunk_naming_the_version():
         assert str(err.value).startswith("weights v7: ") and err.value.version == 7
 
 
+def test_decoded_chunks_are_not_hashed_again_when_assembled(monkeypatch):
+    """One digest pass per chunk on the fetch side: schemas.decode checks each chunk's SHA-256, so the receiver's
+    assembly hashes only the payload; a chunk that did not come through decode is still hashed."""
+    import stream_rl.weights.payload as payload_mod
+    from schemas import decode, encode
+
+    payload = serialize(mixed_state())
+    manifest = manifest_for(payload, version=7, chunk_size=64)
+    decoded = [decode(encode(c), "weights_chunk") for c in make_chunks(payload, 7, 64)]
+    hashed = []
+    real = payload_mod.sha256_hex
+    monkeypatch.setattr(payload_mod, "sha256_hex", lambda data: hashed.append(len(data)) or real(data))
+    assert_same_tensors(tensors_from_chunks(manifest, decoded, digests_checked=True), mixed_state())
+    assert hashed == [payload.total_bytes]  # the payload once, no chunk again
+    lying = dataclasses.replace(decoded[1], data=_flip(decoded[1].data, 0))  # not from decode: its digest lies
+    with pytest.raises(WeightsError, match="chunk 1 sha256 mismatch"):
+        assemble(manifest, decoded[:1] + [lying] + decoded[2:])
+
+
 def test_store_file_checks_header_and_data(tmp_path):
     payload = serialize(mixed_state())
     manifest = manifest_for(payload, store_uri="/w/v00000007.safetensors")

@@ -241,8 +241,10 @@ def make_chunks(payload: Payload, version: int, chunk_size: int) -> Iterator[Wei
         yield WeightsChunk.from_data(version=version, index=index, count=count, data=piece)
 
 
-def check_chunk(manifest: WeightsManifest, chunk: WeightsChunk) -> None:
-    """Raise WeightsError unless ``chunk`` is a well-formed, intact piece of ``manifest``'s payload."""
+def check_chunk(manifest: WeightsManifest, chunk: WeightsChunk, digest_checked: bool = False) -> None:
+    """Raise WeightsError unless ``chunk`` is a well-formed, intact piece of ``manifest``'s payload.
+    ``digest_checked``: the chunk came from ``schemas.decode``, whose validation already matched its SHA-256
+    against its bytes, so it is not hashed again."""
     version, index = manifest.version, chunk.index
     if chunk.version != version:
         raise WeightsError(version, f"chunk {index} on the version's topic belongs to version {chunk.version}")
@@ -253,13 +255,15 @@ def check_chunk(manifest: WeightsManifest, chunk: WeightsChunk) -> None:
     start, end = manifest.chunk_range(index)
     if len(chunk.data) != end - start:
         raise WeightsError(version, f"chunk {index} has {len(chunk.data)} bytes, expected {end - start}")
+    if digest_checked:
+        return
     digest = sha256_hex(chunk.data)
     if digest != chunk.sha256:
         raise WeightsError(version, f"chunk {index} sha256 mismatch: record says {chunk.sha256}, data hashes to "
                                     f"{digest}")
 
 
-def assemble(manifest: WeightsManifest, chunks: Iterable[WeightsChunk]) -> bytes:
+def assemble(manifest: WeightsManifest, chunks: Iterable[WeightsChunk], digests_checked: bool = False) -> bytes:
     """The payload from ``chunks`` (in read order), after checking every chunk, index coverage and the digest.
 
     When an index occurs more than once (a version re-published after a crash), the last copy read wins; the
@@ -267,7 +271,7 @@ def assemble(manifest: WeightsManifest, chunks: Iterable[WeightsChunk]) -> bytes
     """
     by_index: dict[int, bytes] = {}
     for chunk in chunks:
-        check_chunk(manifest, chunk)
+        check_chunk(manifest, chunk, digests_checked)
         by_index[chunk.index] = chunk.data
     missing = [i for i in range(manifest.chunk_count) if i not in by_index]
     if missing:
@@ -288,10 +292,12 @@ def check_payload(manifest: WeightsManifest, data: bytes | memoryview) -> None:
                                              f"{manifest.sha256}")
 
 
-def tensors_from_chunks(manifest: WeightsManifest, chunks: Iterable[WeightsChunk]) -> dict[str, torch.Tensor]:
+def tensors_from_chunks(manifest: WeightsManifest, chunks: Iterable[WeightsChunk],
+                        digests_checked: bool = False) -> dict[str, torch.Tensor]:
     """The tensors of an inline version: the chunks checked and assembled (which verifies the payload's size and
-    SHA-256), then decoded with the header rebuilt from the manifest index. The payload is hashed once."""
-    return _load_checked(manifest, build_header(manifest.tensors) + assemble(manifest, chunks))
+    SHA-256), then decoded with the header rebuilt from the manifest index. The payload is hashed once, and each
+    chunk once (``digests_checked``: by ``schemas.decode`` already, see :func:`check_chunk`)."""
+    return _load_checked(manifest, build_header(manifest.tensors) + assemble(manifest, chunks, digests_checked))
 
 
 def tensors_from_store(manifest: WeightsManifest, path: str | os.PathLike) -> dict[str, torch.Tensor]:

@@ -128,7 +128,7 @@ class WeightsReceiver:
         """Every tensor of ``manifest``'s version, verified; raises WeightsError instead of returning a part."""
         started = time.monotonic()
         if manifest.mode == "inline":
-            tensors = tensors_from_chunks(manifest, self._read_chunks_of(manifest))
+            tensors = tensors_from_chunks(manifest, self._read_chunks_of(manifest), digests_checked=True)
         elif manifest.mode == "store":
             tensors = self._read_file(manifest)
         else:

@@ -111,3 +111,14 @@ def test_cli_refuses_at_dry_run_and_warns_on_stderr():
     assert shown["trainer"]["loss"]["max_len"] == 32 and shown["trainer"]["kl"]["kind"] == "k2"
     quiet = runner.invoke(app, ["train", "--dry-run", "--set", "trainer.loss.kind=gspo"])
     assert quiet.exit_code == 0 and "warning" not in quiet.stderr
+
+
+def test_a_producer_batch_must_fit_a_request():
+    from stream_rl.transport.settings import producer_settings
+
+    with pytest.raises(ConfigError) as info:
+        load_config(None, env={}, overrides={"kafka.batch_size": 2000000})
+    assert str(info.value).startswith("invalid config: kafka.batch_size=2000000 > kafka.max_request_size=1048576")
+    cfg = load_config(None, env={}, overrides={"kafka.batch_size": 1048576})
+    assert producer_settings(cfg.kafka, "127.0.0.1:9092")["batch_size"] == 1048576
+    assert producer_settings(load().kafka, "127.0.0.1:9092")["batch_size"] == 786432  # above one rollout record

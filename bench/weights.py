@@ -11,8 +11,9 @@ What one measurement of a mode times, in one process, nothing overlapped::
 
 and the baseline times ``safetensors.torch.save_file`` + ``load_file`` of the same state dict to the same disk
 (no fsync, no digests, no broker); after it, outside its window, one fsync of its file and one SHA-256 pass over
-the file through a memory map are timed too, the physical costs a verified, durable store broadcast adds. A producer polls the weights topic between generation batches, so in a real
-run its notice delay adds to this; loading the tensors into the engine (``load_state_dict``) is not included.
+the file through a memory map are timed too, the physical costs a verified, durable store broadcast adds. A
+producer polls the weights topic between generation batches, so in a real run its notice delay adds to this;
+loading the tensors into the engine (``load_state_dict``) is not included.
 
 Synthetic state dicts: float32 tensors of at most 4 MiB each (a 1 GB dict has 239 of them). Sizes: 10 MB, 100 MB
 and 1 GB (``--quick``: 1 MB and 10 MB). Inline mode keeps every chunk in the broker's RAM (tansu's memory
@@ -300,7 +301,7 @@ def reading(result: Mapping[str, Any]) -> str:
         "which is what `weights.mode = \"auto\"` does by switching at 64 MiB. What would make broadcasts "
         "cheaper: computing each chunk digest once when publishing too (`WeightsChunk.from_data` and the codec's "
         "validation repeat each other), "
-        "assembling chunks into one preallocated buffer, and bf16 or delta payloads (there are no delta updates yet: every version moves "
-        "the full state dict). Not included in the figures: the producer's wait until its next poll of the "
+        "assembling chunks into one preallocated buffer, and bf16 or delta payloads (there are no delta updates "
+        "yet: every version moves the full state dict). Not included in the figures: the producer's wait until its next poll of the "
         "weights topic, and loading the tensors into the engine.")
     return "\n\n".join(paragraphs)

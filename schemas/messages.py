@@ -15,7 +15,8 @@ Guarantees:
   ordinary mutable objects; do not mutate a message after handing it to a producer.
 
 Flow (see docs/architecture.md): ``Prompt`` -> producers -> ``Rollout`` -> scorers -> ``ScoredRollout`` (and a
-``MemberRejected`` for each rollout a scorer dead-letters) -> trainer, which publishes ``WeightsManifest`` (+ ``WeightsChunk`` records in inline mode) and ``StaleRollout`` records;
+``MemberRejected`` for each rollout a scorer dead-letters) -> trainer, which publishes ``WeightsManifest``
+(+ ``WeightsChunk`` records in inline mode) and ``StaleRollout`` records;
 any consumer writes ``DeadLetter`` records for input it cannot decode or validate; every role process publishes
 ``Heartbeat`` records (status topic) and ``Alert`` transitions (alerts topic).
 """

@@ -247,7 +247,13 @@ def run(ctx: BenchContext) -> dict[str, Any]:
             "params": {"records_per_round": records, "codec_rollouts_per_round": codec_count,
                        "response_tokens": RESPONSE_TOKENS, "prompt_tokens": PROMPT_TOKENS, "partitions": PARTITIONS,
                        "distinct_rollouts": len(msgs), "repeats": ctx.repeats,
-                       "batch_size": ctx.config("bench-transport").kafka.batch_size}}
+                       "batch_size": _batch_size(ctx.config("bench-transport").kafka)}}
+
+
+def _batch_size(kafka_cfg: Any) -> int:
+    from stream_rl.transport.settings import producer_settings
+
+    return producer_settings(kafka_cfg, "unused:0")["batch_size"]
 
 
 def _figures(med: Mapping[str, float], records: int, record_bytes: float) -> dict[str, float]:

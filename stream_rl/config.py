@@ -75,10 +75,11 @@ class KafkaConfig(_Section):
     max_request_size: int = Field(1_048_576, gt=0, description="1 MiB, Apache Kafka's default record limit")
     max_poll_records: int = Field(500, gt=0, description="most records one poll returns")
     linger_ms: int = Field(5, ge=0, description="producer batching delay")
-    batch_size: int = Field(
-        786_432, gt=0, description="most bytes of records a producer batches per partition before sending (768 "
-        "KiB; kafka-python's default of 16 KiB is smaller than one scored rollout of 1,024 tokens, ~26 kB, so "
-        "every record went alone: 5x fewer rollouts/s, docs/benchmarks.md); at most max_request_size")
+    batch_size: int | None = Field(
+        None, gt=0, description="most bytes of records a producer batches per partition before sending; None "
+        "means min(768 KiB, max_request_size) (kafka-python's default of 16 KiB is smaller than one scored "
+        "rollout of 1,024 tokens, ~26 kB, so every record went alone: 5x fewer rollouts/s, "
+        "docs/benchmarks.md); at most max_request_size")
     acks: Literal["all", "1", "0"] = Field("all", description="producer acks; 'all' enables idempotence")
     broker_timeout_s: float = Field(
         60.0, gt=0, le=3600, description="a role that has not heard from any broker for this long (a consumer "
@@ -209,7 +210,7 @@ class StreamRLConfig(_Section):
                 f"producer.versions_ahead={ahead} > trainer.max_lag={lag}: producers would generate rollouts the "
                 f"trainer must drop as stale; keep versions_ahead below max_lag (equal is allowed, see "
                 f"docs/configuration.md)"))
-        if self.kafka.batch_size > self.kafka.max_request_size:
+        if self.kafka.batch_size is not None and self.kafka.batch_size > self.kafka.max_request_size:
             raise CrossFieldError(("kafka.batch_size", "kafka.max_request_size"), (
                 f"kafka.batch_size={self.kafka.batch_size} > kafka.max_request_size={self.kafka.max_request_size}: "
                 f"a full batch would be refused by the broker; keep batch_size at most max_request_size"))

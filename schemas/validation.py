@@ -280,10 +280,15 @@ def _chunk_rule(msg: WeightsChunk) -> None:
 
 def _stale_rule(msg: StaleRollout) -> None:
     _require_group_id(msg)
-    prefix = f"{msg.group_id}:"
-    if not (msg.rollout_id.startswith(prefix) and is_decimal(msg.rollout_id[len(prefix):])):
+    _require_member_id(msg.rollout_id, msg.group_id)
+
+
+def _require_member_id(rollout_id: str, group_id: str) -> None:
+    """``rollout_id`` must be ``rollout_id_for`` of some sample of ``group_id``: ``<group_id>:<i>``."""
+    prefix = f"{group_id}:"
+    if not (rollout_id.startswith(prefix) and is_decimal(rollout_id[len(prefix):])):
         raise SchemaError("rollout_id", f"must be rollout_id_for(prompt_id, epoch, i) = {prefix}<i>, "
-                                        f"got {msg.rollout_id!r}")
+                                        f"got {rollout_id!r}")
 
 
 def _member_rejected_rule(msg: MemberRejected) -> None:
@@ -292,11 +297,8 @@ def _member_rejected_rule(msg: MemberRejected) -> None:
                                       f"{msg.group_id!r:.80}")
     if (msg.rollout_id is None) != (msg.attempt is None):
         raise SchemaError("attempt", "rollout_id and attempt are both set (a decoded rollout) or both nil")
-    prefix = f"{msg.group_id}:"
-    if msg.rollout_id is not None and not (msg.rollout_id.startswith(prefix)
-                                           and is_decimal(msg.rollout_id[len(prefix):])):
-        raise SchemaError("rollout_id", f"must be rollout_id_for(prompt_id, epoch, i) = {prefix}<i>, "
-                                        f"got {msg.rollout_id!r}")
+    if msg.rollout_id is not None:
+        _require_member_id(msg.rollout_id, msg.group_id)
 
 
 def _dead_letter_rule(msg: DeadLetter) -> None:

@@ -8,8 +8,10 @@ What is measured (variants interleaved round by round, median of >= 3 rounds)::
     project consume: Source.poll (fetch, decode, validate every field, DLQ on error) ─ Source.commit per batch
     raw consume:     KafkaConsumer.poll (fetch only) ─ commit per batch, same group settings
 
-    codec alone:     encode + decode of one rollout (µs)  vs  msgpack.packb/unpackb of the same content with the
-                     arrays as raw bytes (tobytes / np.frombuffer), no schema, no validation
+    codec alone:     encode + decode of one rollout (µs), and each alone,  vs  msgpack.packb/unpackb of the same
+                     content with the arrays as raw bytes (tobytes / np.frombuffer), no schema, no validation
+    CPU per record:  time.process_time() of this process (every thread: kafka-python's I/O threads too) over
+                     each project and raw round, per record: what the interpreter spent, beside the wall time
     durable:         the project's produce and consume again, on a second local broker with durable storage
                      (tansu s3:// on SeaweedFS, what `stream-rl run` uses by default), interleaved with the rest
 
@@ -31,6 +33,7 @@ import msgpack
 import numpy as np
 
 from bench.common import MB, BenchContext, fmt, interleave, medians
+from bench.transport_reading import reading  # noqa: F401  (the report's prose, kept apart)
 from stream_rl import broker
 from stream_rl.config import BrokerConfig
 
@@ -101,19 +104,20 @@ def plain_unpack(data: bytes) -> dict[str, Any]:
 def _codec_steps(msgs: Sequence[Any], count: int) -> list[tuple[str, Any]]:
     from schemas import decode, encode
 
-    def project() -> dict[str, float]:
-        start = time.perf_counter()
-        for i in range(count):
-            decode(encode(msgs[i % len(msgs)]), "scored_rollout")
-        return {"codec_us": (time.perf_counter() - start) / count * 1e6}
+    values = [encode(m) for m in msgs]
 
-    def plain() -> dict[str, float]:
-        start = time.perf_counter()
-        for i in range(count):
-            plain_unpack(plain_pack(msgs[i % len(msgs)]))
-        return {"plain_msgpack_us": (time.perf_counter() - start) / count * 1e6}
+    def timed(name: str, one) -> Any:
+        def step() -> dict[str, float]:
+            start = time.perf_counter()
+            for i in range(count):
+                one(i % len(msgs))
+            return {name: (time.perf_counter() - start) / count * 1e6}
+        return step
 
-    return [("codec", project), ("plain msgpack", plain)]
+    return [("codec", timed("codec_us", lambda i: decode(encode(msgs[i]), "scored_rollout"))),
+            ("encode", timed("encode_us", lambda i: encode(msgs[i]))),
+            ("decode", timed("decode_us", lambda i: decode(values[i], "scored_rollout"))),
+            ("plain msgpack", timed("plain_msgpack_us", lambda i: plain_unpack(plain_pack(msgs[i]))))]
 
 
 # ---------------------------------------------------------------- through the broker
@@ -147,10 +151,10 @@ class _Paths:
         _join(lambda: self.consumer.poll(timeout_ms=200), self.consumer)
 
     def steps(self, count: int) -> list[tuple[str, Any]]:
-        return [("project produce", lambda: {"project_produce_s": self._produce_project(count)}),
-                ("project consume", lambda: {"project_consume_s": self._consume_project(count)}),
-                ("raw produce", lambda: {"raw_produce_s": self._produce_raw(count)}),
-                ("raw consume", lambda: {"raw_consume_s": self._consume_raw(count)})]
+        return [("project produce", _with_cpu("project_produce", lambda: self._produce_project(count))),
+                ("project consume", _with_cpu("project_consume", lambda: self._consume_project(count))),
+                ("raw produce", _with_cpu("raw_produce", lambda: self._produce_raw(count))),
+                ("raw consume", _with_cpu("raw_consume", lambda: self._consume_raw(count)))]
 
     def _produce_project(self, count: int) -> float:
         start = time.perf_counter()
@@ -200,6 +204,16 @@ class _Paths:
         finally:
             admin.close()
         self.transport.tracing.shutdown()
+
+
+def _with_cpu(name: str, timed) -> Any:
+    """A step reporting ``{name}_s`` (the wall time ``timed`` measured itself) and ``{name}_cpu_s`` (CPU time of
+    this whole process meanwhile, every thread included)."""
+    def step() -> dict[str, float]:
+        cpu = time.process_time()
+        wall = timed()
+        return {f"{name}_s": wall, f"{name}_cpu_s": time.process_time() - cpu}
+    return step
 
 
 def _join(poll, consumer) -> None:
@@ -257,8 +271,11 @@ def _batch_size(kafka_cfg: Any) -> int:
 
 
 def _figures(med: Mapping[str, float], records: int, record_bytes: float) -> dict[str, float]:
-    figures = {"record_bytes": record_bytes, "codec_us": med["codec_us"],
-               "plain_msgpack_us": med["plain_msgpack_us"], "codec_ratio": med["codec_us"] / med["plain_msgpack_us"]}
+    figures = {"record_bytes": record_bytes, "codec_ratio": med["codec_us"] / med["plain_msgpack_us"],
+               **{name: med[name] for name in ("codec_us", "encode_us", "decode_us", "plain_msgpack_us")}}
+    for path in ("project", "raw"):
+        for phase in ("produce", "consume"):
+            figures[f"{path}_{phase}_cpu_us"] = med[f"{path}_{phase}_cpu_s"] / records * 1e6
     for path in ("project", "raw", "durable"):
         for phase in ("produce", "consume"):
             rate = records / med[f"{path}_{phase}_s"]
@@ -292,6 +309,12 @@ def table(result: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     rows.append(["codec alone: encode + decode, µs per rollout", fmt(f["codec_us"]),
                  f"{fmt(f['plain_msgpack_us'])} (plain msgpack, arrays as bytes)",
                  f"**{fmt(f['codec_ratio'])}×** (cost)"])
+    rows.append(["codec alone, each side: encode (validate + pack) · decode (unpack + validate), µs",
+                 f"{fmt(f['encode_us'])} · {fmt(f['decode_us'])}", "", ""])
+    for phase in ("produce", "consume"):
+        rows.append([f"CPU of this process per record, {phase} (µs, every thread)",
+                     fmt(f[f"project_{phase}_cpu_us"]), fmt(f[f"raw_{phase}_cpu_us"]),
+                     f"+{fmt(f[f'project_{phase}_cpu_us'] - f[f'raw_{phase}_cpu_us'])} µs"])
     for phase in ("produce", "consume", "capacity"):
         rows.append([f"durable storage, {phase} (project path)", f"{fmt(f[f'durable_{phase}_rollouts_s'])} "
                      f"rollouts/s · {fmt(f[f'durable_{phase}_mb_s'])} MB/s", "",
@@ -305,50 +328,3 @@ def headline(result: Mapping[str, Any]) -> str:
     f = result["figures"]
     return (f"{fmt(f['project_capacity_rollouts_s'])} rollouts/s of 1,024 tokens "
             f"({fmt(f['project_capacity_tokens_s'])} tokens/s), {fmt(f['capacity_ratio'])}× raw kafka-python")
-
-
-def reading(result: Mapping[str, Any]) -> str:
-    f = result["figures"]
-    side = "produce" if f["project_produce_rollouts_s"] <= f["project_consume_rollouts_s"] else "consume"
-    extra = {phase: 1e6 / f[f"project_{phase}_rollouts_s"] - 1e6 / f[f"raw_{phase}_rollouts_s"]
-             for phase in ("produce", "consume")}
-    total_extra = extra["produce"] + extra["consume"]
-    codec_share = (f"{fmt(100 * f['codec_us'] / total_extra)}% of that sum" if total_extra > 0
-                   else "more than that sum, which is within this run's noise")
-    return "\n\n".join([
-        f"One scored rollout of 1,024 response tokens is a {fmt(f['record_bytes'] / 1000)} kB record. The "
-        f"project's path moves {fmt(f['project_capacity_rollouts_s'])} of them per second through one producer and "
-        f"one consumer, i.e. {fmt(f['project_capacity_tokens_s'])} response tokens/s: {fmt(f['capacity_ratio'])}× "
-        f"what raw kafka-python moves with the same bytes, client settings and broker "
-        f"({fmt(f['raw_capacity_rollouts_s'])} rollouts/s, {fmt(f['raw_capacity_mb_s'])} MB/s). The {side} side is "
-        f"the slower one. Whether this limits training depends on the generation rate, which benchmark 2 will put "
-        f"next to it; the transport scales out with partitions and consumers per role, which this single "
-        f"pair does not use.",
-        f"Where the difference goes: per record, the project's path spends {fmt(extra['produce'])} µs more than "
-        f"raw when producing and {fmt(extra['consume'])} µs more when consuming. The codec measured alone, "
-        f"encode + decode, costs {fmt(f['codec_us'])} µs per rollout ({codec_share}), "
-        f"{fmt(f['codec_ratio'])}× a schema-less msgpack round trip of the same content "
-        f"({fmt(f['plain_msgpack_us'])} µs); the rest is the trace span and `traceparent` header per record "
-        f"(Sink) and the per-record bookkeeping of the Source. The codec's cost is per field, not per byte: a "
-        f"profile of the codec (taken while writing this benchmark, not part of the run) shows about 650 Python "
-        f"function calls per round trip (field checks, id patterns, one numpy reduction per array rule), because "
-        f"`encode` validates every field before sending and `decode` validates them all again on receipt. The "
-        f"wire layout costs nothing in size: the typed map is {fmt(f['record_bytes'])} bytes against "
-        f"{fmt(f['plain_msgpack_bytes'])} for the plain map.",
-        f"Durability's price: on a second local broker with durable storage (tansu's `s3://` engine on a local "
-        f"SeaweedFS, the default of `stream-rl run` and `broker up`), the same project path produces "
-        f"{fmt(f['durable_produce_rollouts_s'])} rollouts/s ({fmt(f['durable_produce_ratio'])}× memory storage) and "
-        f"consumes {fmt(f['durable_consume_rollouts_s'])} ({fmt(f['durable_consume_ratio'])}×), a capacity of "
-        f"{fmt(f['durable_capacity_rollouts_s'])} rollouts/s, {fmt(f['durable_capacity_mb_s'])} MB/s "
-        f"({fmt(f['durable_capacity_ratio'])}× memory storage). Memory storage loses every topic and committed "
-        f"offset when the broker stops; durable storage keeps them through a kill -9 of the broker and of the "
-        f"store (tests/test_durable_broker.py).",
-        f"Both paths batch up to `kafka.batch_size` = {fmt(result['params'].get('batch_size', 0) / 1024)} KiB "
-        "per partition (the project's default since kafka-python's 16 KiB default, smaller than one rollout "
-        "record, sent every record as a batch of its own; a side experiment on the same broker, raw producer, "
-        "3,000 of these records, produced about 900 records/s at 16 KiB, 2,700 at 256 KiB, 4,700 at 768 KiB and "
-        "5,500 at 1 MiB, which is the request limit). "
-        "What would close the project's gap to raw: validate each array with one fused numpy pass instead of one "
-        "reduction per rule, skip re-validation when re-encoding a message that was just decoded (a scorer embeds "
-        "the rollout it received), and open one span per flushed batch instead of one per record.",
-    ])

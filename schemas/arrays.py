@@ -28,6 +28,10 @@ WIRE_DTYPES: tuple[str, ...] = (
     "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f2", "<f4", "<f8",
 )
 """Every dtype spelling allowed on the wire."""
+_DTYPES: dict[str, np.dtype] = {spelled: np.dtype(spelled) for spelled in WIRE_DTYPES}
+_NATIVE: dict[str, np.dtype] = {spelled: dt.newbyteorder("=") for spelled, dt in _DTYPES.items()}
+_SPELLED: dict[np.dtype, str] = {}
+"""Wire spelling of each array dtype seen so far (filled by :func:`encode_array`; at most a few dozen entries)."""
 
 
 def wire_dtype(dtype: Any) -> str:
@@ -43,9 +47,21 @@ def encode_array(array: np.ndarray) -> dict[str, Any]:
     """The wire map of ``array``: dtype spelling, shape as a list, little-endian C-order bytes."""
     if not isinstance(array, np.ndarray):
         raise SchemaError(ROOT, f"expected numpy.ndarray, got {wire_type_name(array)}")
-    spelled = wire_dtype(array.dtype)
-    data = np.ascontiguousarray(array, dtype=np.dtype(spelled)).tobytes(order="C")
-    return {"dtype": spelled, "shape": [int(d) for d in array.shape], "data": data}
+    dt = array.dtype
+    spelled = _SPELLED.get(dt)
+    if spelled is None:
+        spelled = _SPELLED[dt] = wire_dtype(dt)
+    # tobytes() writes C order whatever the layout; only another byte order needs a converted copy first
+    data = array.tobytes() if dt.str == spelled else array.astype(_DTYPES[spelled]).tobytes()
+    return {"dtype": spelled, "shape": list(array.shape), "data": data}
+
+
+def _element_count(shape: Any) -> int:
+    if type(shape) is list and len(shape) == 1 and type(shape[0]) is int and shape[0] >= 0:
+        return shape[0]  # the 1-D arrays of every per-token field, without the general loop below
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise SchemaError("shape", f"expected an array of non-negative ints, got {shape!r:.80}")
+    return math.prod(shape)
 
 
 def decode_array(obj: Any) -> np.ndarray:
@@ -56,15 +72,15 @@ def decode_array(obj: Any) -> np.ndarray:
         if key not in obj:
             raise SchemaError(key, "missing")
     spelled, shape, data = obj["dtype"], obj["shape"], obj["data"]
-    if not isinstance(spelled, str) or spelled not in WIRE_DTYPES:
+    dt = _DTYPES.get(spelled) if isinstance(spelled, str) else None
+    if dt is None:
         raise SchemaError("dtype", f"unsupported dtype {spelled!r:.40}; allowed: {', '.join(WIRE_DTYPES)}")
-    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-        raise SchemaError("shape", f"expected an array of non-negative ints, got {shape!r:.80}")
+    count = _element_count(shape)
     if not isinstance(data, bytes):
         raise SchemaError("data", f"expected bin, got {wire_type_name(data)}")
-    dt = np.dtype(spelled)
-    expected = math.prod(shape) * dt.itemsize
+    expected = count * dt.itemsize
     if len(data) != expected:
         raise SchemaError("data", f"{len(data)} bytes for shape {shape} of {spelled}, expected {expected}")
-    native = np.frombuffer(data, dtype=dt).astype(dt.newbyteorder("="), copy=True)
-    return native.reshape(shape)
+    wire = np.frombuffer(data, dtype=dt)  # read-only, over the record's bytes
+    native = wire.copy() if dt.isnative else wire.astype(_NATIVE[spelled])
+    return native if len(shape) == 1 else native.reshape(shape)

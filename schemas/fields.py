@@ -4,9 +4,11 @@ Consumes: Python values (``check``, ``to_wire``) or msgpack-decoded values (``fr
 msgpack-able values, or Python values of the field's type.
 
 Guarantees: ``check`` and ``from_wire`` raise :class:`SchemaError` whose ``field`` is relative to the field
-(``"<root>"`` for the field itself, ``"dtype"`` or a map key below it); :func:`check_fields` and
-:func:`fields_from_wire` prefix the field name, so errors name the full dotted path. ``from_wire`` only converts
-(arrays, ints written for floats); every rule is enforced by ``check``, on the encode and the decode side alike.
+(``"<root>"`` for the field itself, ``"dtype"`` or a map key below it); :func:`check_fields`,
+:func:`fields_from_wire` and :func:`read_fields` prefix the field name, so errors name the full dotted path.
+``from_wire`` only converts (arrays, ints written for floats); every rule is enforced by ``check``, on the encode and
+the decode side alike. ``read`` is ``from_wire`` then ``check`` in one pass (what decoding uses): it accepts and
+rejects exactly what the two do, skipping only checks the conversion itself has proven (an array's dtype).
 Python-side ints and floats may be numpy scalars; ``bool`` is never accepted as a number.
 """
 
@@ -23,6 +25,7 @@ from schemas.errors import ROOT, SchemaError, wire_type_name
 from schemas.ids import id_problem
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_MIN, _MAX = np.minimum.reduce, np.maximum.reduce  # the ufuncs themselves: ndarray.min() adds a Python wrapper
 
 
 def _bad(reason: str) -> SchemaError:
@@ -47,6 +50,12 @@ class FieldType:
         """The Python form of decoded ``raw``; leaves anything unexpected for ``check`` to reject."""
         return raw
 
+    def read(self, raw: Any) -> Any:
+        """``check(from_wire(raw))``, returning the checked value."""
+        value = self.from_wire(raw)
+        self.check(value)
+        return value
+
 
 class Int(FieldType):
     """An int64 (>= ``minimum`` and <= ``maximum`` when given)."""
@@ -55,7 +64,7 @@ class Int(FieldType):
         self.minimum, self.maximum = minimum, maximum
 
     def check(self, value: Any) -> None:
-        if not _is_int(value):
+        if type(value) is not int and not _is_int(value):
             raise _bad(f"expected int, got {wire_type_name(value)}")
         if not INT64_MIN <= int(value) <= INT64_MAX:
             raise _bad(f"{value} is outside the int64 range")
@@ -75,7 +84,7 @@ class Float(FieldType):
         self.greater_than = greater_than
 
     def check(self, value: Any) -> None:
-        if not (_is_int(value) or isinstance(value, (float, np.floating))):
+        if type(value) is not float and not (_is_int(value) or isinstance(value, (float, np.floating))):
             raise _bad(f"expected float, got {wire_type_name(value)}")
         if not math.isfinite(value):
             raise _bad(f"must be finite, got {float(value)}")
@@ -208,6 +217,9 @@ class Added(FieldType):
     def from_wire(self, raw: Any) -> Any:
         return self.inner.from_wire(raw)
 
+    def read(self, raw: Any) -> Any:
+        return self.inner.read(raw)
+
 
 class Optional(FieldType):
     """``inner`` or nil."""
@@ -224,6 +236,9 @@ class Optional(FieldType):
 
     def from_wire(self, raw: Any) -> Any:
         return None if raw is None else self.inner.from_wire(raw)
+
+    def read(self, raw: Any) -> Any:
+        return None if raw is None else self.inner.read(raw)
 
 
 class StrMap(FieldType):
@@ -253,24 +268,49 @@ class StrMap(FieldType):
 
 
 class Array(FieldType):
-    """A 1-D numpy array of one wire dtype, at least ``min_len`` long, with optional value bounds."""
+    """A 1-D numpy array of one wire dtype, at least ``min_len`` long, with optional value bounds.
+
+    Values are checked in one fused pass: the array's minimum and maximum (NaN propagates through both, and an
+    inf is one of them) prove every value rule at once with at most two reductions, whatever the number of rules.
+    Only an array they do not clear is scanned rule by rule, which names the first offending element; that scan is
+    the authority, so the fused pass can only be faster, never more or less strict."""
 
     def __init__(self, dtype: str, *, min_len: int = 0, finite: bool = False,
                  minimum: float | None = None, maximum: float | None = None) -> None:
         self.dtype, self.min_len, self.finite = dtype, min_len, finite
         self.minimum, self.maximum = minimum, maximum
+        self._expected = np.dtype(dtype)
+        self._needs_min = finite or minimum is not None
+        self._needs_max = finite or maximum is not None
 
     def check(self, value: Any) -> None:
-        expected = np.dtype(self.dtype)
+        expected = self._expected
         if not isinstance(value, np.ndarray):
             raise _bad(f"expected numpy.ndarray of {expected.name}, got {wire_type_name(value)}")
         if value.dtype.kind != expected.kind or value.dtype.itemsize != expected.itemsize:
             raise _bad(f"expected dtype {expected.name} ({self.dtype}), got {value.dtype.name}")
+        self._check_shape_and_values(value)
+
+    def _check_shape_and_values(self, value: np.ndarray) -> None:
         if value.ndim != 1:
             raise _bad(f"expected a 1-D array, got shape {list(value.shape)}")
         if value.shape[0] < self.min_len:
             raise _bad(f"expected at least {self.min_len} element(s), got {value.shape[0]}")
-        self._check_values(value)
+        if not self._values_clear(value):
+            self._check_values(value)
+
+    def _values_clear(self, value: np.ndarray) -> bool:
+        """True when the fused pass proves every value rule holds; False means "scan rule by rule"."""
+        if value.shape[0] == 0:
+            return True
+        low = _MIN(value) if self._needs_min else None
+        high = _MAX(value) if self._needs_max else None
+        # Every comparison with NaN is False, and a NaN anywhere makes the min and the max NaN: never cleared.
+        if self.finite and not (-math.inf < low and high < math.inf):
+            return False
+        if self.minimum is not None and not low >= self.minimum:
+            return False
+        return self.maximum is None or bool(high <= self.maximum)
 
     def _check_values(self, value: np.ndarray) -> None:
         if self.finite:
@@ -289,7 +329,12 @@ class Array(FieldType):
     def from_wire(self, raw: Any) -> np.ndarray:
         array = decode_array(raw)
         if raw["dtype"] != self.dtype:
-            raise SchemaError("dtype", f"expected {self.dtype!r} ({np.dtype(self.dtype).name}), got {raw['dtype']!r}")
+            raise SchemaError("dtype", f"expected {self.dtype!r} ({self._expected.name}), got {raw['dtype']!r}")
+        return array
+
+    def read(self, raw: Any) -> np.ndarray:
+        array = self.from_wire(raw)  # an ndarray of exactly this field's dtype, or SchemaError
+        self._check_shape_and_values(array)
         return array
 
 
@@ -309,6 +354,23 @@ def check_fields(obj: Any, spec: Spec) -> None:
 def fields_to_wire(obj: Any, spec: Spec) -> dict[str, Any]:
     """The wire map of ``obj``'s fields, in spec order."""
     return {name: field_type.to_wire(getattr(obj, name)) for name, field_type in spec}
+
+
+def read_fields(raw: dict[str, Any], spec: Spec) -> dict[str, Any]:
+    """Checked constructor keyword arguments read from wire map ``raw``: each field converted and checked in one
+    pass (``read``); required and defaulted fields as in :func:`fields_from_wire`, extra keys ignored."""
+    kwargs = {}
+    for name, field_type in spec:
+        try:
+            if name in raw:
+                kwargs[name] = field_type.read(raw[name])
+            elif isinstance(field_type, Added):
+                kwargs[name] = field_type.read(field_type.default)
+            else:
+                raise SchemaError(ROOT, "missing")
+        except SchemaError as exc:
+            raise exc.nested(name) from None
+    return kwargs
 
 
 def fields_from_wire(raw: dict[str, Any], spec: Spec) -> dict[str, Any]:

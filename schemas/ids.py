@@ -34,9 +34,13 @@ TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 """A SHA-256 digest as 64 lowercase hex characters."""
 
+_ID_MATCH = ID_PATTERN.fullmatch
+
 
 def id_problem(value: object, max_len: int = 255) -> str | None:
     """Why ``value`` is not a well-formed id, or ``None`` when it is."""
+    if type(value) is str and len(value) <= max_len and _ID_MATCH(value) is not None:
+        return None  # the common case, one compiled match; the checks below say what is wrong otherwise
     if not isinstance(value, str):
         return f"expected str, got {type(value).__name__}"
     if len(value) > max_len:
@@ -47,6 +51,8 @@ def id_problem(value: object, max_len: int = 255) -> str | None:
 
 
 def _require_index(name: str, value: object) -> int:
+    if type(value) is int and value >= 0:
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
         raise SchemaError(name, f"must be a non-negative int, got {value!r:.40}")
     return int(value)

@@ -47,6 +47,8 @@ from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kafka.errors import KafkaTimeoutError
+
 from schemas import DeadLetter, SchemaError, decode, encode
 from stream_rl.tracing import Headers, Tracing, current_headers, extract_span_context
 from stream_rl.tracing_attrs import span_attributes
@@ -118,10 +120,6 @@ class Consumed:
     raw_value: bytes | None = field(default=None, repr=False, compare=False)  # for dead letters downstream
 
 
-def _key_bytes(key: str | bytes | None) -> bytes | None:
-    return key.encode() if isinstance(key, str) else key
-
-
 class Sink:
     """Sends messages and knows which sends the broker has not acknowledged yet."""
 
@@ -142,23 +140,31 @@ class Sink:
     def send(self, topic: str, message: Any, key: str | bytes | None = None, headers: Headers | None = None,
              partition: int | None = None, attributes: dict[str, Any] | None = None) -> None:
         """Validate and encode ``message`` (raises SchemaError on an invalid one), then send it."""
-        self.send_raw(topic, encode(message), key, headers, partition,
-                      {"stream_rl.kind": getattr(message, "KIND", "?"), **span_attributes(message),
-                       **(attributes or {})})
+        value = encode(message)
+        if self._tracing.records_spans:  # span attributes are built only for a span that is recorded
+            attributes = {"stream_rl.kind": getattr(message, "KIND", "?"), **span_attributes(message),
+                          **(attributes or {})}
+        self.send_raw(topic, value, key, headers, partition, attributes)
 
     def send_raw(self, topic: str, value: bytes, key: str | bytes | None = None, headers: Headers | None = None,
                  partition: int | None = None, attributes: dict[str, Any] | None = None) -> None:
-        from kafka.errors import KafkaTimeoutError
-
-        with self._tracing.send_span(topic, _key_bytes(key), list(headers or []), attributes) as hdrs:
-            try:
-                future = self._producer.send(topic, value=value, key=_key_bytes(key), headers=hdrs,
-                                             partition=partition)
-            except KafkaTimeoutError as exc:  # waited max_block_ms (= kafka.broker_timeout_s) for metadata/buffer
-                raise self._send_timeout(topic, exc) from exc
+        """Send ``value`` as is, with a ``traceparent`` header continuing the current trace (a send span when
+        tracing records one)."""
+        key = key.encode() if isinstance(key, str) else key
+        if not self._tracing.records_spans:
+            future = self._submit(topic, value, key, self._tracing.send_headers(headers or ()), partition)
+        else:
+            with self._tracing.send_span(topic, key, list(headers or []), attributes) as hdrs:
+                future = self._submit(topic, value, key, hdrs, partition)
         self._pending.append((topic, future))
         if self.observer is not None:
             self.observer.records_out(topic, 1)
+
+    def _submit(self, topic: str, value: bytes, key: bytes | None, headers: Headers, partition: int | None):
+        try:
+            return self._producer.send(topic, value=value, key=key, headers=headers, partition=partition)
+        except KafkaTimeoutError as exc:  # waited max_block_ms (= kafka.broker_timeout_s) for metadata/buffer
+            raise self._send_timeout(topic, exc) from exc
 
     def _send_timeout(self, topic: str, exc: BaseException) -> RuntimeError:
         if self._liveness.lost():
@@ -172,8 +178,6 @@ class Sink:
         """Wait until the broker acknowledged every pending send (at most ``timeout_s``, default
         ``kafka.broker_timeout_s``); raise BrokerUnreachable when no broker answered for that bound, else
         DeliveryError naming the topic."""
-        from kafka.errors import KafkaTimeoutError
-
         timeout_s = self._liveness.timeout_s if timeout_s is None else timeout_s
         try:
             self._producer.flush(timeout=timeout_s)
@@ -240,24 +244,29 @@ class Source:
         self._watch.check(self._consumer)
         out: list[Consumed] = []
         for tp, records in batches.items():
-            if self.observer is not None and records:
-                self.observer.records_in(tp.topic, len(records),
-                                         {(tp.topic, tp.partition): records[-1].offset + 1})
-            for rec in records:
-                self._next[tp] = rec.offset + 1
-                headers = list(rec.headers or [])
-                try:
-                    value = decode(rec.value, self._expected_kind)
-                except SchemaError as exc:
-                    self._reject(rec, None, str(exc), "SchemaError", headers)
-                    continue
-                problem = key_problem(value, rec.key) if self._expected_kind is not None else None
-                if problem is not None:
-                    self._reject(rec, value, problem, "KeyError", headers)
-                    continue
-                out.append(Consumed(rec.topic, rec.partition, rec.offset, rec.key, value, headers,
-                                    rec.timestamp, rec.value))
+            if records:
+                self._accept(tp, records, out)
         return out
+
+    def _accept(self, tp: Any, records: Sequence[Any], out: list[Consumed]) -> None:
+        """Decode and validate one partition's fetched ``records`` into ``out``; dead-letter the bad ones."""
+        if self.observer is not None:
+            self.observer.records_in(tp.topic, len(records), {(tp.topic, tp.partition): records[-1].offset + 1})
+        expected, check_key = self._expected_kind, self._expected_kind is not None
+        for rec in records:
+            headers = list(rec.headers or ())
+            try:
+                value = decode(rec.value, expected)
+            except SchemaError as exc:
+                self._reject(rec, None, str(exc), "SchemaError", headers)
+                continue
+            problem = key_problem(value, rec.key) if check_key else None
+            if problem is not None:
+                self._reject(rec, value, problem, "KeyError", headers)
+                continue
+            out.append(Consumed(rec.topic, rec.partition, rec.offset, rec.key, value, headers, rec.timestamp,
+                                rec.value))
+        self._next[tp] = records[-1].offset + 1  # once per batch: every record up to it was handed out or rejected
 
     def _reject(self, rec, value: Any, reason: str, error_type: str, headers: Headers) -> None:
         self.dead_letter(rec.topic, rec.partition, rec.offset, rec.key, rec.value, reason, error_type,

@@ -52,6 +52,11 @@ BENCHMARKS: tuple[BenchSpec, ...] = (
     BenchSpec("ranks", 7, "Trainer ranks", "bench.ranks",
               "The trainer's step on 1 and 2 data-parallel ranks (gloo) against 1 rank on 1 and 2 threads, the "
               "gradient all-reduce alone, and the scaling model extrapolated to 8 GPUs and 2 nodes."),
+    BenchSpec("deltas", 8, "Delta versions", "bench.deltas",
+              "Bytes per weight version when it may ship as a delta against the previous one, against the full "
+              "payload, for real RL steps of the demo (fp32 and bf16 broadcasts) and of a ~0.5 B Qwen2-shaped "
+              "model trained with bf16 autocast (bf16 broadcast); encode and rebuild times, rebuilds checked bit "
+              "for bit."),
 )
 BY_NAME = {spec.name: spec for spec in BENCHMARKS}
 ROOT = Path(__file__).resolve().parent.parent

@@ -269,6 +269,8 @@ class WeightsManifest(Message):
     Weights topic, key ``str(version)``. Payload = the tensors' raw bytes concatenated in ``tensors`` order.
     Inline mode: the payload comes as ``chunk_count`` :class:`WeightsChunk` records on ``chunks_topic``, chunk ``i``
     holding ``payload[i * chunk_size : (i + 1) * chunk_size]``. Store mode: a safetensors file at ``store_uri``.
+    A delta version (``delta_base`` set) sends its compressed delta the same way instead (chunks, or a raw file at
+    ``store_uri``); the receiver rebuilds the payload and checks it against ``sha256`` before use.
     """
 
     KIND: ClassVar[str] = "weights_manifest"
@@ -297,13 +299,31 @@ class WeightsManifest(Message):
     """Unix time the manifest was written, after the payload was durable."""
     trainer_id: str
     """Id of the trainer that published the version (``ID_PATTERN``)."""
+    delta_base: int | None = None
+    """``None``: a full snapshot (what is sent is the payload). Otherwise a delta: what is sent (chunks or the
+    store file) is ``zlib(payload XOR payload of version delta_base)``, and ``delta_base < version``."""
+    delta_base_sha256: str | None = None
+    """Delta: the ``sha256`` of version ``delta_base``'s payload (which base the delta applies to)."""
+    delta_bytes: int | None = None
+    """Delta: size of the compressed delta that is sent; ``chunk_count`` counts its chunks."""
+    delta_sha256: str | None = None
+    """Delta: SHA-256 of the compressed delta. ``sha256`` stays the digest of the rebuilt payload."""
+
+    @property
+    def is_delta(self) -> bool:
+        return self.delta_base is not None
+
+    @property
+    def sent_bytes(self) -> int:
+        """Bytes that travel for this version: the delta's size for a delta, else the payload's."""
+        return self.delta_bytes if self.delta_bytes is not None else self.total_bytes
 
     def chunk_range(self, index: int) -> tuple[int, int]:
-        """Byte range ``[start, end)`` of chunk ``index`` in the payload."""
+        """Byte range ``[start, end)`` of chunk ``index`` in what is sent (the payload, or the delta)."""
         if not 0 <= index < self.chunk_count:
             raise IndexError(f"chunk {index} out of range 0..{self.chunk_count - 1}")
         start = index * self.chunk_size
-        return start, min(start + self.chunk_size, self.total_bytes)
+        return start, min(start + self.chunk_size, self.sent_bytes)
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)

@@ -9,7 +9,8 @@ Guarantees:
   listed field is required on the wire, except fields added after version 1 (:class:`~schemas.fields.Added`),
   which read as their documented default when absent; fields not listed are ignored on read (forward
   compatibility).
-- The same rules run before encoding and after decoding, so whatever ``encode`` writes ``decode`` accepts.
+- The same rules run before encoding and after decoding, so whatever ``encode`` writes ``decode`` accepts
+  (decoding runs each field's conversion and checks in one pass, ``read_fields``, then the cross-field rule).
 - Cross-field rules: lengths of per-token arrays agree with the response, ``sample_index < group_size``, ids are
   the deterministic ones, a manifest's tensors tile the payload exactly and its chunk count and mode fields agree,
   a chunk's digest matches its bytes, a dead letter's ``raw_size`` / ``raw_sha256`` / ``raw_truncated`` agree
@@ -27,7 +28,7 @@ import numpy as np
 from schemas.errors import ROOT, SchemaError, wire_type_name
 from schemas.fields import (
     Added, Array, Bool, Bytes, Enum, FieldType, Float, Id, Int, Optional, Pattern, Shape, Spec, Str, StrList, StrMap,
-    check_fields, fields_from_wire, fields_to_wire,
+    check_fields, fields_from_wire, fields_to_wire, read_fields,
 )
 from schemas.ids import (
     PROMPT_ID_MAX_LEN, SHA256_PATTERN, TOPIC_PATTERN, group_id_for, is_decimal, is_group_id, rollout_id_for,
@@ -80,9 +81,10 @@ def message_to_wire(msg: Message) -> dict[str, Any]:
 
 
 def message_from_wire(raw: Any, cls: type[Message]) -> Message:
-    """The message of class ``cls`` read from wire map ``raw`` (envelope already checked), then checked."""
-    msg = cls(**fields_from_wire(raw, SPECS[cls]))
-    check_message(msg)
+    """The message of class ``cls`` read from wire map ``raw`` (envelope already checked) and checked: each field
+    converted and checked in one pass (``read_fields``), then the cross-field rule, as :func:`check_message`."""
+    msg = cls(**read_fields(raw, SPECS[cls]))
+    RULES[cls](msg)
     return msg
 
 
@@ -100,11 +102,18 @@ class Embedded(FieldType):
     def to_wire(self, value: Any) -> dict[str, Any]:
         return message_to_wire(value)
 
-    def from_wire(self, raw: Any) -> Any:
+    def _class_of(self, raw: Any) -> type[Message]:
         cls = read_envelope(raw)
         if cls is not self.cls:
             raise SchemaError("kind", f"expected {self.cls.KIND!r}, got {cls.KIND!r}")
+        return cls
+
+    def from_wire(self, raw: Any) -> Any:
+        cls = self._class_of(raw)
         return cls(**fields_from_wire(raw, SPECS[cls]))
+
+    def read(self, raw: Any) -> Any:
+        return message_from_wire(raw, self._class_of(raw))
 
 
 TENSOR_SPEC: Spec = (
@@ -178,7 +187,9 @@ SPECS: dict[type[Message], Spec] = {
         ("version", _COUNT), ("step", _COUNT), ("mode", Enum(WEIGHTS_MODES)), ("tensors", TensorList()),
         ("total_bytes", _COUNT), ("sha256", _SHA256), ("chunk_size", Int(1)), ("chunk_count", _COUNT),
         ("chunks_topic", Optional(_TOPIC)), ("store_uri", Optional(Str(nonempty=True))), ("created_at", _TIME),
-        ("trainer_id", _ID),
+        ("trainer_id", _ID), ("delta_base", Added(Optional(_COUNT), None)),
+        ("delta_base_sha256", Added(Optional(_SHA256), None)), ("delta_bytes", Added(Optional(Int(1)), None)),
+        ("delta_sha256", Added(Optional(_SHA256), None)),
     ),
     WeightsChunk: (
         ("version", _COUNT), ("index", _COUNT), ("count", Int(1)), ("data", Bytes(nonempty=True)),
@@ -259,15 +270,31 @@ def _manifest_rule(msg: WeightsManifest) -> None:
         end = entry.end
     if msg.total_bytes != end:
         raise SchemaError("total_bytes", f"must equal the sum of tensor nbytes ({end}), got {msg.total_bytes}")
-    expected = chunk_count_for(msg.total_bytes, msg.chunk_size)
+    _delta_rule(msg)
+    sent = "delta_bytes" if msg.is_delta else "total_bytes"
+    expected = chunk_count_for(msg.sent_bytes, msg.chunk_size)
     if msg.chunk_count != expected:
-        raise SchemaError("chunk_count", f"must be ceil(total_bytes / chunk_size) = {expected}, "
+        raise SchemaError("chunk_count", f"must be ceil({sent} / chunk_size) = {expected}, "
                                          f"got {msg.chunk_count}")
     present, absent = ("chunks_topic", "store_uri") if msg.mode == "inline" else ("store_uri", "chunks_topic")
     if getattr(msg, present) is None:
         raise SchemaError(present, f"required in {msg.mode} mode")
     if getattr(msg, absent) is not None:
         raise SchemaError(absent, f"must be nil in {msg.mode} mode, got {getattr(msg, absent)!r:.80}")
+
+
+_DELTA_FIELDS = ("delta_base", "delta_base_sha256", "delta_bytes", "delta_sha256")
+
+
+def _delta_rule(msg: WeightsManifest) -> None:
+    """The delta fields are all nil (a full snapshot) or all set, with a base older than the version."""
+    given = [name for name in _DELTA_FIELDS if getattr(msg, name) is not None]
+    if given and len(given) < len(_DELTA_FIELDS):
+        missing = next(name for name in _DELTA_FIELDS if getattr(msg, name) is None)
+        raise SchemaError(missing, f"required when {given[0]} is set (a delta names its base, its base's "
+                                   f"sha256, its size and its sha256)")
+    if msg.delta_base is not None and msg.delta_base >= msg.version:
+        raise SchemaError("delta_base", f"must be below version {msg.version}, got {msg.delta_base}")
 
 
 def _chunk_rule(msg: WeightsChunk) -> None:

@@ -46,7 +46,7 @@ def test_tiny_run_produces_every_figure_and_regenerates_the_report(broker, tmp_p
         assert f"## {number}. {title}" in doc
     pending = [spec for spec in bench_run.BENCHMARKS if spec.module is None]
     assert doc.count("**Not yet measured** (not implemented yet)") == len(pending)
-    assert doc.count("**Not yet measured** (not run yet)") == 5 - len(pending)
+    assert doc.count("**Not yet measured** (not run yet)") == len(bench_run.BENCHMARKS) - 2 - len(pending)
     assert "## GPU" in doc and "**Reading.**" in doc
     again = tmp_path / "again.md"
     assert bench_run.main(["--render", "--json", str(json_path), "--out", str(again)]) == 0
@@ -65,7 +65,7 @@ def test_unknown_or_unimplemented_names_and_too_few_repeats_exit_2(capsys):
 
 def test_default_selection_is_every_implemented_benchmark_in_order():
     implemented = [s.name for s in bench_run.BENCHMARKS if s.module is not None]
-    assert {"transport", "pipeline", "async", "weights", "scorers", "ranks"} <= set(implemented)
+    assert {"transport", "pipeline", "async", "weights", "scorers", "ranks", "deltas"} <= set(implemented)
     assert [s.name for s in bench_run.select([])] == implemented
     assert [s.name for s in bench_run.select(["weights", "transport"])] == ["transport", "weights"]
 
@@ -254,3 +254,58 @@ def test_gpu_pipeline_check_runs_tiny_on_cpu_through_stream_rl_run(broker, tmp_p
     assert set(result["peak_memory_mib"]) == {"produce", "score", "train"}
     assert all(v > 50 for v in result["peak_memory_mib"].values())  # a Python process with torch: > 50 MiB
     assert len(result["reward_curve"]) == 3 and all(0.0 <= r <= 1.0 for r in result["reward_curve"])
+
+
+def test_deltas_measure_step_sends_the_delta_when_few_bytes_change_and_the_payload_when_most_do(monkeypatch):
+    import numpy as np
+
+    from bench import deltas
+    from schemas import TensorEntry
+
+    index = (TensorEntry(name="a", dtype="BF16", shape=(1024,), offset=0, nbytes=2048),
+             TensorEntry(name="b", dtype="F32", shape=(512,), offset=2048, nbytes=2048))
+    base = np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8)
+    new = base.copy()
+    new[[0, 1, 10, 2048, 2049, 4095]] ^= 1  # bf16 elements 0 and 5; f32 elements 0 and 511: 4 of 1536 elements
+    step = deltas.measure_step(3, new, base, index)
+    assert step.full_bytes == 4096 and step.changed == 6 / 4096 and step.changed_elements == 4 / 1536
+    assert step.delta_bytes is not None and step.sent_bytes == step.delta_bytes < 4096 / 2
+    assert step.rebuild_s is not None and step.rebuild_s >= 0
+    everything = deltas.measure_step(4, ~base, base, index)  # every byte changed: no delta is even encoded
+    assert everything.delta_bytes is None and everything.rebuild_s is None
+    assert everything.sent_bytes == 4096 and everything.changed == 1.0 and everything.changed_elements == 1.0
+    monkeypatch.setattr(deltas, "apply_delta", lambda version, prev, blob: prev.copy())  # a wrong rebuild
+    with pytest.raises(RuntimeError, match="rebuilt from the delta is not"):
+        deltas.measure_step(5, new, base, index)
+
+
+def test_deltas_tiny_run_measures_real_steps_of_both_workloads(demo_build, tmp_path, monkeypatch):
+    from bench import deltas
+    from stream_rl.weights.delta import MAX_CHANGED_FRACTION
+    from stream_rl.weights.publisher import MAX_DELTA_RATIO
+
+    monkeypatch.setenv("BENCH_DEMO_DIR", str(demo_build[0]))
+    json_path, md_path = tmp_path / "results.json", tmp_path / "benchmarks.md"
+    # in-process benchmark: it never contacts the broker, so an unused address is given instead of starting one
+    assert bench_run.main(["deltas", "--tiny", "--bootstrap", "127.0.0.1:9", "--json", str(json_path),
+                           "--out", str(md_path)]) == 0
+    result = json.loads(json_path.read_text())["benchmarks"]["deltas"]
+    assert deltas.keys(result) == ["demo.float32", "demo.bfloat16", "qwen.bfloat16"]
+    assert set(result["steps"]) == set(deltas.keys(result))
+    assert result["workloads"]["qwen"]["parameters"] < 1_000_000  # tiny: the 2-layer model of the family
+    for key, steps in result["steps"].items():
+        assert [s["step"] for s in steps] == [1, 2], key
+        for s in steps:
+            usable = s["delta_bytes"] is not None and s["delta_bytes"] <= MAX_DELTA_RATIO * s["full_bytes"]
+            assert s["sent_bytes"] == (s["delta_bytes"] if usable else s["full_bytes"]), (key, s)
+            assert (s["delta_bytes"] is None) == (s["changed"] > MAX_CHANGED_FRACTION) == (s["rebuild_s"] is None)
+            assert 0 < s["changed"] <= s["changed_elements"] <= 1, (key, s)
+        assert result["figures"][f"{key}.sent_ratio"] == steps[1]["sent_bytes"] / steps[1]["full_bytes"]
+        assert result["figures"][f"{key}.step1_changed"] == steps[0]["changed"]
+    figures = result["figures"]
+    assert figures["demo.float32.full_mb"] == pytest.approx(2 * figures["demo.bfloat16.full_mb"], rel=1e-3)
+    # lr 1e-6 is far below the bf16 spacing of weights ~0.01: few elements change, the delta is what is sent
+    assert figures["qwen.bfloat16.changed_elements"] < 0.2 and figures["qwen.bfloat16.sent_ratio"] < MAX_DELTA_RATIO
+    assert figures["demo.float32.changed_elements"] > 0.5  # fp32 at lr 1e-4: the low bits of most elements move
+    doc = md_path.read_text()
+    assert "## 8. Delta versions" in doc and "goal ≤ 5 %" in doc and deltas.headline(result) in doc

@@ -420,3 +420,56 @@ def test_loop_follows_verified_weights_and_keeps_its_version_on_a_corrupt_one(ma
     versions = {r.prompt_id: set(r.token_policy_versions.tolist()) for r in rollouts}
     assert versions == {"p1": {1}, "p2": {1}, "p3": {3}}
     assert final.weight_updates == [1, 3] and final.rejected_versions == [2]
+
+
+def _nudged(state: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
+    """``state`` with one element in a hundred moved: a small optimizer step, which ships as a delta."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, t in state.items():
+        mask = torch.rand(t.shape, generator=gen) < 0.01
+        out[name] = torch.where(mask, t + 0.01, t) if t.is_floating_point() else t
+    return out
+
+
+@pytest.mark.broker
+def test_loop_follows_delta_versions_bit_for_bit_and_rejects_a_corrupt_delta(make_config, model_dir):
+    from stream_rl.transport.client import Transport
+    from stream_rl.weights import WeightsConfig
+    from stream_rl.weights.publisher import WeightsPublisher
+
+    cfg = make_config(**{"topics.partitions": {"prompts": 1, "rollouts": 1}})
+    transport = Transport(cfg, "test")
+    transport.ensure_topics()
+    wcfg = WeightsConfig(mode="inline", chunk_size=200_000, snapshot_every=8)
+    sink = transport.sink()
+    publisher = WeightsPublisher(transport, sink, wcfg, "trainer-0")
+    states = {1: perturbed_state_dict(model_dir, seed=1)}
+    states[2] = _nudged(states[1], seed=2)
+    states[4] = _nudged(states[2], seed=4)
+    v1 = publisher.publish(states[1], version=1, step=1)
+    v2 = publisher.publish(states[2], version=2, step=2)
+    assert v2.is_delta and v2.sent_bytes < 0.1 * v2.total_bytes
+    engine = HFEngine.from_dir(model_dir)
+    pcfg = ProducerConfig(prompts_per_batch=4, max_new_tokens=4, poll_timeout_s=0.3, weights_startup_wait_s=10)
+    thread, stop, stats, out = _start(cfg, pcfg, engine, weights_cfg=wcfg)
+    try:
+        _wait(lambda: engine.version == 2, out)  # v1 full, then v2 rebuilt from it
+        bad = dataclasses.replace(v2, version=3, delta_base=2, delta_base_sha256=v2.sha256, sha256="0" * 64)
+        sink.send(transport.names.weights, bad, key="3")  # v2's delta bytes applied to v2: not what "v3" says
+        sink.flush()
+        _wait(lambda: stats.rejected_versions == [3], out)
+        assert engine.version == 2
+        v4 = publisher.publish(states[4], version=4, step=4)  # a delta against v2, the last acknowledged version
+        assert v4.delta_base == 2
+        _wait(lambda: engine.version == 4, out)
+        _send_prompts(transport, [_prompt(1, group_size=2)])
+        rollouts = [c.value for c in _collect(transport, transport.names.rollouts, 2)]
+    finally:
+        final = _stop(thread, stop, out)
+    assert {int(v) for r in rollouts for v in r.token_policy_versions} == {4}
+    assert final.weight_updates == [2, 4]  # v2 rebuilt from snapshot v1 at start-up, then v4 from the held v2
+    assert final.rejected_versions == [3] and v1.delta_base is None
+    held = engine.model.state_dict()
+    for name, tensor in states[4].items():  # the engine runs exactly the trainer's bytes
+        assert torch.equal(held[name], tensor), name

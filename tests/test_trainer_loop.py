@@ -96,8 +96,9 @@ def test_trainer_loop_trains_drops_stale_groups_broadcasts_checkpoints_and_resum
                 "response/length_mean", "staleness/mean_lag", "staleness/max_lag", "mismatch/logp_abs_diff",
                 "mismatch/kl_mu_prox", "optim/grad_norm", "optim/lr", "throughput/train_tokens_per_s",
                 "throughput/generate_tokens_per_s", "time/generate_s_mean", "time/score_s_mean", "time/wait_s",
-                "time/broadcast_s", "time/step_s"):
+                "time/broadcast_s", "time/step_s", "weights/sent_bytes"):
         assert key in rows[-1], key
+    assert all(r["weights/sent_bytes"] > 0 for r in rows)  # every step published a version (inline, full)
     assert rows[0]["reward/mean"] == 0.5 and rows[-1]["batcher/duplicates_total"] == 1.0
 
     spans = [json.loads(line) for line in (Path(cfg.run_dir) / "spans.jsonl").read_text().splitlines()]

@@ -84,7 +84,7 @@ from consumers.trainer.replica import checkpoint_root, restore, run_follower, st
 from consumers.trainer.rollout_metrics import rollout_metrics
 from consumers.trainer.step import TrainState, skip_reason, train_step
 from consumers.trainer.tensors import build_batch
-from schemas import MemberRejected
+from schemas import MemberRejected, WeightsManifest
 from stream_rl import failpoints
 from stream_rl.alerts.monitor import AlertStop
 from stream_rl.telemetry.role import RoleTelemetry
@@ -265,18 +265,18 @@ class Trainer:
             self.telemetry.step_done(self.state.step, metrics)
         except AlertStop as exc:
             stop = exc
-        broadcast_s = 0.0
+        broadcast_s, sent = 0.0, 0
         if stop is None and self.state.step % self.tcfg.broadcast_every == 0:
             t0 = time.monotonic()
             self.state.version += 1
             with self.source.process_span_of("broadcast", step_trace, {"stream_rl.policy_version":
                                                                        self.state.version}):
-                self._publish()
+                sent = self._publish().sent_bytes
                 if self.state.version % self.cfg.weights.keep_last == 0:  # GC lists topics: not every version
                     self.publisher.collect_garbage(self.cfg.weights.keep_last)
                 self._send_drops(self.batcher.expire(self.state.version))
             broadcast_s = time.monotonic() - t0
-        metrics.update({"time/wait_s": wait_s, "time/broadcast_s": broadcast_s,
+        metrics.update({"time/wait_s": wait_s, "time/broadcast_s": broadcast_s, "weights/sent_bytes": sent,
                         "time/checkpoint_s": self.checkpoint_s, "time/step_s": time.monotonic() - started})
         self._write_metrics(metrics)
         for stage, seconds in (("train", train_s), ("broadcast", broadcast_s), ("wait", wait_s),
@@ -393,11 +393,11 @@ class Trainer:
             self.batcher.lineage = Lineage.of(self.state.lineage)
         self._publish()
 
-    def _publish(self) -> None:
+    def _publish(self) -> WeightsManifest:
         """Publish the policy as ``state.version``, in the dtype the generators run (``producer.dtype``)."""
         self.ranks.send(Command.WEIGHTS)
         weights = cast_floating(self.engine.policy_state_dict(), self.cfg.producer.dtype)
-        self.publisher.publish(weights, self.state.version, self.state.step)
+        return self.publisher.publish(weights, self.state.version, self.state.step)
 
     def close(self) -> None:
         if not self.ranks.broken:

@@ -19,7 +19,8 @@ from stream_rl.cli.common import BootstrapOpt, fail
 
 def bench(
     names: Annotated[list[str] | None, typer.Argument(
-        help="benchmarks to run: transport, pipeline, async, weights, offpolicy, scorers; default all")] = None,
+        help="benchmarks to run: transport, pipeline, async, weights, offpolicy, scorers, ranks, deltas; "
+             "default all")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="small sizes; writes bench/results.quick.json and no "
                                         "Markdown unless --out is given")] = False,
     out: Annotated[Path | None, typer.Option("--out", help="Markdown report to regenerate (default: "

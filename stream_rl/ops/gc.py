@@ -132,23 +132,26 @@ def _plan_checkpoints(root: Path, policy: GcPolicy, now: float) -> list[GcAction
 
 
 def _plan_weights(root: Path, policy: GcPolicy, now: float) -> list[GcAction]:
-    from stream_rl.weights.publisher import STORE_FILE, STORE_TMP  # the publisher's own file names
+    from stream_rl.weights.delta import doomed_versions
+    from stream_rl.weights.publisher import DELTA_FILE, STORE_FILE, STORE_TMP  # the publisher's own file names
 
     if not root.is_dir():
         return []
-    files, tmps = {}, []
+    files, deltas, tmps = {}, {}, []
     for path in root.iterdir():
         if (match := STORE_FILE.match(path.name)) and path.is_file():
             files[int(match.group(1))] = path
+        elif (match := DELTA_FILE.match(path.name)) and path.is_file():
+            deltas[int(match.group(1))] = path
         elif (match := STORE_TMP.match(path.name)) and path.is_file():
             tmps.append((int(match.group(1)), path))
-    versions = sorted(files)
     actions = []
-    for version in versions[:-policy.keep_weights]:
-        if _old_enough(files[version], policy, now):
-            actions.append(GcAction("weights", files[version], f"version {version} is not among the newest "
-                                    f"{policy.keep_weights}", size_of(files[version])))
-    newest = versions[-1] if versions else -1
+    for version in doomed_versions(set(files), set(deltas), policy.keep_weights):  # keeps what a delta needs
+        path = files.get(version) or deltas[version]
+        if _old_enough(path, policy, now):
+            actions.append(GcAction("weights", path, f"version {version} is not among the newest "
+                                    f"{policy.keep_weights} nor needed to rebuild one of them", size_of(path)))
+    newest = max([*files, *deltas], default=-1)
     for version, path in sorted(tmps):
         if version <= newest and _age(path, now) >= policy.tmp_grace_s:
             actions.append(GcAction("weights-tmp", path, f"abandoned write of version {version} "

@@ -51,8 +51,10 @@ class TopicNames:
             raise ValueError(f"unknown consumer group {name!r}; the run's groups are {sorted(CONSUMER_GROUPS)}")
         return f"{self.prefix}.{self.run}.{name}"
 
-    def weights_chunks(self, version: int) -> str:
-        return self.name(f"weights.v{version}")
+    def weights_chunks(self, version: int, delta: bool = False) -> str:
+        """The chunk topic of ``version``: ``weights.v{N}`` for a full payload, ``weights.v{N}.delta`` for a
+        delta (the name says which, so garbage collection can keep what a delta chain needs)."""
+        return self.name(f"weights.v{version}.delta" if delta else f"weights.v{version}")
 
     def __getattr__(self, item: str) -> str:
         if item in LOGICAL_TOPICS:
@@ -66,11 +68,12 @@ def resolve_topic(names: TopicNames, topic: str) -> str:
 
 
 def retention_key(names: TopicNames, full: str) -> str | None:
-    """The ``topics.retention_ms`` key of a full topic name (``weights_chunks`` for ``...weights.v12``)."""
+    """The ``topics.retention_ms`` key of a full topic name (``weights_chunks`` for ``...weights.v12`` and
+    ``...weights.v12.delta``)."""
     logical = names.logical(full)
     if logical is None:
         return None
-    head, _, version = logical.rpartition(".v")
+    head, _, version = logical.removesuffix(".delta").rpartition(".v")
     return "weights_chunks" if head == "weights" and version.isdigit() else logical
 
 

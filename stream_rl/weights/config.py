@@ -36,6 +36,11 @@ class WeightsConfig(Section):
     store_dir: Path | None = Field(
         None,
         description="weights store directory (local or shared by every host); None means run_dir/weights")
+    snapshot_every: int = Field(
+        1, ge=1,
+        description="1: every version is a full snapshot. K > 1: a full snapshot every K versions and deltas "
+                    "(what changed, XOR + zlib) in between; a producer rebuilds a delta from the version it holds "
+                    "or from the newest snapshot, checked bit for bit against the manifest (docs/weights.md)")
     keep_last: int = Field(
         3, ge=1, description="garbage collection keeps the newest this many versions (chunk topics and files)")
     fetch_timeout_s: float = Field(

@@ -17,16 +17,16 @@ Layout (also in docs/weights.md and docs/wire-format.md)::
     inline chunk i    = payload[i * chunk_size : (i + 1) * chunk_size], with its own SHA-256
     store file        = the whole safetensors file, header included
 
-An inline receiver rebuilds the header from the manifest's tensor index and has safetensors decode header +
-payload. The store side writes the file with ``safetensors.torch.save_file`` (streamed, no whole-file copy in
+An inline receiver copies the chunks into one preallocated buffer, checks its digest and returns tensors that are
+views of it, laid out by the manifest's index (validated on decode: sorted, contiguous, ``nbytes`` = shape x
+itemsize). The store side writes the file with ``safetensors.torch.save_file`` (streamed, no whole-file copy in
 memory) and hashes it once through a memory map; a store receiver maps the file (private, copy-on-write), parses
 its own header, requires it to equal the manifest's index, hashes the mapped data section once and returns
 tensors that are views of that mapping (no copy: what was hashed is what is used).
 
 Guarantees: every receiving-side check raises :class:`WeightsError` (``"weights v{N}: <problem>"``) before any
 tensor is returned, so a caller gets all verified tensors or an exception, never part of a version. Digests are
-checked before safetensors decodes anything, and the decoded tensors are checked against the index (names,
-dtypes, shapes, byte sizes).
+checked before any tensor is made, and a store file's own header must equal the manifest's index.
 """
 
 from __future__ import annotations
@@ -41,13 +41,14 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from schemas import SAFETENSORS_ITEMSIZE, TensorEntry, WeightsChunk, WeightsManifest, chunk_count_for
 
 if TYPE_CHECKING:
     import torch
 
 _U64 = struct.Struct("<Q")
-_HEADER_ALIGN = 8  # safetensors pads its JSON header with spaces to a multiple of 8 bytes
 _SHOW = 8  # how many items an error message lists
 
 
@@ -207,15 +208,6 @@ def _check_tiling(entries: list[TensorEntry], data_len: int) -> None:
         raise ValueError(f"tensors cover {end} bytes but the data section has {data_len}")
 
 
-def build_header(entries: Iterable[TensorEntry]) -> bytes:
-    """The safetensors header (length prefix + padded JSON) describing ``entries`` at their offsets."""
-    header = {e.name: {"dtype": e.dtype, "shape": list(e.shape), "data_offsets": [e.offset, e.end]}
-              for e in entries}
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % _HEADER_ALIGN)
-    return _U64.pack(len(text)) + text
-
-
 def build_manifest(payload: Payload | StoredPayload, *, version: int, step: int, mode: str, chunk_size: int, trainer_id: str,
                    chunks_topic: str | None = None, store_uri: str | None = None) -> WeightsManifest:
     """The manifest announcing ``payload`` as ``version`` (not validated here; ``schemas.validate`` does that)."""
@@ -234,10 +226,10 @@ def split(data: bytes | memoryview, chunk_size: int) -> Iterator[bytes]:
         yield bytes(view[start:start + chunk_size])
 
 
-def make_chunks(payload: Payload, version: int, chunk_size: int) -> Iterator[WeightsChunk]:
-    """The inline chunk records of ``payload``, each with its own digest."""
-    count = chunk_count_for(payload.total_bytes, chunk_size)
-    for index, piece in enumerate(split(payload.data, chunk_size)):
+def make_chunks(data: bytes | memoryview, version: int, chunk_size: int) -> Iterator[WeightsChunk]:
+    """The inline chunk records of ``data`` (a payload, or a delta), each with its own digest."""
+    count = chunk_count_for(len(data), chunk_size)
+    for index, piece in enumerate(split(data, chunk_size)):
         yield WeightsChunk.from_data(version=version, index=index, count=count, data=piece)
 
 
@@ -263,30 +255,51 @@ def check_chunk(manifest: WeightsManifest, chunk: WeightsChunk, digest_checked: 
                                     f"{digest}")
 
 
-def assemble(manifest: WeightsManifest, chunks: Iterable[WeightsChunk], digests_checked: bool = False) -> bytes:
-    """The payload from ``chunks`` (in read order), after checking every chunk, index coverage and the digest.
+def gather(manifest: WeightsManifest, chunks: Iterable[WeightsChunk], digests_checked: bool = False) -> np.ndarray:
+    """What ``manifest``'s chunks carry (the payload, or a delta: ``sent_bytes``), copied once into one
+    preallocated ``uint8`` buffer, after checking every chunk and the index coverage.
 
     When an index occurs more than once (a version re-published after a crash), the last copy read wins; the
-    payload digest then decides whether the result is the manifest's version.
+    digest of the whole then decides whether the result is the manifest's version.
     """
-    by_index: dict[int, bytes] = {}
+    buffer = np.empty(manifest.sent_bytes, dtype=np.uint8)
+    seen: set[int] = set()
     for chunk in chunks:
         check_chunk(manifest, chunk, digests_checked)
-        by_index[chunk.index] = chunk.data
-    missing = [i for i in range(manifest.chunk_count) if i not in by_index]
+        start, end = manifest.chunk_range(chunk.index)
+        buffer[start:end] = np.frombuffer(chunk.data, dtype=np.uint8)
+        seen.add(chunk.index)
+    missing = [i for i in range(manifest.chunk_count) if i not in seen]
     if missing:
         raise WeightsError(manifest.version, f"missing {len(missing)} of {manifest.chunk_count} chunks: "
                                              f"{_show(missing)}")
-    data = b"".join(by_index[i] for i in range(manifest.chunk_count))
+    return buffer
+
+
+def assemble(manifest: WeightsManifest, chunks: Iterable[WeightsChunk], digests_checked: bool = False) -> np.ndarray:
+    """The payload of a full version from its ``chunks`` (:func:`gather`), its size and SHA-256 checked."""
+    if manifest.is_delta:
+        raise WeightsError(manifest.version, f"is a delta against v{manifest.delta_base}, not a full payload")
+    data = gather(manifest, chunks, digests_checked)
     check_payload(manifest, data)
     return data
 
 
-def check_payload(manifest: WeightsManifest, data: bytes | memoryview) -> None:
+def check_delta(manifest: WeightsManifest, blob: bytes | memoryview | np.ndarray) -> None:
+    """Raise WeightsError unless ``blob`` has the delta's size and SHA-256 (``delta_bytes``, ``delta_sha256``)."""
+    if len(blob) != manifest.delta_bytes:
+        raise WeightsError(manifest.version, f"delta has {len(blob)} bytes, manifest says {manifest.delta_bytes}")
+    digest = sha256_hex(memoryview(blob))
+    if digest != manifest.delta_sha256:
+        raise WeightsError(manifest.version, f"delta sha256 {digest} does not match the manifest's "
+                                             f"{manifest.delta_sha256}")
+
+
+def check_payload(manifest: WeightsManifest, data: bytes | memoryview | np.ndarray) -> None:
     """Raise WeightsError unless ``data`` has the manifest's size and SHA-256."""
     if len(data) != manifest.total_bytes:
         raise WeightsError(manifest.version, f"payload has {len(data)} bytes, manifest says {manifest.total_bytes}")
-    digest = sha256_hex(data)
+    digest = sha256_hex(memoryview(data))
     if digest != manifest.sha256:
         raise WeightsError(manifest.version, f"payload sha256 {digest} does not match the manifest's "
                                              f"{manifest.sha256}")
@@ -294,18 +307,16 @@ def check_payload(manifest: WeightsManifest, data: bytes | memoryview) -> None:
 
 def tensors_from_chunks(manifest: WeightsManifest, chunks: Iterable[WeightsChunk],
                         digests_checked: bool = False) -> dict[str, torch.Tensor]:
-    """The tensors of an inline version: the chunks checked and assembled (which verifies the payload's size and
-    SHA-256), then decoded with the header rebuilt from the manifest index. The payload is hashed once, and each
-    chunk once (``digests_checked``: by ``schemas.decode`` already, see :func:`check_chunk`)."""
-    return _load_checked(manifest, build_header(manifest.tensors) + assemble(manifest, chunks, digests_checked))
+    """The tensors of an inline full version: the chunks checked and copied into one buffer (which verifies the
+    payload's size and SHA-256), the tensors views of that buffer laid out by the manifest's index. The payload is
+    hashed once, and each chunk once (``digests_checked``: by ``schemas.decode`` already, see :func:`check_chunk`)."""
+    return tensor_views(manifest.tensors, assemble(manifest, chunks, digests_checked))
 
 
-def tensors_from_store(manifest: WeightsManifest, path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """The tensors of a store-mode version read through a memory map of its file: the header must equal the
-    manifest index and the data section have its size and SHA-256 (one pass over the mapped bytes); the tensors
-    are then views of that same private mapping (no copy, and what was hashed is what is returned)."""
-    import torch
-
+def payload_from_store(manifest: WeightsManifest, path: str | os.PathLike) -> np.ndarray:
+    """The verified payload of a store-mode full version: ``uint8 [total_bytes]``, a view of a private
+    (copy-on-write) memory map of its file, whose header must equal the manifest index and whose data section
+    must have its size and SHA-256 (one pass over the mapped bytes)."""
     version = manifest.version
     try:
         with open(path, "rb") as handle:
@@ -317,8 +328,21 @@ def tensors_from_store(manifest: WeightsManifest, path: str | os.PathLike) -> di
     except OSError as exc:
         raise WeightsError(version, f"cannot read store file {path}: {exc}") from None
     _compare_index(manifest, entries)
-    with memoryview(mapped) as view:
-        check_payload(manifest, view[data_start:])
+    data = np.frombuffer(mapped, dtype=np.uint8, offset=data_start)
+    check_payload(manifest, data)
+    return data
+
+
+def tensors_from_store(manifest: WeightsManifest, path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The tensors of a store-mode full version: views of :func:`payload_from_store` (no copy, and what was
+    hashed is what is returned; a write to a tensor stays in this process's memory)."""
+    return tensor_views(manifest.tensors, payload_from_store(manifest, path))
+
+
+def tensor_views(entries: Iterable[TensorEntry], payload: np.ndarray) -> dict[str, torch.Tensor]:
+    """Tensors laid out by ``entries`` over a writable ``uint8`` payload, as views of it (no copy)."""
+    import torch
+
     dtypes = {name: dtype for dtype, name in torch_dtype_names().items()}
     out = {}
     for e in entries:
@@ -326,8 +350,8 @@ def tensors_from_store(manifest: WeightsManifest, path: str | os.PathLike) -> di
         if e.nbytes == 0:
             out[e.name] = torch.empty(e.shape, dtype=dtype)
             continue
-        count = e.nbytes // SAFETENSORS_ITEMSIZE[e.dtype]  # copy-on-write: a write to a tensor stays in memory
-        out[e.name] = torch.frombuffer(mapped, dtype=dtype, count=count, offset=data_start + e.offset).reshape(e.shape)
+        count = e.nbytes // SAFETENSORS_ITEMSIZE[e.dtype]
+        out[e.name] = torch.frombuffer(payload, dtype=dtype, count=count, offset=e.offset).reshape(e.shape)
     return out
 
 
@@ -349,28 +373,3 @@ def torch_dtype_names() -> dict[Any, str]:
                "U16": torch.uint16, "U32": torch.uint32, "U64": torch.uint64, "BOOL": torch.bool,
                "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
     return {dtype: name for name, dtype in by_name.items()}
-
-
-def _load_checked(manifest: WeightsManifest, file_bytes: bytes) -> dict[str, torch.Tensor]:
-    """safetensors-decode ``file_bytes``, then require the tensors to match the manifest index exactly."""
-    import safetensors.torch
-    from safetensors import SafetensorError
-
-    version = manifest.version
-    try:
-        tensors = safetensors.torch.load(file_bytes)
-    except SafetensorError as exc:
-        raise WeightsError(version, f"safetensors cannot decode the payload: {exc}") from None
-    names = torch_dtype_names()
-    wanted = {e.name: e for e in manifest.tensors}
-    if set(tensors) != set(wanted):
-        odd = sorted(set(tensors) ^ set(wanted))
-        raise WeightsError(version, f"decoded tensor names differ from the manifest: {_show(odd)}")
-    for name, tensor in tensors.items():
-        entry = wanted[name]
-        got = (names.get(tensor.dtype, str(tensor.dtype)), tuple(tensor.shape),
-               tensor.numel() * tensor.element_size())
-        if got != (entry.dtype, entry.shape, entry.nbytes):
-            raise WeightsError(version, f"tensor {name!r} decoded as dtype/shape/bytes {got}, manifest says "
-                                        f"{(entry.dtype, entry.shape, entry.nbytes)}")
-    return tensors

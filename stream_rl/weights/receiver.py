@@ -13,8 +13,14 @@ Guarantees:
   the whole payload's size and SHA-256; the decoded tensors against the manifest's index), or raises
   :class:`WeightsError` ``"weights v{N}: <problem>"``. It never returns part of a version, and it gives up after
   ``weights.fetch_timeout_s`` instead of waiting forever for a missing or stalled chunk.
-- ``candidates`` remembers the last manifest of each of the newest ``2 * weights.keep_last`` versions seen
-  (older payloads are garbage-collected anyway), so the state it keeps is bounded.
+- A delta version (``delta_base`` set) is rebuilt from the payload this receiver holds (the last one it verified,
+  kept while deltas are in use) when that is the delta's base, else from the newest snapshot before it plus every
+  delta after it; every link's rebuilt payload must hash to its own manifest's ``sha256``, or the fetch raises
+  and nothing held changes. A rebuild from the held payload that fails is retried once from the snapshot; when
+  that fails too, the first failure is raised.
+- ``candidates`` remembers the last manifest of each of the newest ``2 * weights.keep_last +
+  weights.snapshot_every`` versions seen (enough for every delta chain that garbage collection keeps), so the
+  state it keeps is bounded.
 - Invalid records on the weights topic are skipped with a warning and counted (``invalid_manifests``); this
   reader does not own the topic and has no dead-letter sink.
 - Readers are created per fetch and closed after it, so no client keeps a garbage-collected chunk topic in its
@@ -31,10 +37,17 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dataclasses import dataclass
+
+import numpy as np
+
 from schemas import SchemaError, WeightsChunk, WeightsManifest, decode
 from stream_rl.transport.client import highwaters, partitions_of
 from stream_rl.weights.config import WeightsConfig
-from stream_rl.weights.payload import WeightsError, tensors_from_chunks, tensors_from_store
+from stream_rl.weights.delta import apply_delta
+from stream_rl.weights.payload import (
+    WeightsError, assemble, check_delta, check_payload, gather, payload_from_store, tensor_views,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -48,6 +61,15 @@ TOPIC_WAIT_S = 5.0
 _POLL_S = 0.2
 
 
+@dataclass(frozen=True)
+class _Held:
+    """The payload of the last version this receiver verified: the base a following delta applies to."""
+
+    version: int
+    sha256: str
+    flat: np.ndarray  # uint8 [total_bytes], never written after it was verified
+
+
 class WeightsReceiver:
     """Follows the weights topic for one producer process; fetches versions on request."""
 
@@ -58,8 +80,11 @@ class WeightsReceiver:
         self._reader = transport.reader()
         self._parts: list[Any] = []
         self._latest: WeightsManifest | None = None
-        self._recent: dict[int, WeightsManifest] = {}  # version -> its last manifest, newest 2 * keep_last
+        self._recent: dict[int, WeightsManifest] = {}  # version -> its last manifest (bounded, see _take)
+        self._held: _Held | None = None  # kept once deltas are in use (snapshot_every > 1, or a delta seen)
+        self._deltas_seen = weights_cfg.snapshot_every > 1
         self.invalid_manifests = 0
+        self.rebuilt_from: list[tuple[int, int]] = []  # (version, what it was rebuilt from) per delta fetched
 
     @property
     def latest(self) -> WeightsManifest | None:
@@ -119,23 +144,88 @@ class WeightsReceiver:
         if self._latest is None or manifest.version >= self._latest.version:
             self._latest = manifest
         self._recent[manifest.version] = manifest
-        keep = 2 * self.cfg.keep_last
+        self._deltas_seen = self._deltas_seen or manifest.is_delta
+        keep = 2 * self.cfg.keep_last + self.cfg.snapshot_every
         if len(self._recent) > keep:
             for version in sorted(self._recent)[:-keep]:
                 del self._recent[version]
 
     def fetch(self, manifest: WeightsManifest) -> dict[str, torch.Tensor]:
-        """Every tensor of ``manifest``'s version, verified; raises WeightsError instead of returning a part."""
+        """Every tensor of ``manifest``'s version, verified; raises WeightsError instead of returning a part.
+        The tensors are views of the verified payload (one buffer, or the mapped store file)."""
         started = time.monotonic()
-        if manifest.mode == "inline":
-            tensors = tensors_from_chunks(manifest, self._read_chunks_of(manifest), digests_checked=True)
-        elif manifest.mode == "store":
-            tensors = self._read_file(manifest)
-        else:
+        if manifest.mode not in ("inline", "store"):
             raise WeightsError(manifest.version, f"unknown mode {manifest.mode!r}")
-        log.info("fetched weights v%d (%s, %d bytes) in %.3fs", manifest.version, manifest.mode,
+        flat = self._rebuild(manifest) if manifest.is_delta else self._full_payload(manifest)
+        if self._deltas_seen:
+            self._held = _Held(manifest.version, manifest.sha256, flat)
+        log.info("fetched weights v%d (%s%s, %d of %d bytes) in %.3fs", manifest.version, manifest.mode,
+                 f", delta against v{manifest.delta_base}" if manifest.is_delta else "", manifest.sent_bytes,
                  manifest.total_bytes, time.monotonic() - started)
-        return tensors
+        return tensor_views(manifest.tensors, flat)
+
+    def _full_payload(self, manifest: WeightsManifest) -> np.ndarray:
+        if manifest.mode == "inline":
+            return assemble(manifest, self._read_chunks_of(manifest), digests_checked=True)
+        return payload_from_store(manifest, path_from_uri(manifest.version, manifest.store_uri or ""))
+
+    def _rebuild(self, manifest: WeightsManifest) -> np.ndarray:
+        """The payload of a delta version: its chain applied to the held payload or to the snapshot before it."""
+        start, links = self._chain(manifest, use_held=True)
+        try:
+            return self._apply_chain(start, links)
+        except WeightsError as exc:
+            if not isinstance(start, _Held):
+                raise
+            log.warning("weights v%d: rebuilding from the held v%d failed (%s); rebuilding from the snapshot",
+                        manifest.version, start.version, exc.problem)
+            try:
+                return self._apply_chain(*self._chain(manifest, use_held=False))
+            except WeightsError:
+                raise exc from None  # the first failure names what is wrong with this version
+
+    def _chain(self, manifest: WeightsManifest,
+               use_held: bool) -> tuple[_Held | WeightsManifest, list[WeightsManifest]]:
+        """Where a rebuild of ``manifest`` starts (the held payload, or a snapshot's manifest) and the deltas to
+        apply to it, oldest first; WeightsError when a link's manifest is unknown or has another digest."""
+        links: list[WeightsManifest] = []
+        current = manifest
+        while current.is_delta:
+            links.append(current)
+            held = self._held
+            if use_held and held is not None and (held.version, held.sha256) == (
+                    current.delta_base, current.delta_base_sha256):
+                return held, links[::-1]
+            base = self._recent.get(current.delta_base)  # type: ignore[arg-type]
+            if base is None or base.sha256 != current.delta_base_sha256:
+                seen = "was not seen (garbage-collected?)" if base is None else "has another sha256"
+                raise WeightsError(manifest.version, f"cannot rebuild: the delta chain needs v{current.delta_base} "
+                                                     f"(sha256 {current.delta_base_sha256}), whose manifest {seen}")
+            current = base
+        return current, links[::-1]
+
+    def _apply_chain(self, start: _Held | WeightsManifest, links: list[WeightsManifest]) -> np.ndarray:
+        flat = start.flat if isinstance(start, _Held) else self._full_payload(start)
+        for link in links:
+            flat = apply_delta(link.version, flat, self._delta_blob(link))
+            check_payload(link, flat)
+        self.rebuilt_from.append((links[-1].version, start.version))
+        return flat
+
+    def _delta_blob(self, manifest: WeightsManifest) -> np.ndarray | bytes:
+        """The compressed delta of ``manifest``, its size and digest checked."""
+        if manifest.mode == "inline":
+            blob: np.ndarray | bytes = gather(manifest, self._read_chunks_of(manifest), digests_checked=True)
+        else:
+            path = path_from_uri(manifest.version, manifest.store_uri or "")
+            try:
+                blob = path.read_bytes()
+            except FileNotFoundError:
+                raise WeightsError(manifest.version, f"delta file {path} not found (garbage-collected?)") from None
+            except OSError as exc:
+                raise WeightsError(manifest.version, f"cannot read delta file {path}: {exc}") from None
+        check_delta(manifest, blob)
+        return blob
 
     def _read_chunks_of(self, manifest: WeightsManifest) -> list[WeightsChunk]:
         """Every chunk record of ``manifest``'s version topic, bounded by ``fetch_timeout_s``."""
@@ -172,9 +262,6 @@ class WeightsReceiver:
                 if rec.offset < end:
                     chunks.append(_decode_chunk(version, rec))
         return chunks
-
-    def _read_file(self, manifest: WeightsManifest) -> dict[str, torch.Tensor]:
-        return tensors_from_store(manifest, path_from_uri(manifest.version, manifest.store_uri or ""))
 
     def close(self) -> None:
         self._reader.close()

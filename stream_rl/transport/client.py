@@ -76,9 +76,13 @@ class Transport:
         consumer.subscribe(list(topics), listener=_Forget(source))
         return source
 
-    def reader(self) -> KafkaConsumer:
-        """A consumer with no group: it never commits and reads whatever it is assigned."""
-        return KafkaConsumer(**consumer_settings(self.cfg.kafka, self.bootstrap, None, self.instance_id))
+    def reader(self, bulk: bool = False) -> KafkaConsumer:
+        """A consumer with no group: it never commits and reads whatever it is assigned. ``bulk``: each fetch
+        may return up to ``fetch_max_bytes`` from one partition (a weights chunk topic), not one request's worth."""
+        settings = consumer_settings(self.cfg.kafka, self.bootstrap, None, self.instance_id)
+        if bulk:
+            settings["max_partition_fetch_bytes"] = settings["fetch_max_bytes"]
+        return KafkaConsumer(**settings)
 
 
 def partitions_of(consumer: KafkaConsumer, topic: str, timeout_s: float = 10.0) -> list[TopicPartition]:

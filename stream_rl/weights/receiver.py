@@ -230,7 +230,7 @@ class WeightsReceiver:
     def _read_chunks_of(self, manifest: WeightsManifest) -> list[WeightsChunk]:
         """Every chunk record of ``manifest``'s version topic, bounded by ``fetch_timeout_s``."""
         deadline = time.monotonic() + self.cfg.fetch_timeout_s
-        reader = self._transport.reader()
+        reader = self._transport.reader(bulk=True)  # many chunks per fetch response, not one
         try:
             try:
                 parts = partitions_of(reader, manifest.chunks_topic, timeout_s=min(TOPIC_WAIT_S, _left(deadline)))

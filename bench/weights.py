@@ -282,8 +282,9 @@ def reading(result: Mapping[str, Any]) -> str:
             f"in SHA-256: at the time seven passes over every byte, since each chunk digest is computed twice when "
             f"publishing (by `WeightsChunk.from_data` and again by the codec's validation) and twice when fetching "
             f"(codec decode, then `check_chunk`), and the payload digest once when publishing and twice when "
-            f"fetching; now the payload is hashed once per side, and each chunk twice when publishing and once when "
-            f"fetching (its decode checks it; `check_chunk` no longer repeats that). The fetch now copies each "
+            f"fetching; now the payload is hashed once per side and each chunk once per side (`from_data` hashes "
+            f"it and the codec's validation trusts that digest of immutable bytes; on the fetch side its decode "
+            f"checks it and `check_chunk` no longer repeats that). The fetch now copies each "
             f"chunk once, into one preallocated buffer, and returns tensors that are views of it (before: the "
             f"chunks joined, the header prepended, safetensors decoding: three copies), and it asks for up to "
             f"50 MB per fetch response instead of one 1 MiB request's worth. The "
@@ -313,8 +314,7 @@ def reading(result: Mapping[str, Any]) -> str:
     paragraphs.append(
         "Inline broadcasts suit small policies (no shared filesystem needed) and the store suits large ones, "
         "which is what `weights.mode = \"auto\"` does by switching at 64 MiB. What would make broadcasts "
-        "cheaper: computing each chunk digest once when publishing too (`WeightsChunk.from_data` and the codec's "
-        "validation repeat each other), and bf16 or delta payloads (`weights.snapshot_every`; bytes per version in "
+        "cheaper: bf16 or delta payloads (`weights.snapshot_every`; bytes per version in "
         "benchmark 8). Not included in the figures: the producer's wait until its next poll of the "
         "weights topic, and loading the tensors into the engine.")
     return "\n\n".join(paragraphs)

@@ -345,9 +345,13 @@ class WeightsChunk(Message):
 
     @classmethod
     def from_data(cls, *, version: int, index: int, count: int, data: bytes) -> WeightsChunk:
-        """A chunk with its digest computed."""
-        return cls(version=version, index=index, count=count, data=data,
-                   sha256=hashlib.sha256(data).hexdigest())
+        """A chunk with its digest computed. The chunk remembers that its digest was computed from its own
+        (immutable) bytes, so validating it before sending does not hash them again; a chunk built any other way,
+        decoded ones included, is hashed when validated."""
+        chunk = cls(version=version, index=index, count=count, data=data, sha256=hashlib.sha256(data).hexdigest())
+        if type(data) is bytes:  # immutable: the digest cannot go stale (the dataclass is frozen too)
+            object.__setattr__(chunk, "_digest_of_data", True)
+        return chunk
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)

@@ -300,6 +300,8 @@ def _delta_rule(msg: WeightsManifest) -> None:
 def _chunk_rule(msg: WeightsChunk) -> None:
     if msg.index >= msg.count:
         raise SchemaError("index", f"must be < count ({msg.count}), got {msg.index}")
+    if getattr(msg, "_digest_of_data", False):  # WeightsChunk.from_data hashed these very bytes
+        return
     digest = hashlib.sha256(msg.data).hexdigest()
     if msg.sha256 != digest:
         raise SchemaError("sha256", f"does not match data (data hashes to {digest})")

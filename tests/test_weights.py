@@ -10,7 +10,7 @@ import msgpack
 import pytest
 import torch
 
-from schemas import WeightsChunk, validate
+from schemas import SchemaError, WeightsChunk, decode, encode, validate
 from schemas.validation import message_to_wire
 from stream_rl.config import load_config
 from stream_rl.transport.client import Transport, highwaters, partitions_of
@@ -186,6 +186,26 @@ def test_decoded_chunks_are_not_hashed_again_when_assembled(monkeypatch):
     lying = dataclasses.replace(decoded[1], data=_flip(decoded[1].data, 0))  # not from decode: its digest lies
     with pytest.raises(WeightsError, match="chunk 1 sha256 mismatch"):
         assemble(manifest, decoded[:1] + [lying] + decoded[2:])
+
+
+def test_a_chunk_is_hashed_once_when_published_and_once_when_received(monkeypatch):
+    import schemas.validation as validation
+
+    calls = []
+    real = validation.hashlib.sha256
+    monkeypatch.setattr(validation.hashlib, "sha256", lambda data=b"": calls.append(len(data)) or real(data))
+    chunk = WeightsChunk.from_data(version=1, index=0, count=1, data=b"payload bytes")
+    assert calls == [13]  # from_data hashes the bytes once
+    wire = encode(chunk)  # ... and validation trusts that digest of immutable bytes
+    assert calls == [13]
+    decode(wire, "weights_chunk")  # the receiving side hashes once
+    assert calls == [13, 13]
+    with pytest.raises(SchemaError, match="sha256: does not match data"):  # a copy is not trusted
+        encode(dataclasses.replace(chunk, data=b"other bytes!"))
+    assert calls == [13, 13, 12]
+    mutable = WeightsChunk.from_data(version=1, index=0, count=1, data=bytearray(b"payload bytes"))
+    encode(mutable)  # bytes that could change after hashing are hashed again
+    assert calls == [13, 13, 12, 13, 13]
 
 
 def test_store_file_checks_header_and_data(tmp_path):

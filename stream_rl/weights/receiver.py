@@ -10,7 +10,7 @@ Guarantees:
 - A manifest is published only after its whole payload is acknowledged or durable, so the newest manifest seen is
   the newest complete version: a late joiner starts there without waiting for anything in flight.
 - ``fetch`` returns every tensor of the version, verified (each chunk's SHA-256, count, length and index coverage;
-  the whole payload's size and SHA-256; the decoded tensors against the manifest's index), or raises
+  the whole payload's size and SHA-256; a store file's header against the manifest's index), or raises
   :class:`WeightsError` ``"weights v{N}: <problem>"``. It never returns part of a version, and it gives up after
   ``weights.fetch_timeout_s`` instead of waiting forever for a missing or stalled chunk.
 - A delta version (``delta_base`` set) is rebuilt from the payload this receiver holds (the last one it verified,
@@ -34,10 +34,10 @@ import os
 import time
 import urllib.parse
 import urllib.request
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -84,7 +84,7 @@ class WeightsReceiver:
         self._held: _Held | None = None  # kept once deltas are in use (snapshot_every > 1, or a delta seen)
         self._deltas_seen = weights_cfg.snapshot_every > 1
         self.invalid_manifests = 0
-        self.rebuilt_from: list[tuple[int, int]] = []  # (version, what it was rebuilt from) per delta fetched
+        self.rebuilt_from: deque[tuple[int, int]] = deque(maxlen=64)  # (version, rebuilt from), newest deltas
 
     @property
     def latest(self) -> WeightsManifest | None:

@@ -51,11 +51,16 @@ def _two_rank_run(out: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-# Measured on this machine (2 CPU cores, gloo), weights after 2 steps x 2 epochs x 2 minibatches at lr 1e-2, against
-# the same engine on one rank: torch 0.0 (the summed gradients are bit-identical), ZeRO-2 1.6e-5, ZeRO-3 1.0e-4
-# (ZeRO reduce-scatters in another order; Adam's first updates magnify rounding-level differences of near-zero
-# gradients, as in test_trainer_deepspeed). The updates themselves move weights by ~1e-2.
-TOLERANCE = {"torch": 1e-6, "zero2": 1e-4, "zero3": 5e-4}
+# Measured (2 CPU cores, gloo), weights after 2 steps x 2 epochs x 2 minibatches at lr 1e-2, against the same engine
+# on one rank: torch 0.0 (the summed gradients are bit-identical); ZeRO-2 max 1.6e-5 on one development machine and
+# 1.16e-4 on another (same packages, another CPU), ZeRO-3 max 1.0e-4 and 8.7e-5. ZeRO reduce-scatters in another
+# order, and Adam's first updates magnify rounding-level differences of near-zero gradients (as in
+# test_trainer_deepspeed) into a few lr-sized ones, so the largest difference depends on the CPU's rounding; the
+# bulk does not: on the second machine the median difference was 8e-8 and 0.09 % of the elements differed by more
+# than 1e-5. The updates themselves move weights by ~1e-2, and a lost or doubled gradient moves them by that much.
+TOLERANCE = {"torch": 1e-6, "zero2": 5e-4, "zero3": 5e-4}  # the largest difference, 5 % of one update
+BULK_TOLERANCE = 1e-6  # the median difference
+OUTLIER_FRACTION = 0.01  # elements differing by more than 1e-5
 
 
 def _assert_resumable_on_one_rank(root: Path, weights: dict) -> None:
@@ -95,8 +100,10 @@ def test_two_ranks_compute_the_one_rank_steps_for_torch_zero2_and_zero3(tmp_path
         for rank in (0, 1):
             ranked = load_file(str(tmp_path / f"{name}-rank{rank}.safetensors"))
             assert ranked.keys() == weights.keys()
-            diff = max(float((weights[k] - ranked[k]).abs().max()) for k in weights)
-            assert diff <= TOLERANCE[name], (name, rank, diff)
+            diffs = torch.cat([(weights[k] - ranked[k]).abs().flatten() for k in weights])
+            assert float(diffs.max()) <= TOLERANCE[name], (name, rank, float(diffs.max()))
+            assert float(diffs.median()) <= BULK_TOLERANCE, (name, rank, float(diffs.median()))
+            assert float((diffs > 1e-5).float().mean()) <= OUTLIER_FRACTION, (name, rank)
             ranked_metrics = json.loads((tmp_path / f"{name}-rank{rank}.json").read_text())
             _assert_resumable_on_one_rank(tmp_path / f"{name}-ckpt", ranked)
             for one, two in zip(metrics, ranked_metrics, strict=True):

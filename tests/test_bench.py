@@ -214,15 +214,20 @@ def test_scorer_window_rate_counts_only_while_every_scorer_works():
         window_rate({"a": [1.0]})
 
 
-def test_offpolicy_tiny_run_produces_every_figure_and_paired_differences(demo_build, tmp_path, monkeypatch):
-    from bench import offpolicy
-
+def _tiny_in_process_run(name: str, demo_build, tmp_path, monkeypatch) -> tuple[dict, str]:
+    """Run benchmark ``name`` in tiny mode on the session's demo build: (its results entry, the rendered report)."""
     monkeypatch.setenv("BENCH_DEMO_DIR", str(demo_build[0]))
     json_path, md_path = tmp_path / "results.json", tmp_path / "benchmarks.md"
     # in-process benchmark: it never contacts the broker, so an unused address is given instead of starting one
-    assert bench_run.main(["offpolicy", "--tiny", "--bootstrap", "127.0.0.1:9", "--json", str(json_path),
+    assert bench_run.main([name, "--tiny", "--bootstrap", "127.0.0.1:9", "--json", str(json_path),
                            "--out", str(md_path)]) == 0
-    result = json.loads(json_path.read_text())["benchmarks"]["offpolicy"]
+    return json.loads(json_path.read_text())["benchmarks"][name], md_path.read_text()
+
+
+def test_offpolicy_tiny_run_produces_every_figure_and_paired_differences(demo_build, tmp_path, monkeypatch):
+    from bench import offpolicy
+
+    result, doc = _tiny_in_process_run("offpolicy", demo_build, tmp_path, monkeypatch)
     keys = [f"lag{lag}.{variant}" for lag, variant in offpolicy.runs(result["params"])]
     assert keys == ["lag0.decoupled", "lag2.decoupled", "lag2.uncorrected", "lag2.ppo_mu"]
     expected = {"start_reward"} | {f"{k}.{what}" for k in keys for what in ("final_reward", "train_reward_last")}
@@ -231,7 +236,6 @@ def test_offpolicy_tiny_run_produces_every_figure_and_paired_differences(demo_bu
         assert len(values) == 3 and all(0.0 <= v <= 1.0 for v in values)  # one per seed; rewards are 0/1 means
         assert result["figures"][name] == sorted(values)[1]
     assert result["diagnostics"]["lag0.decoupled"]["is_weight_mean"] == pytest.approx(1.0, abs=1e-3)  # mu = pi_prox
-    doc = md_path.read_text()
     assert "## 5. Off-policy robustness" in doc and "Does the correction matter here?" in doc
     fake = {"samples": {"lag4.decoupled.final_reward": [0.5, 0.4, 0.3],
                         "lag4.uncorrected.final_reward": [0.25, 0.5, 0.2]}}
@@ -284,12 +288,7 @@ def test_deltas_tiny_run_measures_real_steps_of_both_workloads(demo_build, tmp_p
     from stream_rl.weights.delta import MAX_CHANGED_FRACTION
     from stream_rl.weights.publisher import MAX_DELTA_RATIO
 
-    monkeypatch.setenv("BENCH_DEMO_DIR", str(demo_build[0]))
-    json_path, md_path = tmp_path / "results.json", tmp_path / "benchmarks.md"
-    # in-process benchmark: it never contacts the broker, so an unused address is given instead of starting one
-    assert bench_run.main(["deltas", "--tiny", "--bootstrap", "127.0.0.1:9", "--json", str(json_path),
-                           "--out", str(md_path)]) == 0
-    result = json.loads(json_path.read_text())["benchmarks"]["deltas"]
+    result, doc = _tiny_in_process_run("deltas", demo_build, tmp_path, monkeypatch)
     assert deltas.keys(result) == ["demo.float32", "demo.bfloat16", "qwen.bfloat16"]
     assert set(result["steps"]) == set(deltas.keys(result))
     assert result["workloads"]["qwen"]["parameters"] < 1_000_000  # tiny: the 2-layer model of the family
@@ -307,5 +306,4 @@ def test_deltas_tiny_run_measures_real_steps_of_both_workloads(demo_build, tmp_p
     # lr 1e-6 is far below the bf16 spacing of weights ~0.01: few elements change, the delta is what is sent
     assert figures["qwen.bfloat16.changed_elements"] < 0.2 and figures["qwen.bfloat16.sent_ratio"] < MAX_DELTA_RATIO
     assert figures["demo.float32.changed_elements"] > 0.5  # fp32 at lr 1e-4: the low bits of most elements move
-    doc = md_path.read_text()
     assert "## 8. Delta versions" in doc and "goal ≤ 5 %" in doc and deltas.headline(result) in doc

@@ -287,22 +287,21 @@ def assemble(manifest: WeightsManifest, chunks: Iterable[WeightsChunk], digests_
 
 def check_delta(manifest: WeightsManifest, blob: bytes | memoryview | np.ndarray) -> None:
     """Raise WeightsError unless ``blob`` has the delta's size and SHA-256 (``delta_bytes``, ``delta_sha256``)."""
-    if len(blob) != manifest.delta_bytes:
-        raise WeightsError(manifest.version, f"delta has {len(blob)} bytes, manifest says {manifest.delta_bytes}")
-    digest = sha256_hex(memoryview(blob))
-    if digest != manifest.delta_sha256:
-        raise WeightsError(manifest.version, f"delta sha256 {digest} does not match the manifest's "
-                                             f"{manifest.delta_sha256}")
+    _check_bytes(manifest.version, "delta", blob, manifest.delta_bytes, manifest.delta_sha256)
 
 
 def check_payload(manifest: WeightsManifest, data: bytes | memoryview | np.ndarray) -> None:
     """Raise WeightsError unless ``data`` has the manifest's size and SHA-256."""
-    if len(data) != manifest.total_bytes:
-        raise WeightsError(manifest.version, f"payload has {len(data)} bytes, manifest says {manifest.total_bytes}")
+    _check_bytes(manifest.version, "payload", data, manifest.total_bytes, manifest.sha256)
+
+
+def _check_bytes(version: int, what: str, data: bytes | memoryview | np.ndarray, size: int | None,
+                 sha256: str | None) -> None:
+    if len(data) != size:
+        raise WeightsError(version, f"{what} has {len(data)} bytes, manifest says {size}")
     digest = sha256_hex(memoryview(data))
-    if digest != manifest.sha256:
-        raise WeightsError(manifest.version, f"payload sha256 {digest} does not match the manifest's "
-                                             f"{manifest.sha256}")
+    if digest != sha256:
+        raise WeightsError(version, f"{what} sha256 {digest} does not match the manifest's {sha256}")
 
 
 def tensors_from_chunks(manifest: WeightsManifest, chunks: Iterable[WeightsChunk],

@@ -35,9 +35,9 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -86,6 +86,25 @@ class _Delta:
     flat: np.ndarray  # uint8 [total_bytes]: the new payload
     sha256: str  # of ``flat``
     blob: bytes  # the compressed delta against the base
+
+
+_T = TypeVar("_T")
+
+
+def _write_durably(path: Path, write: Callable[[Path], _T]) -> _T:
+    """``write`` a temporary file beside ``path`` (it validates what it wrote, raising when invalid), then fsync it,
+    rename it to ``path`` and fsync the directory; any failure removes the temporary file (no orphan payload)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
+    try:
+        result = write(tmp)
+        fsync_path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_path(path.parent)
+    return result
 
 
 def choose_mode(cfg: WeightsConfig, total_bytes: int) -> str:
@@ -229,34 +248,19 @@ class WeightsPublisher:
                     step: int) -> tuple[StoredPayload, WeightsManifest]:
         """Write the version file under a temporary name, validate its manifest, fsync, rename, fsync the
         directory; an invalid manifest or any failure removes the temporary file (no orphan payload)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
-        try:
+        def write(tmp: Path) -> tuple[StoredPayload, WeightsManifest]:
             payload = save_store_file(tensors, tmp)
-            manifest = validate(self._manifest(payload, version, step, "store", store_uri=path.as_uri()))
-            fsync_path(tmp)
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        fsync_path(path.parent)
-        return payload, manifest
+            return payload, validate(self._manifest(payload, version, step, "store", store_uri=path.as_uri()))
+
+        return _write_durably(path, write)
 
     def _write_blob(self, blob: bytes, path: Path, manifest: WeightsManifest) -> None:
-        """A delta's store file, written as :meth:`_write_file` writes a snapshot: tmp, validate, fsync, rename,
-        fsync the directory."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
-        try:
-            with open(tmp, "wb") as handle:
-                handle.write(blob)
+        """A delta's store file, written as :meth:`_write_file` writes a snapshot."""
+        def write(tmp: Path) -> None:
+            tmp.write_bytes(blob)
             validate(manifest)
-            fsync_path(tmp)
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        fsync_path(path.parent)
+
+        _write_durably(path, write)
 
     def collect_garbage(self, keep_last: int | None = None) -> list[int]:
         """Delete chunk topics and store files of all versions but the newest ``keep_last`` (default

@@ -1,13 +1,14 @@
 """Entry point of the benchmark suite: ``python -m bench.run [NAMES...] [--quick] [--out FILE] [--json FILE]``.
 
-Consumes: benchmark names (default: every implemented one), a size mode, and optionally ``--bootstrap`` to use a
-running broker instead of starting one.
+Consumes: benchmark names (default: every implemented one of :data:`BENCHMARKS`; those of :data:`NAMED_ONLY` run
+only when named), a size mode, and optionally ``--bootstrap`` to use a running broker instead of starting one.
 Produces: the benchmarks' results merged into the JSON file (a benchmark run now replaces its earlier entry, the
 others are kept) and ``docs/benchmarks.md`` regenerated from it; a one-line headline per benchmark on stdout.
 Guarantees: unknown names (and names of benchmarks not implemented yet) exit 2 before anything starts; the local
 broker it starts lives in a temporary state directory and is stopped by its recorded PID even when a benchmark
 fails; ``--quick`` writes ``bench/results.quick.json`` and no Markdown unless ``--out`` is given, so a quick run
-never replaces the full figures in the docs; ``--render`` regenerates the Markdown from the JSON without measuring.
+never replaces the full figures in the docs; ``--render`` regenerates the Markdown from the JSON without measuring;
+a named-only benchmark gets its section in the Markdown once its results are in the JSON.
 """
 
 from __future__ import annotations
@@ -58,7 +59,16 @@ BENCHMARKS: tuple[BenchSpec, ...] = (
               "model trained with bf16 autocast (bf16 broadcast); encode and rebuild times, rebuilds checked bit "
               "for bit."),
 )
-BY_NAME = {spec.name: spec for spec in BENCHMARKS}
+NAMED_ONLY: tuple[BenchSpec, ...] = (
+    BenchSpec("trl", 9, "Against TRL", "bench.trl_peer",
+              "TRL's `GRPOTrainer` (one synchronous process) against `stream-rl run` on the same demo budget, model, "
+              "prompts, verifier and settings: wall time from the first to the last step, trained samples/s and the "
+              "reward curves, on the demo (6 new tokens) and on longer responses (untrained policy, up to 57 new "
+              "tokens: throughput only)."),
+)
+"""Benchmarks that need an optional extra (``trl``: ``pip install -e '.[trl]'``), so a default run, which must work
+on a plain install, leaves them out; they run when named (``python -m bench.run trl``)."""
+BY_NAME = {spec.name: spec for spec in BENCHMARKS + NAMED_ONLY}
 ROOT = Path(__file__).resolve().parent.parent
 """The repository root (bench/ is installed editable, so this holds from any working directory)."""
 DEFAULT_JSON = ROOT / "bench" / "results.json"
@@ -68,8 +78,10 @@ DEFAULT_OUT = ROOT / "docs" / "benchmarks.md"
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
+    named_only = ", ".join(spec.name for spec in NAMED_ONLY)
     parser.add_argument("names", nargs="*", metavar="NAME",
-                        help=f"benchmarks to run (default: every implemented one): {', '.join(BY_NAME)}")
+                        help=f"benchmarks to run (default: every implemented one but {named_only}, which run only "
+                             f"when named): {', '.join(BY_NAME)}")
     parser.add_argument("--quick", action="store_true", help="small sizes (under a minute for each benchmark)")
     parser.add_argument("--tiny", action="store_true", help="smallest sizes, for the test suite: figures mean nothing")
     parser.add_argument("--out", type=Path, default=None,
@@ -92,7 +104,12 @@ def select(names: Sequence[str]) -> list[BenchSpec] | str:
     if pending:
         return f"benchmark(s) not implemented yet: {', '.join(pending)}"
     wanted = set(names) or {s.name for s in BENCHMARKS if s.module is not None}
-    return [spec for spec in BENCHMARKS if spec.name in wanted]
+    return [spec for spec in BENCHMARKS + NAMED_ONLY if spec.name in wanted]
+
+
+def report_specs(results: dict[str, Any]) -> tuple[BenchSpec, ...]:
+    """The sections of the Markdown: every benchmark of :data:`BENCHMARKS`, and the named-only ones measured."""
+    return BENCHMARKS + tuple(spec for spec in NAMED_ONLY if spec.name in results["benchmarks"])
 
 
 def _run_one(spec: BenchSpec, ctx: BenchContext, command: str, machine: dict[str, str]) -> dict[str, Any]:
@@ -146,7 +163,7 @@ def run(args: argparse.Namespace, specs: list[BenchSpec], command: str) -> dict[
         _with_broker(args, workdir, body)
     out = args.out or (DEFAULT_OUT if mode == "full" else None)
     if out is not None:
-        write_text(out, render_doc(results, BENCHMARKS))
+        write_text(out, render_doc(results, report_specs(results)))
     return results
 
 
@@ -162,7 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.render:
         out = args.out or DEFAULT_OUT
-        write_text(out, render_doc(load_results(args.json or DEFAULT_JSON), BENCHMARKS))
+        results = load_results(args.json or DEFAULT_JSON)
+        write_text(out, render_doc(results, report_specs(results)))
         print(f"regenerated {out}")
         return 0
     run(args, specs, "python -m bench.run " + shlex.join(argv) if argv else "python -m bench.run")

@@ -81,6 +81,9 @@ class KafkaConfig(_Section):
         "rollout of 1,024 tokens, ~26 kB, so every record went alone: 5x fewer rollouts/s, "
         "docs/benchmarks.md); at most max_request_size")
     acks: Literal["all", "1", "0"] = Field("all", description="producer acks; 'all' enables idempotence")
+    compression: Literal["none", "gzip", "lz4", "zstd"] = Field(
+        "none", description="codec of the record batches producers send (every Kafka client decodes them; the "
+        "record values, docs/wire-format.md, are unchanged)")
     broker_timeout_s: float = Field(
         60.0, gt=0, le=3600, description="a role that has not heard from any broker for this long (a consumer "
         "poll, a producer send or flush) stops with BrokerUnreachable naming the bootstrap address; also the "
@@ -179,6 +182,11 @@ class RunConfig(_Section):
     group_size: int = Field(8, ge=1, description="samples per prompt written into each Prompt record")
     max_wall_s: float | None = Field(None, gt=0, description="stop the run after this many seconds")
     start_broker: bool = Field(True, description="start the local broker when kafka.bootstrap_servers is unset")
+    placement: Literal["auto", "none"] = Field(
+        "auto", description="'auto': once training starts each trainer rank runs on cores of its own (with their "
+        "threads), producers on the rest (1 thread each), scorers and the local broker where the kernel finds "
+        "room, and the prompts/rollouts/scored topics get one partition per consumer unless topics.partitions is "
+        "set (stream_rl/placement.py); 'none': nothing pinned, one thread per process")
 
 
 class StreamRLConfig(_Section):

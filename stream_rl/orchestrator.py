@@ -69,16 +69,18 @@ class Supervisor:
     config_file: Path
     children: list[Child] = field(default_factory=list)
 
-    def start(self, role: str, index: int, extra_args: list[str] | None = None) -> Child:
+    def start(self, role: str, index: int, extra_args: list[str] | None = None, threads: int = 1) -> Child:
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"{role}-{index}.log"
         cmd = [sys.executable, "-m", "stream_rl.cli.main", role, "--config", str(self.config_file),
                "--instance", str(index), *(extra_args or [])]
         log_fh = open(log_path, "ab")
-        # one compute thread per role unless the user says otherwise: on a small machine, roles that each
-        # start one thread per core fight over the cores (measured: 3-4x slower steps on 2 cores)
-        env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1"}
+        # `threads` compute threads (the placement's; 1 on a shared core) unless the user's environment says
+        # otherwise: on a small machine, roles that each start one thread per core fight over the cores
+        # (measured: 3-4x slower steps on 2 cores)
+        env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), **os.environ,
+               "PYTHONUNBUFFERED": "1"}
         proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 preexec_fn=die_with_parent)
         log_fh.close()
@@ -173,14 +175,17 @@ def progress_line(row: dict) -> str:
 
 
 def supervise(sup: Supervisor, metrics_path: Path, echo: Callable[[str], None], max_wall_s: float | None,
-              poll_s: float = 1.0) -> list[dict]:
-    """Watch the children and the trainer's metrics until the trainer finishes; returns all metric rows."""
+              poll_s: float = 1.0, on_first_row: Callable[[], None] | None = None) -> list[dict]:
+    """Watch the children and the trainer's metrics until the trainer finishes; returns all metric rows.
+    ``on_first_row`` runs once, when the trainer's first metrics row appears (training has started)."""
     rows: list[dict] = []
     offset = 0
     start = time.monotonic()
     try:
         while True:
             new, offset = read_new_metrics(metrics_path, offset)
+            if new and not rows and on_first_row is not None:
+                on_first_row()
             for row in new:
                 rows.append(row)
                 echo(progress_line(row))

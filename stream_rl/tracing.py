@@ -153,7 +153,13 @@ class Tracing:
     @contextmanager
     def process_span(self, name: str, headers_list: Sequence[Headers],
                      attributes: dict[str, Any] | None = None) -> Iterator[None]:
-        """A CONSUMER span for processing records: child of the one record's context, else linked to every one."""
+        """A CONSUMER span for processing records: child of the one record's context, else linked to every one.
+        When :attr:`records_spans` is False no span is built and no record's context is read for links (nobody
+        would see them): the current context becomes what that span's would have been (:meth:`_bare_context`)."""
+        if not self.records_spans:
+            with trace.use_span(self._bare_context(headers_list), end_on_exit=False):
+                yield
+            return
         contexts = [c for c in (extract_span_context(h) for h in headers_list) if c is not None]
         attrs = {"messaging.system": "kafka", "messaging.batch.message_count": len(headers_list),
                  **(attributes or {})}
@@ -168,6 +174,19 @@ class Tracing:
                                                attributes=attrs, context=trace.set_span_in_context(
                                                    trace.INVALID_SPAN)):
             yield
+
+    def _bare_context(self, headers_list: Sequence[Headers]) -> trace.NonRecordingSpan:
+        """The context a ``process`` span would have under the default sampler, without the span: a child of the
+        one record's context (its trace, sampling and ``tracestate``), else a new sampled root."""
+        ids = self.provider.id_generator
+        parent = extract_span_context(headers_list[0]) if len(headers_list) == 1 else None
+        if parent is not None:
+            return trace.NonRecordingSpan(trace.SpanContext(
+                parent.trace_id, ids.generate_span_id(), is_remote=False, trace_flags=parent.trace_flags,
+                trace_state=parent.trace_state))
+        flags = TraceFlags.SAMPLED | (TraceFlags.RANDOM_TRACE_ID if ids.is_trace_id_random() else 0)
+        return trace.NonRecordingSpan(trace.SpanContext(ids.generate_trace_id(), ids.generate_span_id(),
+                                                        is_remote=False, trace_flags=TraceFlags(flags)))
 
     @contextmanager
     def span(self, name: str, attributes: dict[str, Any] | None = None) -> Iterator[None]:

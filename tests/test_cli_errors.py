@@ -126,15 +126,19 @@ def test_a_role_started_by_hand_without_the_demo_says_to_build_it(tmp_path):
     assert "trainer.model_dir" in line and "stream-rl demo init runs/demo-model" in line and "make run" in line
 
 
-@pytest.mark.parametrize("role,field", [("train", "trainer.model_dir"), ("produce", "producer.model_dir"),
-                                        ("score", "scorer.reference_model_dir")])
-def test_a_role_started_by_hand_uses_the_built_demo_like_run(tmp_path, role, field):
+@pytest.mark.parametrize("role,field,expected,extra", [
+    ("train", "trainer.model_dir", str(Path("runs/demo-model") / "policy"), []),
+    ("produce", "producer.model_dir", str(Path("runs/demo-model") / "policy"), []),
+    ("score", "scorer.reward_fn", "stream_rl.demo.task:addition_reward", []),
+    ("score", "scorer.reference_model_dir", None, []),  # kl.coef 0: nothing consumes reference logprobs
+    ("score", "scorer.reference_model_dir", str(Path("runs/demo-model") / "reference"),
+     ["--set", "trainer.kl.coef=0.05"])])
+def test_a_role_started_by_hand_uses_the_built_demo_like_run(tmp_path, role, field, expected, extra):
     (tmp_path / "runs" / "demo-model" / "policy").mkdir(parents=True)
-    result = cli(role, "-c", str(ROOT / "configs" / "demo.toml"), "--dry-run", cwd=tmp_path)
+    result = cli(role, "-c", str(ROOT / "configs" / "demo.toml"), "--dry-run", *extra, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     section, name = field.split(".")
-    expected = "policy" if name == "model_dir" else "reference"
-    assert json.loads(result.stdout)[section][name] == str(Path("runs/demo-model") / expected)
+    assert json.loads(result.stdout)[section][name] == expected
 
 
 def test_demo_init_on_an_existing_directory_names_the_flag(tmp_path):

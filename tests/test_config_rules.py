@@ -122,5 +122,8 @@ def test_a_producer_batch_must_fit_a_request():
     cfg = load_config(None, env={}, overrides={"kafka.batch_size": 1048576})
     assert producer_settings(cfg.kafka, "127.0.0.1:9092")["batch_size"] == 1048576
     assert producer_settings(load().kafka, "127.0.0.1:9092")["batch_size"] == 786432  # above one rollout record
+    assert producer_settings(load().kafka, "127.0.0.1:9092")["compression_type"] is None  # kafka.compression none
+    lz4 = load(kafka__compression="lz4").kafka
+    assert producer_settings(lz4, "127.0.0.1:9092")["compression_type"] == "lz4"
     small = load_config(None, env={}, overrides={"kafka.max_request_size": 500000})  # the default follows the limit
     assert small.kafka.batch_size is None and producer_settings(small.kafka, "h:1")["batch_size"] == 500000

@@ -119,6 +119,35 @@ def test_behaviour_logprobs_equal_a_full_forward_recomputation_with_left_padding
     assert np.abs(raw - behaviour).mean() > 1e-2
 
 
+def test_the_decode_loop_draws_what_transformers_generate_draws_with_the_same_seed(engine):
+    """One prefill per prompt (cache repeated per sample) against generate(num_return_sequences=n), which prefills
+    every row: the same RNG stream and the same distributions give the same tokens, and the behaviour logprobs are
+    generate's raw logits under log softmax(logits / T)."""
+    from transformers import GenerationConfig
+
+    from producers.engines.base import prompt_seed
+    from producers.engines.hf import left_pad
+
+    n, steps = 4, 8
+    groups = engine.generate(PROMPTS, n=n, temperature=TEMPERATURE, max_new_tokens=steps, seed=11)
+    ids, mask = left_pad(PROMPTS, engine.tokenizer.pad_token_id)
+    config = GenerationConfig(do_sample=True, temperature=TEMPERATURE, top_k=0, top_p=1.0, num_return_sequences=n,
+                              max_new_tokens=steps, eos_token_id=engine.eos_token_id,
+                              pad_token_id=engine.tokenizer.pad_token_id)
+    with torch.random.fork_rng(), torch.inference_mode():
+        torch.manual_seed(prompt_seed(11, 0))
+        out = engine.model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                                    output_logits=True, return_dict_in_generate=True)
+    tokens = out.sequences[:, ids.shape[1]:]  # [B*n, S]
+    logp = torch.stack([torch.log_softmax(x.float() / TEMPERATURE, -1) for x in out.logits], 1)  # [B*n, S, V]
+    for row, sample in enumerate(s for g in groups for s in g):
+        k = len(sample.token_ids)
+        assert sample.token_ids == tokens[row, :k].tolist()
+        expected = logp[row, torch.arange(k), tokens[row, :k]]
+        assert np.allclose(sample.logprobs, expected.numpy(), atol=1e-5)
+    assert len({tuple(s.token_ids) for g in groups for s in g}) > 4  # the samples really differ
+
+
 def test_samples_end_at_eos_with_stop_or_run_to_the_budget_with_length(engine):
     groups = engine.generate(PROMPTS, n=16, temperature=1.0, max_new_tokens=6, seed=0)
     samples = [s for g in groups for s in g]

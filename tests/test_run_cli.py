@@ -44,10 +44,22 @@ def test_run_dry_run_fills_demo_paths(tmp_path):
     assert out.exit_code == 0, out.output
     cfg = json.loads(out.output)
     assert cfg["producer"]["model_dir"] == str(tmp_path / "demo" / "policy")
-    assert cfg["scorer"]["reference_model_dir"] == str(tmp_path / "demo" / "reference")
+    assert cfg["scorer"]["reference_model_dir"] is None  # kl.coef 0, no kl.report: no reference forward pass
     assert cfg["run"]["prompts_file"] == str(tmp_path / "demo" / "prompts.jsonl")
     assert cfg["producer"]["temperature"] == 0.7
     assert cfg["topics"]["run"].startswith("demo-")  # every run gets its own topics
+
+
+@pytest.mark.parametrize("setting", ["trainer.kl.coef=0.05", "trainer.kl.report=true"])
+def test_run_gives_the_scorer_the_reference_when_consumed(tmp_path, setting):
+    from typer.testing import CliRunner
+
+    from stream_rl.cli.main import app
+
+    out = CliRunner().invoke(app, ["run", "--dry-run", "--set", f"run.demo_dir={tmp_path / 'demo'}",
+                                   "--set", setting])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["scorer"]["reference_model_dir"] == str(tmp_path / "demo" / "reference")
 
 
 def test_run_without_a_step_budget_is_refused():

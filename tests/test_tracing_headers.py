@@ -80,3 +80,33 @@ def test_inside_a_process_span_the_send_continues_its_trace():
         headers = bare.send_headers([])
     assert extract_span_context(headers).trace_id == current.trace_id
     assert extract_span_context(headers).span_id != current.span_id
+
+
+def _processed_then_sent(tracing: Tracing, batch):
+    """The headers of a send made while processing ``batch`` (a list of record headers)."""
+    with tracing.process_span("step", batch):
+        if tracing.records_spans:
+            with tracing.send_span("out", b"k", []) as out:
+                return out
+        return tracing.send_headers([])
+
+
+def test_processing_one_record_continues_its_trace_without_building_a_span():
+    state = TraceState([("vendor", "abc")])
+    for flags, expected in ((TraceFlags.SAMPLED, "01"), (TraceFlags.DEFAULT, "00")):
+        parent = SpanContext(0xABC, 0x77, is_remote=True, trace_flags=TraceFlags(flags), trace_state=state)
+        record = [("traceparent", f"00-{parent.trace_id:032x}-{parent.span_id:016x}-{expected}".encode()),
+                  ("tracestate", b"vendor=abc")]
+        real = _parts(_processed_then_sent(Tracing("svc", InMemorySpanExporter()), [record]))
+        fast = _parts(_processed_then_sent(Tracing("svc"), [record]))
+        assert real == fast and fast["trace"] == f"{0xABC:032x}" and fast["flags"] == expected
+        assert fast["state"] == b"vendor=abc"
+
+
+def test_processing_a_batch_starts_a_new_sampled_trace_without_reading_links():
+    batch = [[("traceparent", f"00-{i + 1:032x}-{i + 1:016x}-01".encode())] for i in range(3)]
+    real = _parts(_processed_then_sent(Tracing("svc", InMemorySpanExporter()), batch))
+    fast = _parts(_processed_then_sent(Tracing("svc"), batch))
+    assert fast["trace"] not in {f"{i + 1:032x}" for i in range(3)}  # a new root, as the recorded span is
+    assert {k: v for k, v in real.items() if k != "trace"} == {k: v for k, v in fast.items() if k != "trace"}
+    assert fast["flags"] == "03"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pytest
 
 from consumers.trainer.batcher import Batcher
@@ -156,3 +157,22 @@ def test_a_group_split_across_partitions_is_trained_whole_and_holds_both_partiti
     assert b.safe_offsets() == {(TOPIC, 0): 5, (TOPIC, 1): 9}  # in training: both held
     b.mark_trained([group])
     assert b.safe_offsets() == {(TOPIC, 0): 6, (TOPIC, 1): 10} and b.ledger.groups() == {("p0", 0)}
+
+
+def test_rollout_lag_agrees_with_policy_lag_on_every_shape_of_versions():
+    """The per-record fast path is policy_lag's formula for one row whose tokens are all valid."""
+    import torch
+
+    from consumers.trainer.batcher import rollout_lag
+    from stream_rl.algorithms import policy_lag
+
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        n = int(rng.integers(1, 8))
+        versions = rng.integers(0, 10, n).tolist()
+        current = int(rng.integers(max(versions), 14))
+        item = scored(0, 0, response_ids=list(range(3, 3 + n)), versions=versions)
+        expected = int(policy_lag(torch.tensor([versions]), torch.ones(1, n, dtype=torch.bool), current)[0])
+        assert rollout_lag(item, current) == expected == current - min(versions)
+    newer = scored(0, 0, response_ids=[3, 4], versions=[5, 7])
+    assert rollout_lag(newer, 6) == -1  # from a version the trainer has not made: negative, as before

@@ -107,3 +107,20 @@ def test_zero2_in_bf16_mixed_precision_equals_the_torch_engine_in_bf16():
     assert ds_engine.forward(batch)[0].dtype == torch.bfloat16
     assert all(v.dtype == torch.float32 for v in ds_engine.state_dict().values())
     assert_same_weights(torch_engine, ds_engine, atol=1e-5)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_with_shared_prompts_trains_as_the_plain_torch_step(stage):
+    """trainer.share_prompts under ZeRO (stage 3 gathers the parameters in each of the two forwards of a micro
+    batch): the same step as the torch engine running every row's prompt."""
+    cfg = trainer_cfg(zero_stage=stage, micro_batch_size=2, lr=1e-2)
+    torch_engine = TorchEngine(TrainModule(tiny_policy(seed=0)), cfg)
+    ds_engine = DeepSpeedEngine(TrainModule(tiny_policy(seed=0), share_prompts=True),
+                                cfg.model_copy(update={"engine": "deepspeed", "share_prompts": True}))
+    batch = make_batch(0)
+    mt = train_step(torch_engine, batch, cfg, TrainState())
+    md = train_step(ds_engine, batch, cfg, TrainState())
+    assert md["optim/updates"] == 1.0
+    assert md["optim/grad_norm"] == pytest.approx(mt["optim/grad_norm"], rel=1e-4)
+    assert md["loss/total"] == pytest.approx(mt["loss/total"], rel=1e-4, abs=1e-6)
+    assert_same_weights(torch_engine, ds_engine, atol=1e-5)

@@ -176,6 +176,11 @@ def test_rollout_metrics_hand_values():
     assert m["response/length_mean"] == 1.75 and m["response/length_max"] == 3.0
     assert m["throughput/generate_tokens_per_s"] == pytest.approx(7 / 0.5)  # one producer batch of 0.5 s
     assert m["time/score_s_mean"] == 0.25 and m["reward/verifier"] == 0.75
+    assert "time/rollout_age_s_mean" not in m  # only when the trainer says when the step started
+    for i, s in enumerate(items):
+        s.rollout.timings["created_at"] = 100.0 + i  # generated at 100, 101, 102, 103
+    aged = rollout_metrics(items, current_version=4, success_threshold=1.0, now=105.0)
+    assert aged["time/rollout_age_s_mean"] == pytest.approx(3.5)  # (5 + 4 + 3 + 2) / 4
 
 
 class _Counting(TorchEngine):

@@ -24,9 +24,10 @@ def _drain(source, want: int, timeout_s: float = 30.0, max_records=None) -> list
     return got
 
 
-def test_every_kind_round_trips_through_the_broker(make_config):
-    cfg = make_config()
-    t = Transport(cfg, "test")
+@pytest.mark.parametrize("compression", ["none", "lz4", "zstd"])
+def test_every_kind_round_trips_through_the_broker(make_config, compression):
+    cfg = make_config(**{"kafka.compression": compression})
+    t = Transport(cfg, f"test-{compression}")
     t.ensure_topics()
     sink = t.sink()
     sent = samples.every_kind()
@@ -34,7 +35,7 @@ def test_every_kind_round_trips_through_the_broker(make_config):
         sink.send(t.names.status, msg, key=getattr(msg, "KIND", "k"))
     acks = sink.flush()
     assert len(acks) == len(sent)
-    source = t.source([t.names.status], "g-roundtrip", None, sink)
+    source = t.source([t.names.status], f"g-roundtrip-{compression}", None, sink)
     got = _drain(source, len(sent))
     assert [c.value for c in got] == sent  # one partition: order kept; equality compares arrays and dtypes
     assert source.dead_lettered == 0

@@ -44,12 +44,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import torch
+import numpy as np
 
 from consumers.trainer.ledger import Ledger
 from consumers.trainer.lineage import Lineage
 from schemas import Prompt, ScoredRollout, StaleRollout
-from stream_rl.algorithms import policy_lag
 
 TopicPartition = tuple[str, int]
 NO_JUMPS = Lineage()
@@ -91,17 +90,19 @@ class StaleDrop:
 
 
 def rollout_lag(scored: ScoredRollout, current_version: int, lineage: Lineage = NO_JUMPS) -> int:
-    """Policy lag of one rollout via ``stream_rl.algorithms.policy_lag``; negative if it is from a newer version.
+    """Policy lag of one rollout (``stream_rl.algorithms.policy_lag``'s formula); negative if it is from a newer
+    version.
     After a resume that republished its checkpoint under a new number, the lag is measured along ``lineage``
     (the oldest token's steps from the current weights), so the resume itself makes nothing stale."""
-    versions = torch.from_numpy(scored.rollout.token_policy_versions.astype("int64"))[None, :]  # [1, R]
+    versions = scored.rollout.token_policy_versions  # [R] integers, validated at the edge
     newest = int(versions.max())
     if newest > current_version:
         return current_version - newest
     if lineage.jumps:
-        return max(lineage.lag(int(v), current_version) for v in torch.unique(versions).tolist())
-    mask = torch.ones_like(versions, dtype=torch.bool)  # [1, R]
-    return int(policy_lag(versions, mask, current_version)[0])
+        return max(lineage.lag(int(v), current_version) for v in np.unique(versions).tolist())
+    # policy_lag (stream_rl.algorithms.staleness) of one row whose tokens are all valid, without building tensors
+    # for each record (tests/test_trainer_batcher.py checks the two agree): current - min_t version_t
+    return current_version - int(versions.min())
 
 
 def requeued_prompt(scored: ScoredRollout, attempt: int) -> Prompt:

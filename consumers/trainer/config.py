@@ -53,6 +53,15 @@ class KLConfig(Section):
                                               "needs coef > 0 (a multiplicative controller never leaves 0)")
     target: float = Field(0.1, gt=0.0, description="adaptive KL: desired mean per-token KL to the reference")
     horizon: float = Field(10_000.0, gt=0.0, description="adaptive KL: samples over which beta moves <= 20 %")
+    report: bool = Field(False, description="report kl/ref_mean (and let the kl_ref_high alert watch it) even "
+                                            "with coef 0; `stream-rl run` on the demo gives the scorer the "
+                                            "reference model only when coef > 0 or report is true (otherwise no "
+                                            "reference forward pass is run)")
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether anything consumes reference logprobs: the penalty (coef > 0) or the requested metric."""
+        return self.coef > 0 or self.report
 
     @model_validator(mode="after")
     def _consistent(self) -> KLConfig:
@@ -142,6 +151,10 @@ class TrainerConfig(Section):
                            "continues from the partition's first offset on the broker")
     groups_per_step: int = Field(32, ge=1, description="whole groups (prompts) per trainer step")
     micro_batch_size: int = Field(64, ge=1, description="sequences per forward/backward (gradient accumulation)")
+    share_prompts: bool = Field(True, description="run each distinct prompt of a micro batch once and let its "
+                                "responses attend to its cached keys/values (exact up to float rounding; a group "
+                                "of G samples pays for its prompt once, consumers/trainer/prefix.py); false: every "
+                                "row runs its own prompt")
     epochs: int = Field(1, ge=1, description="passes over each batch")
     minibatches: int = Field(1, ge=1, description="optimizer updates per pass over a batch")
     lr: float = Field(1e-4, gt=0.0, description="peak AdamW learning rate")

@@ -47,6 +47,7 @@ from torch import Tensor, nn
 
 from consumers.trainer.checkpoint import CheckpointError, read_json, read_tensors, write_json, write_tensors
 from consumers.trainer.config import TrainerConfig
+from consumers.trainer.prefix import can_share_prompts, shared_prompt_forward
 from consumers.trainer.ranks import SOLO, Ranks
 
 MODEL_FILE = "model.safetensors"
@@ -58,9 +59,10 @@ _SEP = "::"
 class TrainModule(nn.Module):
     """The trained module: a causal-LM policy and, for GAE, a linear value head on its last hidden state."""
 
-    def __init__(self, policy: nn.Module, value_head: bool = False) -> None:
+    def __init__(self, policy: nn.Module, value_head: bool = False, share_prompts: bool = False) -> None:
         super().__init__()
         self.policy = policy
+        self.share_prompts = share_prompts  # trainer.share_prompts: consumers.trainer.prefix
         self.value_head = None
         if value_head:
             self.value_head = nn.Linear(policy.config.hidden_size, 1)
@@ -70,6 +72,10 @@ class TrainModule(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
                 response_width: int) -> tuple[Tensor, Tensor | None]:
         """Logits ``[B, T, V]`` predicting the T response tokens, and values ``[B, T]`` (or None)."""
+        if self.share_prompts and can_share_prompts(self.policy):
+            logits, hidden = shared_prompt_forward(self.policy, input_ids, attention_mask, position_ids,
+                                                   response_width, hidden=self.value_head is not None)
+            return logits, None if hidden is None else self.value_head(hidden).squeeze(-1).float()
         keep = response_width + 1
         out = self.policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                           logits_to_keep=keep, output_hidden_states=self.value_head is not None, use_cache=False)

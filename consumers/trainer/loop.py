@@ -253,7 +253,7 @@ class Trainer:
             self.ranks.send(Command.STEP, step_payload(self.state, scored) if self.ranks.world > 1 else b"")
             batch = build_batch(scored, self.pad_id)
             lags = [max(rollout_lag(s, self.state.version, self.batcher.lineage), 0) for s in scored]
-            metrics = rollout_metrics(scored, self.state.version, self.tcfg.success_threshold, lags)
+            metrics = rollout_metrics(scored, self.state.version, self.tcfg.success_threshold, lags, time.time())
             metrics.update(train_step(self.engine, batch, self.tcfg, self.state))
             step_trace = self.source.trace_headers()  # the step's sends below continue this span
         train_s = time.monotonic() - started

@@ -55,7 +55,7 @@ def restore(cfg, ranks: Ranks, resume: bool) -> Replica:
     tcfg = cfg.trainer
     policy, tokenizer = load_policy(tcfg.model_dir)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    module = TrainModule(policy, value_head=tcfg.advantage == "gae")
+    module = TrainModule(policy, value_head=tcfg.advantage == "gae", share_prompts=tcfg.share_prompts)
     path = latest_checkpoint(checkpoint_root(cfg)) if resume else None
     ckpt = load_checkpoint(path) if path is not None else None
     if ckpt is not None:

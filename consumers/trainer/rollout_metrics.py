@@ -16,11 +16,13 @@ import torch
 from schemas import ScoredRollout
 
 
-def rollout_metrics(scored: Sequence[ScoredRollout], current_version: int,
-                    success_threshold: float, lags: Sequence[int] | None = None) -> dict[str, float]:
+def rollout_metrics(scored: Sequence[ScoredRollout], current_version: int, success_threshold: float,
+                    lags: Sequence[int] | None = None, now: float | None = None) -> dict[str, float]:
     """Metrics read off the records: rewards, group success, lengths, staleness, generate/score stage timings.
     ``lags``: each rollout's policy lag as the batcher measured it (through a resume's lineage); default
-    ``current_version - min_policy_version``."""
+    ``current_version - min_policy_version``. ``now`` (wall-clock seconds when the step starts training) adds
+    ``time/rollout_age_s_mean``: how long after its generation ended a rollout reached training (scoring,
+    transport and waiting for its group and for the trainer), over the rollouts that carry ``created_at``."""
     rewards = torch.tensor([s.reward for s in scored], dtype=torch.float64)
     groups: dict[str, list[float]] = {}
     for s in scored:
@@ -48,6 +50,9 @@ def rollout_metrics(scored: Sequence[ScoredRollout], current_version: int,
         out[f"reward/{name}"] = sum(values) / len(values)
     out.update(_generate_metrics(scored))
     out.update(_stage_metrics("score", score_s, lengths))
+    created = [s.rollout.timings["created_at"] for s in scored if "created_at" in s.rollout.timings]
+    if now is not None and created:
+        out["time/rollout_age_s_mean"] = now - sum(created) / len(created)
     return out
 
 

@@ -25,15 +25,17 @@ def _is_default(section, name: str) -> bool:
 
 
 def apply_demo(cfg, demo_dir: Path):
-    """Point every model/reward/prompt setting still at its default to the demo's files."""
+    """Point every model/reward/prompt setting still at its default to the demo's files; the reference model only
+    when the trainer consumes reference logprobs (``trainer.kl.needs_reference``): no reference forward pass
+    otherwise."""
     if _is_default(cfg.producer, "model_dir"):
         cfg.producer.model_dir = demo_dir / "policy"
     if _is_default(cfg.trainer, "model_dir"):
         cfg.trainer.model_dir = demo_dir / "policy"
     if _is_default(cfg.scorer, "reward_fn"):
         cfg.scorer.reward_fn = DEMO_REWARD_FN
-    if _is_default(cfg.scorer, "reference_model_dir"):
-        cfg.scorer.reference_model_dir = demo_dir / "reference"
+    if _is_default(cfg.scorer, "reference_model_dir") and cfg.trainer.kl.needs_reference:
+        cfg.scorer.reference_model_dir = demo_dir / "reference"  # else nothing consumes reference logprobs
     if _is_default(cfg.run, "prompts_file"):
         cfg.run.prompts_file = demo_dir / "prompts.jsonl"
     return cfg
@@ -55,6 +57,7 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt =
     _name_run(cfg)
     if cfg.run.demo_dir is not None:
         apply_demo(cfg, cfg.run.demo_dir)
+    placement = _place(cfg)
     if dry_run:
         from stream_rl.config import dump_config
 
@@ -78,7 +81,8 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt =
         typer.echo(f"local broker on {cfg.kafka.bootstrap_servers}")
     try:
         _load_prompts(cfg)
-        _launch(cfg)
+        typer.echo(placement.describe())
+        _launch(cfg, placement)
     except KeyboardInterrupt:
         fail("interrupted before the roles started", 130)
     finally:
@@ -125,7 +129,26 @@ def _load_prompts(cfg) -> None:
                f"run dir {cfg.run_dir}")
 
 
-def _launch(cfg) -> None:
+def _place(cfg):
+    """The run's :class:`~stream_rl.placement.Placement`; with ``run.placement = "auto"`` and
+    ``topics.partitions`` not set by the user, the data topics get one partition per consumer."""
+    from stream_rl import placement
+
+    if cfg.run.placement == "auto" and "partitions" not in cfg.topics.model_fields_set:
+        cfg.topics.partitions = placement.sized_partitions(cfg.topics.partitions, cfg.run.producers,
+                                                           cfg.run.scorers)
+    return placement.plan(placement.usable_cores(), cfg.run.trainer_ranks, cfg.run.placement)
+
+
+def _pin_all(sup, chosen) -> None:
+    """Apply the placement to every role (a trainer's ranks included)."""
+    from stream_rl.placement import pin_tree
+
+    for child in sup.children:
+        pin_tree(child.proc.pid, chosen.cores[child.role.rsplit("-", 1)[0]])
+
+
+def _launch(cfg, chosen) -> None:
     from stream_rl.orchestrator import RoleDied, Supervisor, supervise, write_run_config
 
     config_file = write_run_config(cfg, Path(cfg.run_dir))
@@ -134,15 +157,17 @@ def _launch(cfg) -> None:
     metrics = Path(cfg.run_dir) / "metrics.jsonl"
     try:
         try:
-            sup.start("train", 0, ["--nproc", str(ranks)] if ranks > 1 else None)
+            sup.start("train", 0, ["--nproc", str(ranks)] if ranks > 1 else None, threads=chosen.threads["train"])
             for i in range(cfg.run.scorers):
-                sup.start("score", i)
+                sup.start("score", i, threads=chosen.threads["score"])
             for i in range(cfg.run.producers):
-                sup.start("produce", i)
+                sup.start("produce", i, threads=chosen.threads["produce"])
         except BaseException:
             sup.stop_all()  # a signal between two starts: the roles already started are stopped, not orphaned
             raise
-        rows = supervise(sup, metrics, typer.echo, cfg.run.max_wall_s)
+        # pinned once training has started: three processes importing torch load fastest where the kernel puts them
+        rows = supervise(sup, metrics, typer.echo, cfg.run.max_wall_s, poll_s=0.5,
+                         on_first_row=lambda: _pin_all(sup, chosen))
     except RoleDied as exc:
         fail(f"run failed: {exc}")
     except KeyboardInterrupt:

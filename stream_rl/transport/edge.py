@@ -32,7 +32,8 @@ Guarantees (the delivery contract every role loop relies on)::
   a member of a stable group that got nothing (more members than partitions) logs that once and idles.
 - ``paused`` (set by the loop while an alert with action ``pause`` fires) pauses every assigned partition, so
   ``poll`` returns nothing while the consumer stays in its group; clearing it resumes them.
-- An ``observer`` (the role's telemetry) is told of every record fetched, sent and dead-lettered; a role that
+- An ``observer`` (the role's telemetry) is told of every record fetched, sent (per topic, when a flush has seen
+  it acknowledged) and dead-lettered; a role that
   sets ``rejections`` to a list is handed every record the edge dead-lettered (:mod:`~stream_rl.transport.rejections`),
   to name the group that can no longer complete.
 - A commit that loses a rebalance race is not an error: the records are redelivered to the partition's new
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,7 +133,7 @@ class Sink:
         self._pending: list[tuple[str, Any]] = []
         self._liveness = _Liveness(probe, broker_timeout_s, bootstrap)
         self.max_request_size = max_request_size
-        self.observer = None  # telemetry (records_out); set by RoleTelemetry.attach
+        self.observer = None  # telemetry (records_out, counted at flush); set by RoleTelemetry.attach
 
     @property
     def pending(self) -> int:
@@ -157,8 +159,6 @@ class Sink:
             with self._tracing.send_span(topic, key, list(headers or []), attributes) as hdrs:
                 future = self._submit(topic, value, key, hdrs, partition)
         self._pending.append((topic, future))
-        if self.observer is not None:
-            self.observer.records_out(topic, 1)
 
     def _submit(self, topic: str, value: bytes, key: bytes | None, headers: Headers, partition: int | None):
         try:
@@ -195,6 +195,9 @@ class Sink:
                     raise self._liveness.error(f"waiting for the ack of a send to {topic}", exc) from exc
                 raise DeliveryError(f"send to {topic} was not acknowledged: {exc!r}") from exc
         self._liveness.update()
+        if self.observer is not None:  # counted once acknowledged, per topic per flush (not per record)
+            for topic, n in Counter(topic for topic, _ in pending).items():
+                self.observer.records_out(topic, n)
         return metadata
 
     def close(self, timeout_s: float = 10.0) -> None:

@@ -127,6 +127,7 @@ def producer_settings(cfg: KafkaConfig, bootstrap: str, client_id: str | None = 
         "enable_idempotence": cfg.acks == "all",
         "max_request_size": cfg.max_request_size,
         "linger_ms": cfg.linger_ms,
+        "compression_type": None if cfg.compression == "none" else cfg.compression,
         "batch_size": cfg.batch_size or min(DEFAULT_BATCH_SIZE, cfg.max_request_size),
         "retries": 5,
         "retry_backoff_ms": 200,

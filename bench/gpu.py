@@ -2,8 +2,8 @@
 
 Consumes: one accelerator (or ``--device cpu --tiny`` to check the code path here), nothing from the network.
 Produces: ``DIR/gpu_results.json`` (also printed): the device, torch/CUDA/transformers versions, and medians of
-(a) generation tokens/s of the project's HF engine (``producers.engines.hf.HFEngine``: transformers ``generate``
-sampling with exact behaviour logprobs) on a Llama-shaped model built from a config (random init, bf16);
+(a) generation tokens/s of the project's HF engine (``producers.engines.hf.HFEngine``: its decode loop over a
+transformers model, with exact behaviour logprobs; measured when that engine still called ``generate``) on a Llama-shaped model built from a config (random init, bf16);
 (b) trainer tokens/s: forward + backward + AdamW step of the decoupled PPO loss of :mod:`stream_rl.algorithms`
 (fp32 master weights, bf16 autocast on CUDA) on the same model shape;
 (c) weight broadcast: the product's store-mode path minus Kafka (``stream_rl.weights.payload``: snapshot to CPU,

@@ -4,9 +4,9 @@ Consumes: the demo (:func:`bench.demo_runs.demo_dir`), ``configs/demo.toml``, th
 optional extra ``.[trl]``; without it :func:`run` raises at once, naming the install command).
 
 Two workloads: **short** is the demo itself (its warm-started policy, 6 new tokens, its 180-step budget).
-**long** is meant to make generation the larger stage, and raising ``max_new_tokens`` on the demo policy does not do that: it
-ends every answer with ``<eos>`` within 4 tokens, so ``generate`` stops there whatever the cap (measured). So
-**long** trains the demo's architecture freshly initialised (seed 0, no warm-start; :func:`untrained_policy`)
+**long** is meant to make generation the larger stage, and raising ``max_new_tokens`` on the demo policy does not
+do that: it ends every answer with ``<eos>`` within 4 tokens, so generation stops there whatever the cap
+(measured). So **long** trains the demo's architecture freshly initialised (seed 0, no warm-start; :func:`untrained_policy`)
 with a cap of 57 new tokens: it rarely samples ``<eos>``, so every batch generates up to the cap. It never answers
 correctly, so its rewards are ~0 and its gradient ~0: **long** measures throughput only, and its rewards are kept
 out of the figures (they are in ``params["rewards"]``).

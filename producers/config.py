@@ -39,7 +39,8 @@ class ProducerConfig(Section):
     """How ``stream-rl produce`` turns prompts into groups of sampled rollouts."""
 
     engine: Literal["hf", "vllm"] = Field(
-        "hf", description="generation engine: hf (transformers generate) or vllm (real vLLM, in-process)")
+        "hf", description="generation engine: hf (a transformers model, sampled by the engine's own decode "
+        "loop) or vllm (real vLLM, in-process)")
     model_dir: Path = Field(
         Path("demo/policy"),
         description="local save_pretrained directory (safetensors) of the initial policy, version 0")

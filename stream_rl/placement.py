@@ -46,8 +46,8 @@ class Placement:
         def cores(c: frozenset[int]) -> str:
             return ",".join(str(x) for x in sorted(c))
 
-        return (f"placement (from the first step): train on core(s) {cores(self.cores['train'])} ({self.threads['train']} thread(s) per "
-                f"rank), produce on core(s) {cores(self.cores['produce'])} (1 thread each); score and the broker "
+        return (f"placement (from the first step): train on core(s) {cores(self.cores['train'])} "
+                f"({self.threads['train']} thread(s) per rank), produce on core(s) {cores(self.cores['produce'])} (1 thread each); score and the broker "
                 f"where the kernel finds room (1 thread each)")
 
 

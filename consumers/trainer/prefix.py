@@ -16,8 +16,8 @@ How: rows whose prompt columns (ids and mask) are equal share a prompt; a GRPO g
    prompt's keys and values) and the responses ``[B, T - 1]`` run on it: position ``P + t`` predicts token ``t + 1``.
    The last response token is never an input (nothing is predicted from it).
 Cost: ``U * P + B * (T - 1)`` token positions instead of ``B * (P + T)``: the demo (32 prompts x 8 samples, P = 7,
-T = 6) runs 1,504 instead of 3,328, and its forward and backward take half the time (0.15 s against 0.31 s, one
-thread, `python -m bench.run trl`'s reading).
+T = 6) runs 1,504 instead of 3,328, and its update took 0.16 s per step instead of 0.29 s (one thread, the
+``time/update_s`` median of `make run`, README).
 
 Guarantees: causal attention makes it exact: a prompt token's keys and values depend only on the tokens before it,
 never on the response after it. Left padding keeps the prompt's last token in column ``P - 1`` of every row, and

@@ -287,7 +287,7 @@ def measure(mode: str, device: str, repeats: int, log: Callable[[str], None]) ->
     weight_bytes = sum(t.numel() * t.element_size() for t in gen_model.state_dict().values())
     result = {"figures": figures_from(samples, weight_bytes), "samples": samples, "device": device_info(device),
               "params": {"mode": mode, "repeats": repeats, "model_params": params, "model_shape": shape, **sizes,
-                         "store_path": STORE_PATH,
+                         "store_path": STORE_PATH, "hf_engine": HF_ENGINE,
                          "gen_dtype": "bfloat16", "train_dtype": "float32 + bf16 autocast" if
                          device.startswith("cuda") else "float32", "optimizer": "AdamW", "loss": "decoupled PPO "
                          "(clip 0.2, truncated IS cap 5)"},
@@ -299,6 +299,9 @@ def measure(mode: str, device: str, repeats: int, log: Callable[[str], None]) ->
 
 
 STORE_PATH = "mapped"
+HF_ENGINE = "decode-loop"
+"""The HF engine the generation figure measures: ``decode-loop`` = its own loop with one prefill per prompt (since
+2026-12-02); results without it were measured when it called transformers' ``generate``."""
 """The store path the broadcast figure measures: ``mapped`` = save_store_file + tensors_from_store (since
 2026-12-01); results without it were measured with the earlier path (whole file in memory, read back whole)."""
 
@@ -331,6 +334,9 @@ def section(result: dict[str, Any]) -> str:
         "\nThe weight-broadcast rows were measured with the store path of that date, which serialized the whole "
         "file in memory and read it back whole; the script now times the memory-mapped path "
         "(`save_store_file`, `tensors_from_store`), which no GPU session has measured yet.\n")
+    if p.get("hf_engine") != HF_ENGINE:
+        note += ("\nThe generation row was measured when the HF engine sampled with transformers' `generate`; it "
+                 "now runs its own decode loop (one prefill per prompt), which no GPU session has measured yet.\n")
     return head + md_table(["what", "median", "setting"], rows) + "\n" + note
 
 

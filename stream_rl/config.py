@@ -74,6 +74,9 @@ class KafkaConfig(_Section):
     request_timeout_ms: int = Field(30000, gt=0, description="client request timeout")
     max_request_size: int = Field(1_048_576, gt=0, description="1 MiB, Apache Kafka's default record limit")
     max_poll_records: int = Field(500, gt=0, description="most records one poll returns")
+    fetch_max_wait_ms: int = Field(
+        500, ge=0, description="longest time the broker holds a fetch that has no new records (kafka-python's "
+        "default); lower hands new records over sooner at the cost of more fetch requests")
     linger_ms: int = Field(5, ge=0, description="producer batching delay")
     batch_size: int | None = Field(
         None, gt=0, description="most bytes of records a producer batches per partition before sending; None "

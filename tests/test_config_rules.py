@@ -123,6 +123,10 @@ def test_a_producer_batch_must_fit_a_request():
     assert producer_settings(cfg.kafka, "127.0.0.1:9092")["batch_size"] == 1048576
     assert producer_settings(load().kafka, "127.0.0.1:9092")["batch_size"] == 786432  # above one rollout record
     assert producer_settings(load().kafka, "127.0.0.1:9092")["compression_type"] is None  # kafka.compression none
+    from stream_rl.transport.settings import consumer_settings
+
+    assert consumer_settings(load().kafka, "127.0.0.1:9092", "g")["fetch_max_wait_ms"] == 500  # kafka-python's
+    assert consumer_settings(load(kafka__fetch_max_wait_ms=100).kafka, "x:1", "g")["fetch_max_wait_ms"] == 100
     lz4 = load(kafka__compression="lz4").kafka
     assert producer_settings(lz4, "127.0.0.1:9092")["compression_type"] == "lz4"
     small = load_config(None, env={}, overrides={"kafka.max_request_size": 500000})  # the default follows the limit

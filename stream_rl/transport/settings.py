@@ -145,6 +145,7 @@ def consumer_settings(cfg: KafkaConfig, bootstrap: str, group_id: str | None,
         "session_timeout_ms": cfg.session_timeout_ms,
         "heartbeat_interval_ms": cfg.heartbeat_interval_ms,
         "max_poll_records": cfg.max_poll_records,
+        "fetch_max_wait_ms": cfg.fetch_max_wait_ms,
         "max_partition_fetch_bytes": max(cfg.max_request_size, 1_048_576),
         "fetch_max_bytes": max(8 * cfg.max_request_size, 52_428_800),
     }

@@ -58,6 +58,10 @@ BENCHMARKS: tuple[BenchSpec, ...] = (
               "payload, for real RL steps of the demo (fp32 and bf16 broadcasts) and of a ~0.5 B Qwen2-shaped "
               "model trained with bf16 autocast (bf16 broadcast); encode and rebuild times, rebuilds checked bit "
               "for bit."),
+    BenchSpec("packing", 10, "Sequence packing", "bench.packing",
+              "The trainer's response tokens/s on padded rows, on packed rows (`trainer.packing`) and with shared "
+              "prompts (the default), one `train_step` of each per round on the same batch of variable-length "
+              "responses (8-64 tokens)."),
 )
 NAMED_ONLY: tuple[BenchSpec, ...] = (
     BenchSpec("trl", 9, "Against TRL", "bench.trl_peer",
@@ -109,7 +113,8 @@ def select(names: Sequence[str]) -> list[BenchSpec] | str:
 
 def report_specs(results: dict[str, Any]) -> tuple[BenchSpec, ...]:
     """The sections of the Markdown: every benchmark of :data:`BENCHMARKS`, and the named-only ones measured."""
-    return BENCHMARKS + tuple(spec for spec in NAMED_ONLY if spec.name in results["benchmarks"])
+    shown = BENCHMARKS + tuple(spec for spec in NAMED_ONLY if spec.name in results["benchmarks"])
+    return tuple(sorted(shown, key=lambda spec: spec.number))
 
 
 def _run_one(spec: BenchSpec, ctx: BenchContext, command: str, machine: dict[str, str]) -> dict[str, Any]:

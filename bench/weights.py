@@ -22,6 +22,11 @@ the 2-core development machine (about 4 GB peak in this process, 1 GB in the bro
 memory exceeds 70% of the available RAM is skipped with a note. Each measurement's chunk topics and files are
 garbage-collected before the next one (deleting a chunk topic frees the broker's memory). Every version here moves
 the full state dict: delta versions (``weights.snapshot_every``) are measured in bench/deltas.py.
+
+LoRA (``trainer.lora``): :func:`lora_sizes` counts the bytes one broadcast moves with adapters only against the full
+model, for Qwen2.5-0.5B's shape built on the ``meta`` device (no memory): the adapter state dict is the one the
+trainer publishes (peft's trainable tensors under their wire names, in the producers' dtype), and a payload is
+exactly the sum of its tensors' bytes (``payload_size``). ``python -m bench.weights`` prints just that table.
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ INLINE_MAX_BYTES = 1000 * MB
 PEAK_MEMORY_FACTOR = {"inline": 6, "store": 4}
 """Rough peak RSS of one broadcast in copies of the payload (state, file bytes, chunks, received, decoded...)."""
 FETCH_TIMEOUT_S = 600.0
+LORA_RANKS = (8, 16, 64)
+LORA_TARGETS = {"attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
+                "all": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")}
+"""The default trainer.lora.target_modules (attention) and every linear layer of a decoder block."""
 
 
 def sizes_for(ctx: BenchContext) -> tuple[int, ...]:
@@ -165,6 +174,47 @@ def _modes_for(size: int, notes: list[str]) -> tuple[str, ...]:
     return modes
 
 
+def lora_sizes(dtype: str = "bfloat16") -> dict[str, float]:
+    """Bytes per broadcast of the full Qwen2.5-0.5B-shaped policy and of its LoRA adapters at each rank and target
+    set (``lora.{targets}.r{rank}.bytes`` / ``.fraction``), in ``dtype``; counted on the meta device."""
+    import torch
+
+    from bench.deltas import QWEN_SHAPE, qwen_model
+    from consumers.trainer.config import LoraConfig
+    from consumers.trainer.engines import cast_floating
+    from consumers.trainer.lora import adapter_state, wrap_policy
+    from stream_rl.models import tie_groups
+    from stream_rl.weights.payload import payload_size
+
+    model = qwen_model(QWEN_SHAPE, "meta")
+    state = model.state_dict()
+    full = payload_size(cast_floating({g[0]: state[g[0]] for g in tie_groups(model)}, dtype))
+    figures = {"lora.full_bytes": float(full)}
+    for targets, modules in LORA_TARGETS.items():
+        for rank in LORA_RANKS:
+            with torch.device("meta"):
+                peft_model = wrap_policy(qwen_model(QWEN_SHAPE, "meta"), LoraConfig(
+                    enabled=True, rank=rank, alpha=2.0 * rank, target_modules=list(modules)))
+            trainable = {n: p for n, p in peft_model.named_parameters() if p.requires_grad}
+            size = payload_size(cast_floating(adapter_state(trainable), dtype))
+            figures[f"lora.{targets}.r{rank}.bytes"] = float(size)
+            figures[f"lora.{targets}.r{rank}.fraction"] = size / full
+    return figures
+
+
+def lora_table(figures: Mapping[str, float]) -> str:
+    """The LoRA figures as a Markdown table (bytes per broadcast)."""
+    full = figures["lora.full_bytes"]
+    rows = ["| what one version carries (Qwen2.5-0.5B shape, bf16) | bytes | MB | of the full model |",
+            "|---|---|---|---|", f"| full model | {full:.0f} | {full / MB:.1f} | 100% |"]
+    for targets in LORA_TARGETS:
+        for rank in LORA_RANKS:
+            size = figures[f"lora.{targets}.r{rank}.bytes"]
+            rows.append(f"| LoRA r={rank} on {', '.join(LORA_TARGETS[targets])} | {size:.0f} | {size / MB:.2f} | "
+                        f"{100 * size / full:.2f}% |")
+    return "\n".join(rows)
+
+
 def run(ctx: BenchContext) -> dict[str, Any]:
     """Every size: baseline, inline and store, interleaved round by round; figures are medians and ratios."""
     broadcast, samples, notes, measured = _Broadcast(ctx), {}, [], []
@@ -182,7 +232,7 @@ def run(ctx: BenchContext) -> dict[str, Any]:
             del state, steps
     finally:
         broadcast.close()
-    figures = _figures(medians(samples), measured)
+    figures = {**_figures(medians(samples), measured), **lora_sizes()}
     notes += [f"Inline ran at {label(size)} too, uncapped: a round took {figures[f'{label(size)}.inline_s']:.0f} s "
               f"(median), within the few-minute budget set for inline rounds above 100 MB."
               for size, modes in measured if size > 100 * MB and "inline" in modes]
@@ -317,6 +367,14 @@ def reading(result: Mapping[str, Any]) -> str:
         "hash per side (2026-12-01 22:22 UTC): 4.50 s through the store, 4.13× a 1.09 s baseline, and 68 s "
         "inline. The disk baseline moves a lot between runs (page-cache state on a shared machine: 0.36 s to "
         "2.0 s at 1 GB on 2026-12-02) while the store path stays near 2 s: compare against the floor above.")
+    if "lora.full_bytes" in figures:
+        paragraphs.append(
+            f"With LoRA (`trainer.lora`) a version carries only the adapters. For Qwen2.5-0.5B's shape in bf16 "
+            f"the full model is {figures['lora.full_bytes'] / MB:.0f} MB per broadcast; rank 8 on q/k/v/o (the "
+            f"default targets) is {figures['lora.attn.r8.bytes'] / MB:.2f} MB "
+            f"({100 * figures['lora.attn.r8.fraction']:.2f}%), rank 64 on every linear layer "
+            f"{figures['lora.all.r64.bytes'] / MB:.1f} MB ({100 * figures['lora.all.r64.fraction']:.2f}%): counted "
+            f"from the state dicts (`python -m bench.weights` prints every rank), not timed.")
     paragraphs.append(
         "Inline broadcasts suit small policies (no shared filesystem needed) and the store suits large ones, "
         "which is what `weights.mode = \"auto\"` does by switching at 64 MiB. What would make broadcasts "
@@ -324,3 +382,7 @@ def reading(result: Mapping[str, Any]) -> str:
         "benchmark 8). Not included in the figures: the producer's wait until its next poll of the "
         "weights topic, and loading the tensors into the engine.")
     return "\n\n".join(paragraphs)
+
+
+if __name__ == "__main__":
+    print(lora_table(lora_sizes()))

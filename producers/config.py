@@ -92,6 +92,22 @@ class ProducerConfig(Section):
         1.0, gt=0.0, description="while holding at an epoch boundary, how often to look whether the epoch opened")
     weights_check_every_batches: int = Field(
         1, ge=1, description="look for a newer weights version every this many generation batches")
+    inflight_updates: bool = Field(
+        False, description="also look for newer weights between decode steps of a generation (every "
+        "inflight_check_every tokens) and load a complete, verified version in place; each token records the "
+        "version that produced it (the KV cache of earlier tokens stays, PipelineRL's approximation). Needs "
+        "engine = \"hf\" and follow_weights")
+    inflight_check_every: int = Field(
+        8, ge=1, le=65536, description="with inflight_updates: decode steps (tokens) between two looks at the "
+                                       "weights topic during a generation")
+    environment: str | None = Field(
+        None, description="multi-turn rollouts: 'package.module:Class' of an environment (reset(prompt), "
+        "step(policy_text) -> Observation; one instance per rollout) or 'package.module:function' of a tool "
+        "(fn(policy_text) -> reply, None ends); its replies are inserted as environment tokens with no loss "
+        "(producers.multiturn). None: single-turn")
+    max_turns: int = Field(
+        4, ge=1, le=64, description="multi-turn: policy turns per rollout at most (max_new_tokens bounds all turns "
+                                    "together)")
     weights_startup_wait_s: float = Field(
         5.0, ge=0.0,
         description="at start-up, wait up to this long for the newest complete version (late joiners catch up)")
@@ -102,4 +118,15 @@ class ProducerConfig(Section):
         if self.group_size is not None and self.group_size > self.max_group_size:
             raise ValueError(f"producer.group_size={self.group_size} exceeds producer.max_group_size="
                              f"{self.max_group_size}")
+        return self
+
+    @model_validator(mode="after")
+    def _inflight_updates_possible(self) -> ProducerConfig:
+        if self.inflight_updates and self.engine != "hf":
+            raise ValueError(f"producer.inflight_updates = true needs producer.engine = \"hf\" (got "
+                             f"\"{self.engine}\"): the vllm engine runs each batch to completion in LLM.generate "
+                             f"and cannot change weights between decode steps")
+        if self.inflight_updates and not self.follow_weights:
+            raise ValueError("producer.inflight_updates = true needs producer.follow_weights = true (there are no "
+                             "new weights to load otherwise)")
         return self

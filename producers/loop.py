@@ -10,6 +10,9 @@ One iteration::
 
     [between batches] newer manifest? ─ yes ─> fetch + verify ─> engine.load_weights ─> version v'
                         └─ WeightsError / WeightsMismatch: log, try the next newest version above v, else keep v
+    [inside a generation, producer.inflight_updates] every inflight_check_every decode steps: the same look,
+                        non-blocking (one pass over the weights topic), then the same fetch + verify + load
+                        (a LoRA version, manifest.adapter_rank set: engine.load_adapter instead)
     stale records of groups this producer generated? ─> returned to the backpressure budget
     over budget (and not finishing an epoch, see below)? ─ yes ─> wait for newer weights (up to poll_timeout_s)
     poll <= prompts_per_batch prompts (or take the carried ones) ─> epoch gate ─> check_prompts ─> plan_batch:
@@ -40,7 +43,8 @@ Guarantees:
   dead-lettered when it is polled and committed with its batch: a crash while that batch generates may
   dead-letter it a second time.)
 - Heartbeats report the number of generated batches in ``step``.
-- Weights change only between batches, after the whole version was fetched and verified; a version that fails
+- Weights change only between batches (with ``producer.inflight_updates``, also between decode steps: each token
+  records the version that produced it), after the whole version was fetched and verified; a version that fails
   verification or does not fit the model is logged with the reason and skipped (the same manifest is not retried;
   a version re-published with another payload is), and the producer loads the newest verified version above the
   one it holds instead (v3 corrupt, v2 complete: v2), else continues on its version. At start-up the producer
@@ -58,9 +62,9 @@ from dataclasses import dataclass, field
 
 from producers.budget import Budget
 from producers.config import ProducerConfig
-from producers.engines.base import GenerationEngine, WeightsMismatch
+from producers.engines.base import GenerationEngine, WeightsHook, WeightsMismatch
 from producers.stale_feed import StaleFeed
-from producers.step import StepResult, check_prompts, plan_batch, produce_rollouts
+from producers.step import StepResult, Turns, check_prompts, plan_batch, produce_rollouts
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +84,7 @@ class ProducerStats:
     start_version: int = 0
     groups_returned: int = 0  # groups the trainer dropped as stale, returned to the backpressure budget
     budget_resets: int = 0  # times the budget was re-derived after producer.backpressure_timeout_s
+    inflight_updates: int = 0  # versions loaded between decode steps of a generation (producer.inflight_updates)
 
 
 class _WeightsFollower:
@@ -119,7 +124,10 @@ class _WeightsFollower:
         old = self.engine.version
         try:
             tensors = self.receiver.fetch(manifest)
-            self.engine.load_weights(tensors, manifest.version)
+            if manifest.is_adapter:  # trainer.lora: merged into the base weights the engine keeps
+                self.engine.load_adapter(tensors, manifest.adapter_alpha / manifest.adapter_rank, manifest.version)
+            else:
+                self.engine.load_weights(tensors, manifest.version)
         except (WeightsError, WeightsMismatch) as exc:
             self._rejected.add((manifest.version, manifest.sha256))
             self.stats.rejected_versions.append(manifest.version)
@@ -145,6 +153,7 @@ def run_producer(cfg, stop_event: threading.Event | None = None, max_batches: in
     from stream_rl.transport.client import Transport
 
     pcfg = producer_cfg if producer_cfg is not None else cfg.producer
+    turns = _turns(pcfg)  # a bad producer.environment fails here, before the engine loads or a prompt is read
     stop_event = stop_event or threading.Event()
     transport = Transport(cfg, "producer")
     transport.ensure_topics()
@@ -161,9 +170,12 @@ def run_producer(cfg, stop_event: threading.Event | None = None, max_batches: in
     budget, stale = _backpressure(transport, pcfg, follower, engine)
     telemetry = RoleTelemetry(cfg, "producer", transport, group=group, topics=[transport.names.prompts])
     telemetry.attach(source, sink).set_ready(model_loaded=True, version=engine.version)
+    if follower is not None and pcfg.inflight_updates:
+        engine.set_weights_hook(_inflight_hook(follower, engine, telemetry, stats), pcfg.inflight_check_every)
     batch = _Batcher(source, sink, engine, pcfg, pcfg.producer_id or transport.instance_id,
                      transport.names.rollouts)
     batch.gate = _epoch_gate(transport, source, pcfg) if pcfg.epoch_order else None
+    batch.turns = turns
     try:
         while not stop_event.is_set() and (max_batches is None or stats.batches < max_batches):
             telemetry.tick()  # alerts: "stop" ends here, after the previous batch was committed
@@ -190,6 +202,7 @@ def run_producer(cfg, stop_event: threading.Event | None = None, max_batches: in
                          batch.gate.reader if batch.gate else None):
             if closable is not None:
                 closable.close()
+        engine.set_weights_hook(None, 0)  # a reused engine must not call into the closed receiver
         if own_engine:
             engine.close()
     return stats
@@ -205,6 +218,7 @@ class _Batcher:
         self.carry: list = []
         self._committed: dict = {}  # TopicPartition -> the offset last committed by this process
         self.gate = None  # producers.epoch_gate.EpochGate: epoch order across partitions (producer.epoch_order)
+        self.turns: Turns | None = None  # multi-turn episodes (producer.environment)
 
     def run_once(self, stats: ProducerStats, telemetry) -> StepResult | None:
         """Handle one batch; the StepResult when rollouts were generated (None: nothing or only dead letters)."""
@@ -228,7 +242,7 @@ class _Batcher:
             return None
         todo = [records[i] for i in plan.generate]
         with self.source.process_span("generate", todo, {"stream_rl.producer_id": self.producer_id}):
-            result = _generate(todo, self.engine, pcfg, self.producer_id)
+            result = _generate(todo, self.engine, pcfg, self.producer_id, self.turns)
             _publish(result, todo, self.source, self.sink, self.topic)
         self._commit(telemetry)
         _account(stats, result, self.engine)
@@ -299,6 +313,23 @@ def _follower(transport, weights_cfg, pcfg: ProducerConfig, engine: GenerationEn
     return follower
 
 
+def _inflight_hook(follower: _WeightsFollower, engine: GenerationEngine, telemetry,
+                   stats: ProducerStats) -> WeightsHook:
+    """The engine's hook between decode steps: one non-blocking pass over the weights topic, then the newest
+    verified version above the one held, loaded exactly as between batches (a manifest is published only after its
+    whole payload, so the fetch reads a complete version; a corrupt or misfitting one is rejected and the engine
+    keeps its weights). The fetch itself runs on the decode thread: the generation waits for it."""
+
+    def hook() -> None:
+        before = engine.version
+        follower.update()
+        if engine.version != before:
+            stats.inflight_updates += 1
+            telemetry.set_version(engine.version)
+
+    return hook
+
+
 def _epoch_gate(transport, source, pcfg: ProducerConfig):
     """The epoch gate on the prompts topic, reading ahead with a group-less reader of its own."""
     from producers.epoch_gate import EpochGate, first_load_epoch
@@ -322,10 +353,20 @@ def _backpressure(transport, pcfg: ProducerConfig, follower: _WeightsFollower | 
     return budget, StaleFeed(transport) if budget.share is not None else None
 
 
-def _generate(records, engine: GenerationEngine, pcfg: ProducerConfig, producer_id: str) -> StepResult:
+def _generate(records, engine: GenerationEngine, pcfg: ProducerConfig, producer_id: str,
+              turns: Turns | None = None) -> StepResult:
     return produce_rollouts([r.value for r in records], engine, producer_id=producer_id,
                             temperature=pcfg.temperature, max_new_tokens=pcfg.max_new_tokens, seed=pcfg.seed,
-                            group_size=pcfg.group_size, max_group_size=pcfg.max_group_size)
+                            group_size=pcfg.group_size, max_group_size=pcfg.max_group_size, turns=turns)
+
+
+def _turns(pcfg: ProducerConfig) -> Turns | None:
+    """Multi-turn settings from ``producer.environment`` (None: single-turn rollouts)."""
+    if pcfg.environment is None:
+        return None
+    from producers.environment import load_environment
+
+    return Turns(load_environment(pcfg.environment), pcfg.max_turns)
 
 
 def _publish(result: StepResult, records, source, sink, topic: str) -> None:

@@ -9,10 +9,15 @@ Guarantees:
   ``group_id = group_id_for(prompt_id, epoch)``: a regenerated sample has the id of the one it replaces.
 - A group is complete: ``group_size`` rollouts with sample indices ``0..group_size-1``, where ``group_size`` is
   the override given or the prompt's own.
-- ``token_policy_versions`` is the engine's version for every token (weights never change inside a step), and
-  ``behavior_logprobs`` are the engine's sampled-distribution logprobs (``log softmax(logits / T)``).
+- ``token_policy_versions`` is, per token, the version that produced it: the sample's ``token_versions`` when the
+  engine changed weights during the generation (in-flight updates), else the engine's version when the step began
+  for every token. ``behavior_logprobs`` are the engine's sampled-distribution logprobs (``log softmax(logits /
+  T)``) under those same weights. ``producer/policy_version`` is the version held when the step ends.
 - The sampling seed of a batch is derived from ``seed`` and the batch's (group id, attempt) pairs: the same
   prompts and weights give the same rollouts, a re-queued attempt gets fresh randomness.
+- Multi-turn (``turns``): each sample is an episode of policy and environment turns (:mod:`producers.multiturn`);
+  the rollout carries ``policy_mask``, ``turns`` and the turns' texts joined by newlines as ``response_text``. A
+  prompt whose environment raised is returned in ``rejected`` with the reason; the others are generated.
 - A prompt that cannot be tokenised, is empty or too long, or asks for a group larger than ``max_group_size``,
   is returned in ``rejected`` with a reason (:func:`check_prompts`, before anything is generated); the other
   prompts of the batch are still generated.
@@ -30,6 +35,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from producers.engines.base import SEED_MODULUS, GenerationEngine, Sample
+from producers.environment import Environment
+from producers.multiturn import Episode, run_episodes
 from schemas import Prompt, Rollout, group_id_for, rollout_id_for
 
 
@@ -99,10 +106,20 @@ def check_prompts(prompts: Sequence[Prompt], engine: GenerationEngine, *, max_ne
     return accepted, rejected
 
 
+@dataclass(frozen=True)
+class Turns:
+    """Multi-turn settings: a factory of fresh environments (one per rollout) and the policy turns at most."""
+
+    make_env: Callable[[], Environment]
+    max_turns: int
+
+
 def produce_rollouts(prompts: Sequence[Prompt], engine: GenerationEngine, *, producer_id: str,
                      temperature: float, max_new_tokens: int, seed: int, group_size: int | None = None,
-                     max_group_size: int | None = None, clock: Callable[[], float] = time.time) -> StepResult:
-    """Sample one group per prompt with ``engine`` and wrap every sample as a :class:`Rollout`."""
+                     max_group_size: int | None = None, clock: Callable[[], float] = time.time,
+                     turns: Turns | None = None) -> StepResult:
+    """Sample one group per prompt with ``engine`` (multi-turn episodes with ``turns``: :mod:`producers.multiturn`)
+    and wrap every sample as a :class:`Rollout`."""
     started = clock()
     version = engine.version
     accepted, rejected = check_prompts(prompts, engine, max_new_tokens=max_new_tokens, group_size=group_size,
@@ -114,10 +131,20 @@ def produce_rollouts(prompts: Sequence[Prompt], engine: GenerationEngine, *, pro
     generate_s = 0.0
     for n, items in sorted(by_size.items()):
         t0 = time.perf_counter()
-        generated = engine.generate([ids for _, _, ids in items], n, temperature, max_new_tokens,
-                                    batch_seed(seed, [p for _, p, _ in items]))
+        sampling_seed = batch_seed(seed, [p for _, p, _ in items])
+        if turns is None:
+            generated = engine.generate([ids for _, _, ids in items], n, temperature, max_new_tokens, sampling_seed)
+        else:
+            generated = run_episodes(engine, [p for _, p, _ in items], [ids for _, _, ids in items], n,
+                                     temperature=temperature, max_new_tokens=max_new_tokens, seed=sampling_seed,
+                                     make_env=turns.make_env, max_turns=turns.max_turns)
         generate_s += time.perf_counter() - t0
-        groups.update({index: group for (index, _, _), group in zip(items, generated, strict=True)})
+        for (index, _, _), group in zip(items, generated, strict=True):
+            if isinstance(group, str):  # its environment failed: dead-lettered with the reason
+                rejected.append(Rejected(index, group))
+            else:
+                groups[index] = group
+    accepted = [item for item in accepted if item[0] in groups]
     created_at = clock()
     rollouts = [
         _rollout(prompt, ids, sample_index, sample, group_size=len(groups[index]), version=version,
@@ -127,7 +154,7 @@ def produce_rollouts(prompts: Sequence[Prompt], engine: GenerationEngine, *, pro
         for index, prompt, ids in accepted
         for sample_index, sample in enumerate(groups[index])
     ]
-    return StepResult(rollouts, rejected, _metrics(rollouts, len(accepted), generate_s, version))
+    return StepResult(rollouts, rejected, _metrics(rollouts, len(accepted), generate_s, engine.version))
 
 
 def _rollout(prompt: Prompt, prompt_ids: list[int], sample_index: int, sample: Sample, *, group_size: int,
@@ -141,11 +168,15 @@ def _rollout(prompt: Prompt, prompt_ids: list[int], sample_index: int, sample: S
         response_token_ids=np.asarray(sample.token_ids, dtype=np.int32),
         # log 1 may round to a tiny positive float; the wire format requires <= 0
         behavior_logprobs=np.minimum(np.asarray(sample.logprobs, dtype=np.float32), np.float32(0.0)),
-        token_policy_versions=np.full(length, version, dtype=np.int64),
+        token_policy_versions=(np.full(length, version, dtype=np.int64) if sample.token_versions is None
+                               else np.asarray(sample.token_versions, dtype=np.int64)),
         finish_reason=sample.finish_reason, producer_id=producer_id, prompt_text=prompt.text,
-        response_text=tokenizer.decode(sample.token_ids, skip_special_tokens=True),
+        response_text=(sample.response_text if isinstance(sample, Episode)
+                       else tokenizer.decode(sample.token_ids, skip_special_tokens=True)),
         answer=prompt.answer, metadata=dict(prompt.metadata), attempt=prompt.attempt, temperature=temperature,
-        timings=dict(timings))
+        timings=dict(timings),
+        policy_mask=np.asarray(sample.policy_mask, dtype=np.uint8) if isinstance(sample, Episode) else None,
+        turns=[dict(t) for t in sample.turns] if isinstance(sample, Episode) else None)
 
 
 def _metrics(rollouts: list[Rollout], prompts: int, generate_s: float, version: int) -> dict[str, float]:
@@ -160,6 +191,11 @@ def _metrics(rollouts: list[Rollout], prompts: int, generate_s: float, version: 
         "producer/stop_fraction": (sum(r.finish_reason == "stop" for r in rollouts) / len(rollouts)
                                    if rollouts else 0.0),
         "producer/policy_version": float(version),
+        # in-flight weight updates: versions that produced this step's tokens beyond the first, rollouts spanning two
+        "producer/inflight_updates": float(len({v for r in rollouts for v in np.unique(r.token_policy_versions)
+                                                .tolist()}) - 1) if rollouts else 0.0,
+        "producer/mixed_version_fraction": (sum(r.min_policy_version != r.max_policy_version for r in rollouts)
+                                            / len(rollouts) if rollouts else 0.0),
     }
 
 

@@ -199,6 +199,28 @@ class StrList(FieldType):
         return list(raw) if isinstance(raw, (list, tuple)) else raw
 
 
+class MapList(FieldType):
+    """A list of ``StrMap`` values (e.g. one tag map per turn); an error names the index (``turns.1.role``)."""
+
+    def __init__(self, item: StrMap) -> None:
+        self.item = item
+
+    def check(self, value: Any) -> None:
+        if not isinstance(value, (list, tuple)):
+            raise _bad(f"expected an array of maps, got {wire_type_name(value)}")
+        for index, item in enumerate(value):
+            try:
+                self.item.check(item)
+            except SchemaError as exc:
+                raise exc.nested(str(index)) from None
+
+    def to_wire(self, value: Any) -> list[Any]:
+        return [self.item.to_wire(item) for item in value]
+
+    def from_wire(self, raw: Any) -> Any:
+        return [self.item.from_wire(item) for item in raw] if isinstance(raw, (list, tuple)) else raw
+
+
 class Added(FieldType):
     """A field added to a kind after schema version 1: ``inner`` on the wire, ``default`` when the key is absent.
 

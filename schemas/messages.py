@@ -144,6 +144,13 @@ class Rollout(Message):
     """Sampling temperature, finite and > 0; the trainer divides logits by it before log-softmax."""
     timings: dict[str, float] = field(default_factory=dict)
     """Finite floats, seconds or Unix times, e.g. ``generate_s``, ``created_at``, ``queue_wait_s``."""
+    policy_mask: np.ndarray | None = None
+    """Multi-turn: uint8 ``[R]``, 1 where the policy sampled the token (it gets loss, its behaviour logprob and
+    version are real), 0 for environment or tool output inserted between turns (``behavior_logprobs`` 0 there).
+    ``None``: every token is the policy's (a single-turn rollout)."""
+    turns: list[dict[str, str]] | None = None
+    """Multi-turn: one string-tag map per turn in order (``{"role": "policy"}`` or ``{"role": "env", ...}``), one
+    turn per run of equal values of ``policy_mask``. ``None`` with ``policy_mask``."""
 
     @property
     def response_length(self) -> int:
@@ -308,10 +315,20 @@ class WeightsManifest(Message):
     """Delta: size of the compressed delta that is sent; ``chunk_count`` counts its chunks."""
     delta_sha256: str | None = None
     """Delta: SHA-256 of the compressed delta. ``sha256`` stays the digest of the rebuilt payload."""
+    adapter_rank: int | None = None
+    """``None``: the tensors are the policy's weights. Otherwise a LoRA adapter version (``trainer.lora``): the
+    tensors are ``{module}.lora_A.weight`` ``[r, in]`` and ``{module}.lora_B.weight`` ``[out, r]`` of a frozen base
+    (the producers' own model directory), applied as ``W = W0 + (adapter_alpha / adapter_rank) * B A``."""
+    adapter_alpha: float | None = None
+    """LoRA alpha (> 0); set exactly when ``adapter_rank`` is."""
 
     @property
     def is_delta(self) -> bool:
         return self.delta_base is not None
+
+    @property
+    def is_adapter(self) -> bool:
+        return self.adapter_rank is not None
 
     @property
     def sent_bytes(self) -> int:

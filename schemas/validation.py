@@ -27,8 +27,8 @@ import numpy as np
 
 from schemas.errors import ROOT, SchemaError, wire_type_name
 from schemas.fields import (
-    Added, Array, Bool, Bytes, Enum, FieldType, Float, Id, Int, Optional, Pattern, Shape, Spec, Str, StrList, StrMap,
-    check_fields, fields_from_wire, fields_to_wire, read_fields,
+    Added, Array, Bool, Bytes, Enum, FieldType, Float, Id, Int, MapList, Optional, Pattern, Shape, Spec, Str, StrList,
+    StrMap, check_fields, fields_from_wire, fields_to_wire, read_fields,
 )
 from schemas.ids import (
     PROMPT_ID_MAX_LEN, SHA256_PATTERN, TOPIC_PATTERN, group_id_for, is_decimal, is_group_id, rollout_id_for,
@@ -176,7 +176,8 @@ SPECS: dict[type[Message], Spec] = {
         ("token_policy_versions", Array("<i8", minimum=0)), ("finish_reason", Enum(FINISH_REASONS)),
         ("producer_id", _ID), ("prompt_text", Str()), ("response_text", Str()), ("answer", Optional(Str())),
         ("metadata", _METADATA), ("attempt", _COUNT), ("temperature", Float(greater_than=0.0)),
-        ("timings", _TIMINGS),
+        ("timings", _TIMINGS), ("policy_mask", Added(Optional(Array("|u1", minimum=0, maximum=1)), None)),
+        ("turns", Added(Optional(MapList(StrMap(Str()))), None)),
     ),
     ScoredRollout: (
         ("rollout", Embedded(Rollout)), ("reward", Float()), ("reward_components", StrMap(Float())),
@@ -189,7 +190,8 @@ SPECS: dict[type[Message], Spec] = {
         ("chunks_topic", Optional(_TOPIC)), ("store_uri", Optional(Str(nonempty=True))), ("created_at", _TIME),
         ("trainer_id", _ID), ("delta_base", Added(Optional(_COUNT), None)),
         ("delta_base_sha256", Added(Optional(_SHA256), None)), ("delta_bytes", Added(Optional(Int(1)), None)),
-        ("delta_sha256", Added(Optional(_SHA256), None)),
+        ("delta_sha256", Added(Optional(_SHA256), None)), ("adapter_rank", Added(Optional(Int(1)), None)),
+        ("adapter_alpha", Added(Optional(Float(greater_than=0.0)), None)),
     ),
     WeightsChunk: (
         ("version", _COUNT), ("index", _COUNT), ("count", Int(1)), ("data", Bytes(nonempty=True)),
@@ -245,10 +247,34 @@ def _rollout_rule(msg: Rollout) -> None:
     _require_length("behavior_logprobs", msg.behavior_logprobs, length)
     _require_length("token_policy_versions", msg.token_policy_versions, length)
     _require_group_id(msg)
+    _turns_rule(msg, length)
     expected = rollout_id_for(msg.prompt_id, msg.epoch, msg.sample_index)
     if msg.rollout_id != expected:
         raise SchemaError("rollout_id", f"must be rollout_id_for(prompt_id, epoch, sample_index) = {expected!r}, "
                                         f"got {msg.rollout_id!r}")
+
+
+def _turns_rule(msg: Rollout, length: int) -> None:
+    """Multi-turn fields: both or neither; the mask covers the response and holds a policy token; one turn per
+    run of the mask, its ``role`` matching the run."""
+    if (msg.policy_mask is None) != (msg.turns is None):
+        raise SchemaError("turns", "policy_mask and turns come together (both set for a multi-turn rollout, "
+                                   "both absent otherwise)")
+    if msg.policy_mask is None:
+        return
+    _require_length("policy_mask", msg.policy_mask, length)
+    if not msg.policy_mask.any():
+        raise SchemaError("policy_mask", "holds no policy token (at least one 1 is required)")
+    runs = 1 + int(np.count_nonzero(np.diff(msg.policy_mask.astype(np.int8))))
+    if len(msg.turns) != runs:
+        raise SchemaError("turns", f"{len(msg.turns)} turn(s), but policy_mask has {runs} run(s)")
+    starts = np.flatnonzero(np.diff(msg.policy_mask.astype(np.int8), prepend=np.int8(-1)))  # [runs]
+    for index, start in enumerate(starts.tolist()):
+        expected = "policy" if msg.policy_mask[start] else "env"
+        if msg.turns[index].get("role") != expected:
+            raise SchemaError(f"turns.{index}.role", f"must be {expected!r} (policy_mask[{start}] = "
+                                                     f"{int(msg.policy_mask[start])}), got "
+                                                     f"{msg.turns[index].get('role')!r}")
 
 
 def _scored_rule(msg: ScoredRollout) -> None:
@@ -271,6 +297,10 @@ def _manifest_rule(msg: WeightsManifest) -> None:
     if msg.total_bytes != end:
         raise SchemaError("total_bytes", f"must equal the sum of tensor nbytes ({end}), got {msg.total_bytes}")
     _delta_rule(msg)
+    if (msg.adapter_rank is None) != (msg.adapter_alpha is None):
+        given, missing = ("adapter_rank", "adapter_alpha") if msg.adapter_alpha is None else ("adapter_alpha",
+                                                                                              "adapter_rank")
+        raise SchemaError(missing, f"required when {given} is set (a LoRA version names its rank and alpha)")
     sent = "delta_bytes" if msg.is_delta else "total_bytes"
     expected = chunk_count_for(msg.sent_bytes, msg.chunk_size)
     if msg.chunk_count != expected:

@@ -226,12 +226,29 @@ class StreamRLConfig(_Section):
                 f"kafka.batch_size={self.kafka.batch_size} > kafka.max_request_size={self.kafka.max_request_size}: "
                 f"a full batch would be refused by the broker; keep batch_size at most max_request_size"))
         loss, budget = self.trainer.loss, self.producer.max_new_tokens
+        if self.producer.environment is not None and self.trainer.advantage in ("reinforce_pp", "gae"):
+            raise CrossFieldError(("producer.environment", "trainer.advantage"), (
+                f"producer.environment (multi-turn) with trainer.advantage={self.trainer.advantage!r}: environment "
+                f"tokens between policy turns leave holes in the loss mask, which the token-level estimators "
+                f"cannot walk; use grpo, dr_grpo or rloo"))
+        overlong = self.trainer.overlong
+        max_len = budget if overlong.max_len is None else overlong.max_len
+        if overlong.buffer is not None and overlong.buffer > max_len:
+            raise CrossFieldError(("trainer.overlong.buffer", "trainer.overlong.max_len"), (
+                f"trainer.overlong.buffer={overlong.buffer} > trainer.overlong.max_len={max_len} (None takes "
+                f"producer.max_new_tokens={budget}): the penalty's ramp must fit in the length budget"))
+        overlong.max_len = max_len
         if loss.max_len is None:
             loss.max_len = budget
         elif loss.agg == "seq-mean-token-sum-norm" and loss.max_len < budget:
             raise CrossFieldError(("trainer.loss.max_len", "producer.max_new_tokens"), (
                 f"trainer.loss.max_len={loss.max_len} < producer.max_new_tokens={budget}: Dr. GRPO's constant "
                 f"normaliser must cover the longest response the producers may generate"))
+        if self.trainer.lora.enabled and self.producer.engine == "vllm":
+            raise CrossFieldError(("trainer.lora.enabled", "producer.engine"), (
+                "trainer.lora.enabled=true with producer.engine='vllm' is not supported: LoRA versions carry only "
+                "adapter tensors, which the hf engine merges into its base weights; use producer.engine='hf' "
+                "(docs/weights.md, 'LoRA adapters')"))
         return self
 
 

@@ -156,10 +156,11 @@ def _leaf_commands(group, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
 EVERY_COMMAND = _leaf_commands(typer.main.get_command(app))
 NEEDS = {("prompts", "validate"): ["prompts.jsonl"], ("prompts", "load"): ["prompts.jsonl"],
          ("demo", "init"): ["new-demo"], ("plan",): ["--params", "7e9"],
-         ("replay",): ["rollouts"]}
+         ("replay",): ["rollouts"], ("export",): ["--out", "exported"], ("rescore",): ["--to-run", "new-run"]}
 """Arguments a command requires besides --dry-run (every file named here exists in the working directory)."""
-NOT_THE_CONFIG = {("gc",): "nothing to remove", ("plan",): '"params": 7000000000', ("bench",): '"bench.run"'}
-"""Commands whose --dry-run prints something else than the resolved config (gc: its plan, documented)."""
+NOT_THE_CONFIG = {("gc",): "nothing to remove", ("plan",): '"params": 7000000000', ("bench",): '"bench.run"',
+                  ("rescore",): '"scored_topic": "stream-rl.new-run.scored"'}
+"""Commands whose --dry-run prints something else than the resolved config (gc, rescore: their plans, documented)."""
 
 
 def _tree(root: Path) -> dict[str, float]:

@@ -17,6 +17,9 @@ import re
 _TRAILING_MARKERS = re.compile(r"(?:<eos>|</s>|<\|endoftext\|>|<\|im_end\|>|<pad>|\s)+$")
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
 
+REWARDS = ("exact_match", "contains_answer", "last_number_match")
+"""The rewards of this module, by the short names ``stream-rl rescore --reward`` accepts."""
+
 
 def strip_response(response: str) -> str:
     """``response`` without trailing end/padding markers and surrounding whitespace."""

@@ -108,10 +108,10 @@ def run_scorer(cfg: StreamRLConfig, stop_event: threading.Event | None = None, m
             source.paused = telemetry.paused
             dead_before = source.dead_lettered
             records = source.poll(scfg.poll_timeout_s, max_records=scfg.batch_size)
-            _send_notices(source, sink, transport.names.scored, transport.instance_id)
+            send_notices(source, sink, transport.names.scored, transport.instance_id)
             if records:
                 started = time.monotonic()
-                _score_and_send(records, source, sink, transport.names.scored, scoring, stats, transport.instance_id)
+                score_and_send(records, source, sink, transport.names.scored, scoring, stats, transport.instance_id)
                 telemetry.observe_seconds("score", time.monotonic() - started)
                 telemetry.tokens(sum(r.value.response_length for r in records))
             if records or source.dead_lettered > dead_before:  # a batch of dead letters only is a batch too
@@ -151,8 +151,10 @@ def _ensure_run_topics(transport: Transport) -> None:
         transport.ensure_topics()
 
 
-def _score_and_send(records: Sequence[Consumed], source: Source, sink: Sink, scored_topic: str,
-                    scoring: Scoring, stats: ScorerStats, consumer_id: str) -> None:
+def score_and_send(records: Sequence[Consumed], source: Source, sink: Sink, scored_topic: str,
+                   scoring: Scoring, stats: ScorerStats, consumer_id: str) -> None:
+    """Score one polled batch and send each result: a ScoredRollout on ``scored_topic`` (key ``group_id``), or
+    a dead letter plus its group's MemberRejected; counts go to ``stats`` (also used by ``stream-rl rescore``)."""
     with source.process_span("score-batch", records, {"stream_rl.batch_size": len(records)}):
         outputs = score_rollouts([record.value for record in records], scoring)
     for record, result in zip(records, outputs, strict=True):
@@ -169,7 +171,7 @@ def _score_and_send(records: Sequence[Consumed], source: Source, sink: Sink, sco
     log.info("scorer batch %s", json.dumps(batch_metrics(outputs), sort_keys=True))
 
 
-def _send_notices(source: Source, sink: Sink, scored_topic: str, consumer_id: str) -> None:
+def send_notices(source: Source, sink: Sink, scored_topic: str, consumer_id: str) -> None:
     """A MemberRejected for every rollout the edge dead-lettered in the last poll that names its group."""
     rejections, source.rejections = source.rejections or [], []
     for rejection in rejections:

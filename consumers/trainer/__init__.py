@@ -4,7 +4,9 @@ Modules: :mod:`~consumers.trainer.config` (``cfg.trainer``), :mod:`~consumers.tr
 assembly, dedup, staleness, safe offsets), :mod:`~consumers.trainer.tensors` (pure padding and alignment),
 :mod:`~consumers.trainer.step` (one training step on ``stream_rl.algorithms``), :mod:`~consumers.trainer.engines`
 (torch and DeepSpeed ZeRO), :mod:`~consumers.trainer.checkpoint` (atomic, pickle-free checkpoints) and
-:mod:`~consumers.trainer.loop` (``run_trainer``, the Kafka shell). Importing this package loads neither torch nor
+:mod:`~consumers.trainer.loop` (``run_trainer``, the Kafka shell); for ``trainer.lora``:
+:mod:`~consumers.trainer.lora` (peft adapters on a frozen base) and :mod:`~consumers.trainer.export`
+(``stream-rl export``). Importing this package loads neither torch nor
 kafka; import the submodules you need.
 """
 

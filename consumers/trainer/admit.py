@@ -13,6 +13,9 @@ Guarantees (pure: no Kafka, no torch, no I/O):
   (``max_position_embeddings``): the position ids of one row go up to that sum minus one.
 - ``len(response) <= max_response`` when the loss uses a constant length normaliser (Dr. GRPO's
   ``seq-mean-token-sum-norm`` with ``trainer.loss.max_len``), which refuses longer responses.
+- A multi-turn rollout (``Rollout.policy_mask``) whose policy tokens are not a prefix of its response (environment
+  output followed by another policy turn) is refused when ``prefix_masks`` is set: the token-level estimators
+  (reinforce_pp, gae) walk the response in time and need the loss mask to be a prefix.
 - The reward and any token reward are finite in float32 (the trainer's tensors): a reward of 1e300 is a valid
   float64 on the wire and +inf in the batch.
 """
@@ -29,6 +32,7 @@ from schemas import ScoredRollout
 ERROR_TYPE = "AdmissionError"
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 DR_GRPO_AGG = "seq-mean-token-sum-norm"
+TOKEN_ESTIMATORS = ("reinforce_pp", "gae")
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class ModelLimits:
     vocab_size: int
     max_positions: int | None = None
     max_response: int | None = None
+    prefix_masks: bool = False
 
     def __post_init__(self) -> None:
         if self.vocab_size < 1:
@@ -49,7 +54,8 @@ class ModelLimits:
         positions = getattr(model_config, "max_position_embeddings", None)
         loss = trainer_cfg.loss
         max_response = loss.max_len if loss.agg == DR_GRPO_AGG else None
-        return cls(int(model_config.vocab_size), int(positions) if positions else None, max_response)
+        return cls(int(model_config.vocab_size), int(positions) if positions else None, max_response,
+                   trainer_cfg.advantage in TOKEN_ESTIMATORS)
 
 
 @dataclass(frozen=True)
@@ -87,11 +93,20 @@ def _float32_problem(scored: ScoredRollout) -> str | None:
     return None
 
 
+def _mask_problem(scored: ScoredRollout, limits: ModelLimits) -> str | None:
+    mask = scored.rollout.policy_mask
+    if not limits.prefix_masks or mask is None or not (np.diff(mask.astype(np.int8)) > 0).any():
+        return None
+    return ("rollout.policy_mask has a policy turn after environment tokens (multi-turn), which the token-level "
+            "estimators (trainer.advantage reinforce_pp, gae) cannot train on: use grpo, dr_grpo or rloo")
+
+
 def check_scored(scored: ScoredRollout, limits: ModelLimits) -> Rejection | None:
     """``None`` if the trainer can train on ``scored`` under ``limits``, else the first problem found."""
     r = scored.rollout
     problem = (_token_problem("prompt_token_ids", r.prompt_token_ids, limits.vocab_size)
                or _token_problem("response_token_ids", r.response_token_ids, limits.vocab_size)
                or _length_problem(len(r.prompt_token_ids), r.response_length, limits)
-               or _float32_problem(scored))
+               or _float32_problem(scored)
+               or _mask_problem(scored, limits))
     return None if problem is None else Rejection(problem)

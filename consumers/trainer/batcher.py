@@ -23,6 +23,10 @@ Guarantees (pure: no Kafka, no clock, no I/O):
   notice, the trainer's own transport edge), drops its group at once instead of letting it pin the partition's
   safe offset (with no member buffered yet, the first one of that attempt to arrive drops it), and the groups of a
   step whose update was skipped (:meth:`Batcher.drop_skipped`) are dropped instead of being marked trained.
+- Dynamic sampling (``uniform_atol`` set, DAPO): a group that completes with all rewards equal (max - min <=
+  ``uniform_atol``) has GRPO advantages of exactly 0, so it is dropped to the stale topic with that reason
+  (counter ``uniform``), never re-queued: its prompt was sampled, and the producers' budget gets the group back,
+  so they sample other prompts in its place (the stale topic is the audit trail of what was not trained).
 - Re-queue cap: a (prompt, epoch) is re-queued at most ``max_requeues`` times (attempts 1..max_requeues); a
   group of the last attempt that is dropped gets ``StaleRollout(requeued=False)`` with a reason saying so.
   :meth:`Batcher.note_requeued` merges re-queues a previous process already sent (the loop's re-queue log), so a
@@ -115,12 +119,14 @@ def requeued_prompt(scored: ScoredRollout, attempt: int) -> Prompt:
 class Batcher:
     """Buffers scored rollouts into whole groups; see the module docstring for the guarantees."""
 
-    def __init__(self, max_lag: int, max_requeues: int = 3) -> None:
+    def __init__(self, max_lag: int, max_requeues: int = 3, uniform_atol: float | None = None) -> None:
         if max_lag < 0:
             raise ValueError(f"max_lag must be >= 0, got {max_lag}")
         if max_requeues < 0:
             raise ValueError(f"max_requeues must be >= 0, got {max_requeues}")
-        self.max_lag, self.max_requeues = max_lag, max_requeues
+        if uniform_atol is not None and uniform_atol < 0:
+            raise ValueError(f"uniform_atol must be >= 0 or None, got {uniform_atol}")
+        self.max_lag, self.max_requeues, self.uniform_atol = max_lag, max_requeues, uniform_atol
         self.lineage = NO_JUMPS  # set by the trainer from TrainState.lineage (resumes that republished)
         self.ledger = Ledger()  # trained (prompt, epoch) groups, compacted (consumers.trainer.ledger)
         self.requeued: dict[str, int] = {}  # group id -> highest attempt dropped as stale (and re-queued)
@@ -132,7 +138,7 @@ class Batcher:
         self._last_seen: dict[TopicPartition, int] = {}
         self._doomed: dict[str, tuple[int | None, str]] = {}  # group id -> (attempt, reason): no member yet
         self.counters = {"received": 0, "duplicates": 0, "stale": 0, "superseded": 0, "requeued": 0,
-                         "trained": 0, "rejected": 0, "skipped": 0, "not_requeued": 0}
+                         "trained": 0, "rejected": 0, "skipped": 0, "not_requeued": 0, "uniform": 0}
 
     # -- intake -------------------------------------------------------------------------------------------------
 
@@ -162,9 +168,22 @@ class Batcher:
         if lag > self.max_lag or lag < 0:
             return [self._drop_group(group, current_version, self._lag_reason(current_version, rid, lag))]
         if group.complete:
+            uniform = self._uniform_reason(group)
+            if uniform is not None:
+                return [self._drop_group(group, current_version, uniform, counter="uniform", requeue=False)]
             del self._buffering[gid]
             self._ready.append(group)
         return []
+
+    def _uniform_reason(self, group: Group) -> str | None:
+        """Dynamic sampling's drop reason for a complete group whose rewards are all equal, else None."""
+        if self.uniform_atol is None:
+            return None
+        rewards = [s.reward for s in group.rollouts]
+        if max(rewards) - min(rewards) > self.uniform_atol:
+            return None
+        return (f"dynamic sampling: all {len(rewards)} rewards of the group equal {rewards[0]:g} "
+                f"(no GRPO gradient; trainer.dynamic_sampling)")
 
     def reject(self, record: RecordLike, current_version: int, reason: str) -> list[StaleDrop]:
         """Take one record that failed admission (the caller dead-letters it): its group can never complete, so
@@ -305,9 +324,10 @@ class Batcher:
                 "counters": dict(self.counters)}
 
     @classmethod
-    def from_state(cls, max_lag: int, state: Mapping[str, Any], max_requeues: int = 3) -> Batcher:
+    def from_state(cls, max_lag: int, state: Mapping[str, Any], max_requeues: int = 3,
+                   uniform_atol: float | None = None) -> Batcher:
         """A batcher with the ledger of a checkpoint and empty buffers (the buffered records are re-read)."""
-        batcher = cls(max_lag, max_requeues)
+        batcher = cls(max_lag, max_requeues, uniform_atol)
         batcher.ledger = Ledger.from_json(state.get("groups"), state.get("trained", ()))  # "trained": older form
         batcher.requeued = {str(k): int(v) for k, v in state.get("requeued", {}).items()}
         batcher.counters.update({k: int(v) for k, v in state.get("counters", {}).items()})
@@ -340,9 +360,10 @@ class Batcher:
         return f"lag {trigger_lag} > max_lag {self.max_lag} ({trigger_id})"
 
     def _drop_group(self, group: Group, version: int, reason: str, counter: str = "stale",
-                    source: ScoredRollout | None = None) -> StaleDrop:
+                    source: ScoredRollout | None = None, requeue: bool = True) -> StaleDrop:
         """Drop ``group`` (wherever it waits) with ``reason``: StaleRollouts for its members, one re-queue unless
-        its attempt is the last (``max_requeues``). ``source``: a rollout of the group when none is buffered."""
+        its attempt is the last (``max_requeues``) or ``requeue`` is False. ``source``: a rollout of the group when
+        none is buffered."""
         if self._buffering.get(group.group_id) is group:
             del self._buffering[group.group_id]
         elif group in self._ready:
@@ -351,19 +372,19 @@ class Batcher:
         first = members[0] if members else source
         attempt = max(s.rollout.attempt for s in [*members, *([source] if source is not None else [])])
         self.requeued[group.group_id] = max(attempt, self.requeued.get(group.group_id, -1))
-        requeue = requeued_prompt(first, attempt + 1) if attempt < self.max_requeues else None
-        if requeue is None:
+        prompt = requeued_prompt(first, attempt + 1) if requeue and attempt < self.max_requeues else None
+        if prompt is None and requeue:
             reason = f"{reason}; not re-queued: attempt {attempt} is the last (max_requeues {self.max_requeues})"
             self.counters["not_requeued"] += 1
-        else:
+        elif prompt is not None:
             self.counters["requeued"] += 1
         stale = []
         for record in group.records.values():
             self._release(record)
             lag = max(rollout_lag(record.value, version, self.lineage), 0)
-            stale.append(self._stale_record(record.value, lag, version, reason, requeue is not None))
+            stale.append(self._stale_record(record.value, lag, version, reason, prompt is not None))
         self.counters[counter] += len(stale)
-        return StaleDrop(stale, requeue, reason)
+        return StaleDrop(stale, prompt, reason)
 
     def _stale_record(self, scored: ScoredRollout, lag: int, version: int, reason: str,
                       requeued: bool) -> StaleRollout:

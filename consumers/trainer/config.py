@@ -1,7 +1,8 @@
 """The trainer's configuration section (``cfg.trainer``).
 
 Consumes: values from the config file, ``STREAM_RL_TRAINER__*`` variables and ``--set trainer.x=y`` flags.
-Produces: a validated :class:`TrainerConfig` with the nested :class:`KLConfig` and :class:`LossConfig`.
+Produces: a validated :class:`TrainerConfig` with the nested :class:`KLConfig`, :class:`LossConfig` and
+:class:`LoraConfig`.
 Guarantees: every field has a description and bounds; combinations that cannot work (a decaying learning-rate
 schedule without ``max_steps``, k1 as a loss term, an adaptive KL starting at 0) are rejected here, not at step
 1000; defaults that depend on another field (the GSPO clip range, the in-loss KL estimator, whitening for GAE) are
@@ -21,6 +22,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from consumers.trainer.config_dapo import OverlongConfig
 from stream_rl.config_base import DEVICE_PATTERN, Section
 
 ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae")
@@ -106,6 +108,26 @@ class LossConfig(Section):
         return self
 
 
+class LoraConfig(Section):
+    """LoRA adapters (Hu et al. 2021) trained through ``peft`` on a frozen base: W = W0 + (alpha / rank) * B A."""
+
+    enabled: bool = Field(False, description="train LoRA adapters on the frozen trainer.model_dir instead of every "
+                                             "weight; versions then carry only the adapter tensors "
+                                             "(docs/weights.md, 'LoRA adapters')")
+    rank: int = Field(8, ge=1, le=4096, description="adapter rank r (A is [r, in], B is [out, r])")
+    alpha: float = Field(16.0, gt=0.0, description="scaling numerator: the update is (alpha / rank) * B A")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapter input; the trainer runs in "
+                                                           "eval() mode (engines.py), so it is inactive there")
+    target_modules: list[str] = Field(
+        ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1,
+        description="names (last path component) of the nn.Linear modules that get an adapter, e.g. q_proj, "
+                    "v_proj, up_proj")
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
 class TrainerConfig(Section):
     """The ``stream-rl train`` role: batching, staleness, advantages, KL, loss, optimiser, broadcast, checkpoints."""
 
@@ -136,8 +158,14 @@ class TrainerConfig(Section):
                             "before the update needs it; 'always': always run it")
     vf_coef: float = Field(0.5, ge=0.0, description="weight of the value loss (advantage='gae' only)")
     value_clip: float = Field(0.2, gt=0.0, description="value-loss clip range (advantage='gae' only)")
+    dynamic_sampling: bool = Field(
+        False, description="DAPO dynamic sampling: a complete group whose rewards are all equal (no GRPO gradient) "
+                           "goes to the stale topic with that reason instead of into a batch (not re-queued; the "
+                           "producers' budget gets it back and they sample more prompts); grpo, dr_grpo, rloo only")
+    overlong: OverlongConfig = Field(default_factory=OverlongConfig)
     kl: KLConfig = Field(default_factory=KLConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
     max_lag: int = Field(4, ge=0, description="staleness bound: a rollout whose oldest token is more than this "
                                               "many policy versions old is dropped and its prompt re-queued")
     max_requeues: int = Field(
@@ -155,6 +183,14 @@ class TrainerConfig(Section):
                                 "responses attend to its cached keys/values (exact up to float rounding; a group "
                                 "of G samples pays for its prompt once, consumers/trainer/prefix.py); false: every "
                                 "row runs its own prompt")
+    packing: bool = Field(False, description="pack each micro batch's sequences end to end into rows of one width "
+                          "(no compute on padding; position ids and causal attention kept per sequence by a block "
+                          "mask, exact up to float rounding, consumers/trainer/packing.py); an alternative to "
+                          "share_prompts (set it false); needs the policy's attention to be 'sdpa' or 'eager'")
+    pack_length: int | None = Field(None, ge=1, le=1_048_576, description="packing: width of a packed row in tokens; "
+                                    "a micro batch whose longest sequence (prompt + response) is longer gets rows "
+                                    "that wide (a sequence is never split); None: the longest sequence of each "
+                                    "micro batch; ignored without packing")
     epochs: int = Field(1, ge=1, description="passes over each batch")
     minibatches: int = Field(1, ge=1, description="optimizer updates per pass over a batch")
     lr: float = Field(1e-4, gt=0.0, description="peak AdamW learning rate")
@@ -180,6 +216,15 @@ class TrainerConfig(Section):
             self.whiten_advantages = self.advantage == "gae"
         if not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"betas must each be in [0, 1), got {self.betas}")
+        if self.dynamic_sampling and self.advantage in ("reinforce_pp", "gae"):
+            raise ValueError(f"dynamic_sampling=true with advantage={self.advantage!r}: equal rewards still give "
+                             f"token-level advantages there; use grpo, dr_grpo or rloo, or dynamic_sampling=false")
+        if self.packing and self.share_prompts:
+            raise ValueError("packing=true with share_prompts=true: they are alternative forward paths (packed rows, "
+                             "or each distinct prompt once on a key/value cache); set share_prompts=false to pack")
         if self.schedule != "constant" and self.max_steps is None:
             raise ValueError(f"schedule={self.schedule!r} decays to 0 at max_steps: set max_steps")
+        if self.lora.enabled and self.engine == "deepspeed":
+            raise ValueError("lora.enabled=true with engine='deepspeed' is not supported (the adapters are trained "
+                             "by the torch engine only): set engine='torch' or lora.enabled=false")
         return self

@@ -3,7 +3,8 @@
 Consumes: a :class:`TrainModule` (the policy plus an optional value head), the trainer config and the
 :class:`~consumers.trainer.ranks.Ranks` it trains on (one by default).
 Produces: ``forward`` (response-aligned logits and values), ``backward``, ``step`` (clip, guard, AdamW update),
-``zero_grad``, ``state_dict`` (full CPU weights), ``optimizer_state``/``load_optimizer_state`` and
+``zero_grad``, ``state_dict`` (full CPU weights; with ``trainer.lora`` the trainable tensors only, the optimizer
+holding only those: :mod:`~consumers.trainer.lora`), ``optimizer_state``/``load_optimizer_state`` and
 ``save``/``load`` of ``model.safetensors`` + ``optimizer.safetensors`` + ``optimizer.json`` in a directory.
 Guarantees:
 - ``step`` applies an update only when the global gradient norm is finite; otherwise the gradients are discarded,
@@ -39,6 +40,7 @@ import math
 import os
 import socket
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,22 +49,29 @@ from torch import Tensor, nn
 
 from consumers.trainer.checkpoint import CheckpointError, read_json, read_tensors, write_json, write_tensors
 from consumers.trainer.config import TrainerConfig
+from consumers.trainer.lora import is_lora
+from consumers.trainer.packing import packed_forward
 from consumers.trainer.prefix import can_share_prompts, shared_prompt_forward
 from consumers.trainer.ranks import SOLO, Ranks
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 OPTIMIZER_META = "optimizer.json"
+LORA_META = "lora.json"  # trainer.lora's settings, in a LoRA checkpoint only (stream-rl export reads them)
 _SEP = "::"
 
 
 class TrainModule(nn.Module):
     """The trained module: a causal-LM policy and, for GAE, a linear value head on its last hidden state."""
 
-    def __init__(self, policy: nn.Module, value_head: bool = False, share_prompts: bool = False) -> None:
+    def __init__(self, policy: nn.Module, value_head: bool = False, share_prompts: bool = False,
+                 packing: bool = False, pack_length: int | None = None) -> None:
         super().__init__()
+        if packing and share_prompts:
+            raise ValueError("trainer.packing and trainer.share_prompts are alternative forward paths: set one false")
         self.policy = policy
         self.share_prompts = share_prompts  # trainer.share_prompts: consumers.trainer.prefix
+        self.packing, self.pack_length = packing, pack_length  # trainer.packing: consumers.trainer.packing
         self.value_head = None
         if value_head:
             self.value_head = nn.Linear(policy.config.hidden_size, 1)
@@ -72,9 +81,10 @@ class TrainModule(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
                 response_width: int) -> tuple[Tensor, Tensor | None]:
         """Logits ``[B, T, V]`` predicting the T response tokens, and values ``[B, T]`` (or None)."""
-        if self.share_prompts and can_share_prompts(self.policy):
-            logits, hidden = shared_prompt_forward(self.policy, input_ids, attention_mask, position_ids,
-                                                   response_width, hidden=self.value_head is not None)
+        if self.packing or (self.share_prompts and can_share_prompts(self.policy)):
+            run = partial(packed_forward, pack_length=self.pack_length) if self.packing else shared_prompt_forward
+            logits, hidden = run(self.policy, input_ids, attention_mask, position_ids, response_width,
+                                 hidden=self.value_head is not None)
             return logits, None if hidden is None else self.value_head(hidden).squeeze(-1).float()
         keep = response_width + 1
         out = self.policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -93,7 +103,8 @@ class StepOutcome:
 
 
 def make_optimizer(module: nn.Module, cfg: TrainerConfig) -> torch.optim.AdamW:
-    return torch.optim.AdamW(module.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
+    trainable = [p for p in module.parameters() if p.requires_grad]  # LoRA: the adapters (and value head) only
+    return torch.optim.AdamW(trainable, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
                              foreach=False)
 
 
@@ -124,6 +135,8 @@ def resolve_device(name: str, ranks: Ranks = SOLO) -> torch.device:
 class _EngineBase:
     module: TrainModule
     ranks: Ranks = SOLO
+    lora: bool = False  # trainer.lora: the policy carries peft adapters on a frozen base (consumers.trainer.lora)
+    lora_settings: dict[str, Any] | None = None
     device: torch.device = torch.device("cpu")
     compute_dtype: torch.dtype = torch.float32
 
@@ -142,7 +155,12 @@ class _EngineBase:
     def policy_state_dict(self) -> dict[str, Tensor]:
         """The policy's weights under their Hugging Face names (for the broadcast)."""
         prefix = "policy."
-        return {k[len(prefix):]: v for k, v in self.state_dict().items() if k.startswith(prefix)}
+        policy = {k[len(prefix):]: v for k, v in self.state_dict().items() if k.startswith(prefix)}
+        if self.lora:  # the adapters only, under their wire names (stream_rl.models.lora)
+            from consumers.trainer.lora import adapter_state
+
+            return adapter_state(policy)
+        return policy
 
     def full_state(self) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Any]]:
         """Consolidated weights, optimizer tensors and optimizer JSON (collectives under ZeRO: every rank calls)."""
@@ -154,6 +172,8 @@ class _EngineBase:
         write_tensors(directory / MODEL_FILE, weights)
         write_tensors(directory / OPTIMIZER_FILE, tensors)
         write_json(directory / OPTIMIZER_META, meta)
+        if self.lora:
+            write_json(directory / LORA_META, self.lora_settings)
 
     def load(self, directory: str | os.PathLike) -> None:
         directory = Path(directory)
@@ -198,6 +218,8 @@ class TorchEngine(_EngineBase):
         self._placed(cfg, ranks)
         self.module = module.to(self.device, dtype=torch.float32).eval()  # fp32 master weights
         self.optimizer = make_optimizer(module, cfg)
+        self.lora = is_lora(module)
+        self.lora_settings = cfg.lora.model_dump(mode="json") if self.lora else None
         self.grad_clip = cfg.grad_clip
 
     def _call(self, *args):
@@ -208,7 +230,7 @@ class TorchEngine(_EngineBase):
 
     def step(self, lr: float) -> StepOutcome:
         if self.ranks.world > 1:  # every rank ends with the sum: identical clipping and updates everywhere
-            self.ranks.all_reduce_grads(list(self.module.parameters()))
+            self.ranks.all_reduce_grads([p for p in self.module.parameters() if p.requires_grad])
         params = [p for p in self.module.parameters() if p.grad is not None]
         if not params:
             return StepOutcome(False, 0.0)
@@ -226,12 +248,17 @@ class TorchEngine(_EngineBase):
         self.optimizer.zero_grad(set_to_none=True)
 
     def state_dict(self) -> dict[str, Tensor]:
+        """Full weights; with LoRA the trainable tensors only (adapters, value head): the base never changes."""
+        if self.lora:
+            from consumers.trainer.lora import trainable_state
+
+            return trainable_state(self.module)
         return unique_state(self.module)
 
     def load_state_dict(self, tensors: dict[str, Tensor]) -> None:
-        from stream_rl.models import load_state_dict_strict
+        from consumers.trainer.lora import load_module_state
 
-        load_state_dict_strict(self.module, tensors)
+        load_module_state(self.module, tensors, self.lora)
 
     def optimizer_state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
         names = {p: n for n, p in self.module.named_parameters()}

@@ -6,7 +6,7 @@ membership; the group ``{prefix}.{run}.trainer`` only holds the committed offset
 Produces: ``StaleRollout`` records on ``names.stale`` (key ``group_id``) and re-queued ``Prompt`` records on
 ``names.prompts`` (key ``prompt_id``); dead letters on ``names.dlq`` for records the model cannot take;
 policy versions through :class:`~stream_rl.weights.WeightsPublisher`
-(floating tensors in ``producer.dtype``, the dtype the generators run);
+(floating tensors in ``producer.dtype``, the dtype the generators run; with ``trainer.lora`` the adapters only);
 one JSON line of metrics per step in ``run_dir/metrics.jsonl``; one line per step in ``run_dir/trained.jsonl``
 naming the rollouts it trained (``{"step", "version", "rollout_ids"}``, ``version`` = the policy version the
 batch was trained at; a step that applied no update has ``rollout_ids: []``, ``skipped_ids`` and ``skipped``,
@@ -154,9 +154,9 @@ class Trainer:
             for path in (self.metrics_path, self.trained_path):
                 truncate_steps(path, ckpt.step if ckpt is not None else 0)
         self.state = TrainState.from_json(ckpt.state) if ckpt else TrainState(kl_coef=self.tcfg.kl.coef)
-        cap = self.tcfg.max_requeues
-        self.batcher = (Batcher.from_state(self.tcfg.max_lag, ckpt.ledger, cap) if ckpt
-                        else Batcher(self.tcfg.max_lag, cap))
+        cap, atol = self.tcfg.max_requeues, 0.0 if self.tcfg.dynamic_sampling else None  # "equal": exactly
+        self.batcher = (Batcher.from_state(self.tcfg.max_lag, ckpt.ledger, cap, atol) if ckpt
+                        else Batcher(self.tcfg.max_lag, cap, atol))
         self.batcher.lineage = Lineage.of(self.state.lineage)
         if resume:  # re-queues sent after the checkpoint are on the broker: never send them again
             for group_id, attempt in read_requeues(self.requeue_path, self.names.prompts).items():
@@ -397,7 +397,9 @@ class Trainer:
         """Publish the policy as ``state.version``, in the dtype the generators run (``producer.dtype``)."""
         self.ranks.send(Command.WEIGHTS)
         weights = cast_floating(self.engine.policy_state_dict(), self.cfg.producer.dtype)
-        return self.publisher.publish(weights, self.state.version, self.state.step)
+        lora = self.tcfg.lora  # a LoRA version carries the adapters only, stamped with (rank, alpha)
+        adapter = (lora.rank, lora.alpha) if lora.enabled else None
+        return self.publisher.publish(weights, self.state.version, self.state.step, adapter=adapter)
 
     def close(self) -> None:
         if not self.ranks.broken:

@@ -50,16 +50,20 @@ def checkpoint_root(cfg) -> Path:
 
 def restore(cfg, ranks: Ranks, resume: bool) -> Replica:
     """Load the initial policy (or, with ``resume``, the newest checkpoint's weights, optimizer state and RNG)."""
-    from stream_rl.models import load_policy, load_state_dict_strict
+    from consumers.trainer.lora import load_module_state, wrap_policy
+    from stream_rl.models import load_policy
 
     tcfg = cfg.trainer
     policy, tokenizer = load_policy(tcfg.model_dir)
+    if tcfg.lora.enabled:  # adapters on the frozen base (consumers.trainer.lora)
+        policy = wrap_policy(policy, tcfg.lora)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    module = TrainModule(policy, value_head=tcfg.advantage == "gae", share_prompts=tcfg.share_prompts)
+    module = TrainModule(policy, value_head=tcfg.advantage == "gae", share_prompts=tcfg.share_prompts,
+                         packing=tcfg.packing, pack_length=tcfg.pack_length)
     path = latest_checkpoint(checkpoint_root(cfg)) if resume else None
     ckpt = load_checkpoint(path) if path is not None else None
     if ckpt is not None:
-        load_state_dict_strict(module, read_tensors(path / MODEL_FILE))
+        load_module_state(module, read_tensors(path / MODEL_FILE), tcfg.lora.enabled)
     engine = build_engine(module, tcfg, ranks)
     if ckpt is not None:
         engine.load_optimizer_state(read_tensors(path / OPTIMIZER_FILE), read_json(path / OPTIMIZER_META))

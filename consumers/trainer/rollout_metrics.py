@@ -43,6 +43,7 @@ def rollout_metrics(scored: Sequence[ScoredRollout], current_version: int, succe
         "response/truncated_frac": sum(s.rollout.finish_reason == "length" for s in scored) / len(scored),
         "staleness/mean_lag": sum(lags) / len(lags),
         "staleness/max_lag": float(max(lags)),
+        **_token_staleness(scored, lags),
     }
     names = sorted({k for s in scored for k in s.reward_components})
     for name in names:
@@ -54,6 +55,23 @@ def rollout_metrics(scored: Sequence[ScoredRollout], current_version: int, succe
     if now is not None and created:
         out["time/rollout_age_s_mean"] = now - sum(created) / len(created)
     return out
+
+
+def _token_staleness(scored: Sequence[ScoredRollout], lags: Sequence[int]) -> dict[str, float]:
+    """Staleness per token, for rollouts whose versions change mid-response (in-flight weight updates)::
+
+        token_lag_bt = max(lag_b - (v_bt - min_t v_bt), 0)      (lag_b: the rollout's lag, by its oldest token)
+        staleness/token_mean_lag = mean over every response token of token_lag_bt
+        staleness/mixed_version_frac = #{b : min_t v_bt < max_t v_bt} / B
+    """
+    total, count, mixed = 0.0, 0, 0
+    for s, lag in zip(scored, lags, strict=True):
+        versions = s.rollout.token_policy_versions  # [R] int64
+        oldest = int(versions.min())
+        total += float((lag - (versions - oldest)).clip(min=0).sum())
+        count += len(versions)
+        mixed += int(versions.max()) != oldest
+    return {"staleness/token_mean_lag": total / max(count, 1), "staleness/mixed_version_frac": mixed / len(lags)}
 
 
 def _stage_metrics(stage: str, seconds: Sequence[float | None], lengths: Sequence[int]) -> dict[str, float]:

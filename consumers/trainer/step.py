@@ -38,7 +38,8 @@ from torch import Tensor
 
 from consumers.trainer.config import TrainerConfig
 from consumers.trainer.forward import Proximal, proximal_pass
-from consumers.trainer.targets import BatchTargets, batch_advantages, kl_to_reference, require_refs
+from consumers.trainer.targets import (BatchTargets, batch_advantages, kl_to_reference, length_penalty, loss_batch,
+                                      require_refs)
 from consumers.trainer.tensors import RolloutBatch
 from consumers.trainer.update import ForwardRecord, merge, update
 from stream_rl import algorithms as alg
@@ -136,7 +137,8 @@ def train_step(engine, batch: RolloutBatch, cfg: TrainerConfig, state: TrainStat
     t1 = time.perf_counter()
     lr = lr_at(state.step, cfg)
     record = ForwardRecord.empty(batch) if prox is None else None
-    acc, norms, applied_n, skipped_n, nonfinite_loss = _updates(engine, batch, tg, cfg, state, lr, record)
+    acc, norms, applied_n, skipped_n, nonfinite_loss = _updates(engine, loss_batch(batch, cfg), tg, cfg, state, lr,
+                                                                record)
     t2 = time.perf_counter()
     if record is not None:
         record.gather(engine.ranks)
@@ -150,6 +152,9 @@ def train_step(engine, batch: RolloutBatch, cfg: TrainerConfig, state: TrainStat
     out.update(on_policy_mismatch(batch.behavior_logp, prox_logp, batch.response_mask, batch.token_versions,
                                   state.version))
     out["kl/coef"] = state.kl_coef
+    out["batch/truncated_fraction"] = float(batch.truncated.float().mean())
+    if cfg.overlong.buffer is not None:
+        out["reward/overlong_penalty_mean"] = float(length_penalty(batch, cfg).mean())
     kl_mean = out["kl/ref_mean"]
     if cfg.kl.adaptive and math.isfinite(kl_mean) and bool(batch.has_ref.any()):
         state.kl_coef = alg.adaptive_kl_coef(state.kl_coef, kl_mean, batch.size, cfg.kl.target, cfg.kl.horizon)

@@ -10,13 +10,15 @@ Rewards: sequence estimators (grpo, dr_grpo, rloo) use the scalar ``reward``; to
 gae) use the scorer's ``token_rewards`` when it sent them (the dense form of the whole reward, as the scorer
 builds it) and otherwise the scalar ``reward`` on the last response token. With ``kl.placement == "reward"`` the
 penalty beta * KL_t (of pi_prox against the reference, estimator ``kl.kind``) is taken from the token rewards
-(and its sum from the scalar reward).
+(and its sum from the scalar reward). DAPO's soft overlong penalty (``trainer.overlong.buffer``) is added to the
+scalar reward and on the last policy token; overlong filtering (``trainer.overlong.filter``) acts on the loss only
+(:func:`loss_batch`), after the targets were computed over the whole batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -62,19 +64,50 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[[AdvantageInputs], tuple[Tensor, Tensor
 }
 
 
+def last_index(mask: Tensor) -> Tensor:
+    """``[B]`` index of the last True of each row of ``mask`` ``[B, T]`` (T - 1 for a row without one): the last
+    response token, or in a multi-turn rollout the last token the policy sampled."""
+    width = mask.shape[-1]
+    return width - 1 - mask.flip(-1).to(torch.int8).argmax(-1)  # [B]
+
+
+def length_penalty(batch: RolloutBatch, cfg: TrainerConfig) -> Tensor:
+    """DAPO's soft overlong punishment of each rollout ``[B]`` (zeros without ``trainer.overlong.buffer``)."""
+    overlong = cfg.overlong
+    if overlong.buffer is None:
+        return torch.zeros_like(batch.rewards)
+    lengths = batch.response_lengths  # [B] the policy's and the environment's tokens: the length budget's count
+    return alg.overlong_penalty(lengths, overlong.max_len, overlong.buffer, overlong.factor).to(batch.rewards)
+
+
 def advantage_inputs(batch: RolloutBatch, kl_t: Tensor | None, kl_coef: float, cfg: TrainerConfig,
                      values: Tensor | None) -> AdvantageInputs:
-    """Rewards for the estimators, with beta * KL_t subtracted when the KL goes into the reward."""
+    """Rewards for the estimators: the overlong penalty added on the last token, beta * KL_t subtracted when the
+    KL goes into the reward."""
     mask = batch.response_mask
     in_reward = cfg.kl.placement == "reward" and kl_t is not None
     penalty = kl_coef * kl_t if in_reward else torch.zeros_like(batch.token_rewards)  # [B, T]
-    last = (mask.sum(-1) - 1).clamp_min(0)  # [B] index of the last response token
+    last = last_index(mask)  # [B] the last token the policy sampled
+    rows = torch.arange(batch.size, device=mask.device)  # [B]
+    shaping = length_penalty(batch, cfg)  # [B]
+    shaped = batch.rewards + shaping  # [B]
     terminal = torch.zeros_like(batch.token_rewards)  # [B, T]
-    terminal[torch.arange(batch.size, device=mask.device), last] = batch.rewards
-    token_rewards = torch.where(batch.has_token_rewards[:, None], batch.token_rewards, terminal)  # [B, T]
+    terminal[rows, last] = shaped
+    dense = batch.token_rewards.clone()  # [B, T]
+    dense[rows, last] += shaping
+    token_rewards = torch.where(batch.has_token_rewards[:, None], dense, terminal)  # [B, T]
     token_rewards = torch.where(mask, token_rewards - penalty, 0.0)  # [B, T]
-    rewards = batch.rewards - alg.masked_sum(penalty, mask, dim=-1)  # [B]
+    rewards = shaped - alg.masked_sum(penalty, mask, dim=-1)  # [B]
     return AdvantageInputs(rewards, token_rewards, mask, batch.group_ids, values, cfg.gamma, cfg.lam)
+
+
+def loss_batch(batch: RolloutBatch, cfg: TrainerConfig) -> RolloutBatch:
+    """The batch the loss sees: with ``trainer.overlong.filter``, truncated rollouts leave the response mask
+    (DAPO's overlong filtering; the targets were computed on the whole batch). Otherwise ``batch`` itself."""
+    if not cfg.overlong.filter or not bool(batch.truncated.any()):
+        return batch
+    keep = alg.overlong_keep(batch.truncated)  # [B]
+    return replace(batch, response_mask=batch.response_mask & keep[:, None])
 
 
 def require_refs(batch: RolloutBatch, kl_coef: float) -> None:

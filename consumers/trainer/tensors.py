@@ -10,6 +10,9 @@ Guarantees: one layout for the whole batch, so micro batches cut from it share t
     position_ids   = cumsum(attention_mask) - 1 (0 on padding): identical to what ``generate`` used on a
                      left-padded prompt, so recomputed logprobs match the sampler's
     response_*[b]  = [B, T] right-padded (valid tokens are a prefix, the ``stream_rl.algorithms`` convention)
+    response_mask  = [B, T] the tokens the policy sampled: all response tokens, except in a multi-turn rollout
+                     (``Rollout.policy_mask``), whose environment tokens are attended (attention_mask 1) but get
+                     no loss, so its mask has holes (only the sequence-level estimators accept that)
 
 Response token t of row b sits at ``input_ids[b, P + t]`` and is predicted by the logits at position ``P + t - 1``:
 ``logits[:, P - 1 : P + T - 1]`` lines up with ``response_ids`` (see :func:`response_logits_slice`).
@@ -35,7 +38,7 @@ class RolloutBatch:
     attention_mask: Tensor  # [B, L] int64
     position_ids: Tensor  # [B, L] int64
     response_ids: Tensor  # [B, T] int64
-    response_mask: Tensor  # [B, T] bool
+    response_mask: Tensor  # [B, T] bool: tokens the policy sampled (multi-turn: not the environment's; may have holes)
     behavior_logp: Tensor  # [B, T] float32, 0 on padding: mu, the generator's (Rollout.behavior_logprobs)
     ref_logp: Tensor  # [B, T] float32, 0 on padding and where has_ref is False (ScoredRollout.ref_logprobs)
     has_ref: Tensor  # [B] bool: the scorer attached reference logprobs
@@ -45,6 +48,7 @@ class RolloutBatch:
     has_token_rewards: Tensor  # [B] bool: the scorer attached token-level rewards
     group_ids: Tensor  # [B] int64: dense index of the group id string, in order of first appearance
     temperatures: Tensor  # [B] float32: sampling temperature of each rollout
+    truncated: Tensor  # [B] bool: the response was cut at the length budget (Rollout.finish_reason == "length")
     prompt_width: int  # P
 
     @property
@@ -58,6 +62,11 @@ class RolloutBatch:
     @property
     def n_tokens(self) -> int:
         return int(self.response_mask.sum())
+
+    @property
+    def response_lengths(self) -> Tensor:
+        """``[B]`` int64: every response token of each row, the policy's and (multi-turn) the environment's."""
+        return self.attention_mask[:, self.prompt_width:].sum(-1)
 
     @property
     def device(self) -> torch.device:
@@ -113,9 +122,12 @@ def build_batch(scored: Sequence[ScoredRollout], pad_token_id: int = 0) -> Rollo
     prompt_ids = _padded(prompts, p_width, torch.int64, left=True)  # [B, P]
     prompt_mask = _padded([np.ones(len(p)) for p in prompts], p_width, torch.int64, left=True)  # [B, P]
     response_ids = _padded(responses, t_width, torch.int64)  # [B, T]
-    response_mask = _padded([np.ones(len(r)) for r in responses], t_width, torch.bool)  # [B, T]
+    present = _padded([np.ones(len(r)) for r in responses], t_width, torch.bool)  # [B, T] every response token
+    policy = _padded([r.policy_mask if r.policy_mask is not None else np.ones(len(r.response_token_ids))
+                      for r in rollouts], t_width, torch.bool)  # [B, T] multi-turn: 0 on environment tokens
+    response_mask = present & policy  # [B, T]
     input_ids = torch.cat([prompt_ids, response_ids], dim=1)  # [B, L]
-    attention_mask = torch.cat([prompt_mask, response_mask.long()], dim=1)  # [B, L]
+    attention_mask = torch.cat([prompt_mask, present.long()], dim=1)  # [B, L] environment tokens are attended
     input_ids = input_ids.masked_fill(attention_mask == 0, pad_token_id)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)  # [B, L]
     zeros = [np.zeros(len(r), dtype=np.float32) for r in responses]
@@ -136,5 +148,6 @@ def build_batch(scored: Sequence[ScoredRollout], pad_token_id: int = 0) -> Rollo
         has_token_rewards=torch.tensor([s.token_rewards is not None for s in scored], dtype=torch.bool),
         group_ids=dense_group_ids([r.group_id for r in rollouts]),
         temperatures=torch.tensor([r.temperature for r in rollouts], dtype=torch.float32),
+        truncated=torch.tensor([r.finish_reason == "length" for r in rollouts], dtype=torch.bool),
         prompt_width=p_width,
     )

@@ -14,13 +14,19 @@ Guarantees every engine gives (and ``tests/test_producers.py`` / ``tests/test_vl
 - ``load_weights`` either replaces every weight and moves ``version`` to the new value, or raises
   :class:`WeightsMismatch` before touching anything (missing, unexpected or wrongly shaped tensors): the engine
   never runs on a mix of two versions.
+- ``load_adapter`` (a LoRA version, ``trainer.lora``) has the same all-or-nothing rule; the ``hf`` engine merges
+  the adapters into its kept base weights (:mod:`producers.engines.adapters`), others refuse the version.
+- In-flight updates (``set_weights_hook``, engines that support them: ``hf``): between decode steps, every
+  ``every`` tokens, the engine calls the hook, which may replace the weights through ``load_weights`` (all or
+  nothing); each token then records the version that produced it in ``Sample.token_versions``. Without a hook
+  ``token_versions`` is None: every token comes from the version held when ``generate`` was called.
 """
 
 from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -30,6 +36,12 @@ if TYPE_CHECKING:
 FinishReason = Literal["stop", "length"]
 SEED_MODULUS = 2**31 - 1  # vLLM and torch both accept seeds below 2**31
 _SHOW = 5
+
+
+WeightsHook = Callable[[], None]
+"""Called by an engine between decode steps of a generation; it may replace the engine's weights through the
+engine's own ``load_weights`` (a complete, verified version: never part of one) and must not wait for a version
+that is not complete. The engine reads its ``version`` after each call."""
 
 
 class EngineError(RuntimeError):
@@ -42,11 +54,14 @@ class WeightsMismatch(EngineError):
 
 @dataclass(frozen=True)
 class Sample:
-    """One sampled response: ``token_ids`` [R], ``logprobs`` [R] (behaviour logprobs), why it ended."""
+    """One sampled response: ``token_ids`` [R], ``logprobs`` [R] (behaviour logprobs), why it ended, and
+    ``token_versions`` [R], the policy version that produced each token (None: all the version held when
+    ``generate`` was called, i.e. no weights changed during the call)."""
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
+    token_versions: list[int] | None = None
 
 
 class GenerationEngine(ABC):
@@ -92,6 +107,19 @@ class GenerationEngine(ABC):
         """Replace every weight by ``state_dict`` and set ``version``; raise :class:`WeightsMismatch` first if
         the tensors do not fit."""
 
+    def load_adapter(self, adapter: Mapping[str, torch.Tensor], scale: float, version: int) -> None:
+        """Apply a LoRA adapter version (``W = W0 + scale * B A`` on the base weights) and set ``version``;
+        engines without adapter support refuse the version with :class:`WeightsMismatch` (nothing changes)."""
+        raise WeightsMismatch(f"the {type(self).__name__} engine does not apply LoRA adapter versions "
+                              f"(trainer.lora needs producer.engine = \"hf\")")
+
+    def set_weights_hook(self, hook: WeightsHook | None, every: int) -> None:
+        """Call ``hook`` every ``every`` decode steps of each generation (None: never, the default); engines that
+        cannot change weights between decode steps refuse with :class:`EngineError`."""
+        if hook is not None:
+            raise EngineError(f"the {type(self).__name__} engine cannot change weights during a generation "
+                              f"(producer.inflight_updates needs producer.engine = \"hf\")")
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the engine's resources (default: nothing to do)."""
 
@@ -121,15 +149,16 @@ def prompt_seed(seed: int, index: int) -> int:
     return int.from_bytes(digest[:8], "little") % SEED_MODULUS
 
 
-def cut_at_stop(token_ids: Sequence[int], logprobs: Sequence[float], stop_ids: frozenset[int]) -> Sample:
+def cut_at_stop(token_ids: Sequence[int], logprobs: Sequence[float], stop_ids: frozenset[int],
+                versions: Sequence[int] | None = None) -> Sample:
     """The sample made of the tokens up to and including the first stop token (``"stop"``), else all of them
-    (``"length"``)."""
-    for i, token in enumerate(token_ids):
-        if token in stop_ids:
-            return Sample([int(t) for t in token_ids[: i + 1]], [float(x) for x in logprobs[: i + 1]], "stop")
-    if not token_ids:
+    (``"length"``); ``versions`` (one per token, or None) is cut the same way."""
+    end = next((i + 1 for i, token in enumerate(token_ids) if token in stop_ids), len(token_ids))
+    if end == 0:
         raise EngineError("the engine returned an empty response")
-    return Sample([int(t) for t in token_ids], [float(x) for x in logprobs], "length")
+    kept = None if versions is None else [int(v) for v in versions[:end]]
+    return Sample([int(t) for t in token_ids[:end]], [float(x) for x in logprobs[:end]],
+                  "stop" if end < len(token_ids) or token_ids[end - 1] in stop_ids else "length", kept)
 
 
 def check_state_dict(expected: Mapping[str, tuple[int, ...]], state_dict: Mapping[str, Any]) -> None:

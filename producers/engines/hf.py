@@ -18,25 +18,50 @@ Randomness: each call forks torch's RNG and seeds it with ``prompt_seed(seed, 0)
 same samples and the caller's RNG is left untouched; the whole batch is drawn from one stream, one
 ``torch.multinomial`` per step, as transformers' ``generate`` draws them. Position ids under left padding are
 ``cumsum(attention_mask) - 1``, as the trainer uses.
+
+In-flight weight updates (``producer.inflight_updates``, :class:`Inflight`): before the decode step that computes
+the logits of token k, for k = every, 2*every, ..., the loop calls the producer's hook, which may replace the
+weights in place (``load_weights``: all or nothing). Token k and the tokens after it are drawn from, and their
+behaviour logprobs computed by, the new weights, and record the new version. The key/value cache of the prompt and
+of tokens 0..k-2 stays as the old weights computed it (token k-1 is the first input the new weights see): that is
+the accepted approximation of in-flight updates (PipelineRL makes the same one), and the reason a recomputation of
+tokens k.. under the new weights alone is not exactly their behaviour logprob (the off-policy weights absorb the
+difference). Without a hook the
+loop runs exactly the operations it always did: same tokens, same logprobs, bit for bit.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import torch
 
 from producers.engines.base import (
-    EngineError, GenerationEngine, Sample, WeightsMismatch, check_generate_args, cut_at_stop, prompt_seed,
+    EngineError, GenerationEngine, Sample, WeightsHook, WeightsMismatch, check_generate_args, cut_at_stop,
+    prompt_seed,
 )
+
+
+@dataclass(frozen=True)
+class Inflight:
+    """In-flight updates of one generation: ``swap()`` runs before the decode step of token k for k = ``every``,
+    2 * ``every``, ... and returns the version the model holds afterwards; ``version`` is the one held at the
+    start."""
+
+    swap: Callable[[], int]
+    every: int
+    version: int
 
 
 @torch.inference_mode()
 def sample_groups(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int, temperature: float,
-                  max_new_tokens: int, eos: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tokens ``[B*n, S]`` and their behaviour logprobs ``[B*n, S]`` (S <= ``max_new_tokens``; row ``b*n + i`` is
-    sample i of prompt b) from left-padded prompts ``input_ids``/``attention_mask`` ``[B, P]``."""
+                  max_new_tokens: int, eos: int, pad: int,
+                  inflight: Inflight | None = None) -> tuple[torch.Tensor, torch.Tensor, list[int] | None]:
+    """Tokens ``[B*n, S]``, their behaviour logprobs ``[B*n, S]`` (S <= ``max_new_tokens``; row ``b*n + i`` is
+    sample i of prompt b) from left-padded prompts ``input_ids``/``attention_mask`` ``[B, P]``, and with
+    ``inflight`` the version that produced each step's tokens ``[S]`` (else None)."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
@@ -49,8 +74,10 @@ def sample_groups(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     mask = attention_mask.repeat_interleave(n, dim=0)  # [B*n, P]
     position = position[:, -1:].repeat_interleave(n, dim=0)  # [B*n, 1]
     running = torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device)  # [B*n]
-    tokens, logprobs = [], []
+    tokens, logprobs, versions = [], [], []
+    version = inflight.version if inflight is not None else None
     for step in range(max_new_tokens):
+        versions.append(version)  # the weights that computed `logits`
         logp = torch.log_softmax(logits / temperature, dim=-1)  # [B*n, V]
         drawn = torch.multinomial(torch.softmax(logp, dim=-1), num_samples=1).squeeze(1)  # [B*n]
         logprobs.append(logp.gather(-1, drawn[:, None]).squeeze(1))
@@ -60,10 +87,12 @@ def sample_groups(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
             break
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)  # [B*n, P + step + 1]
         position = position + 1
+        if inflight is not None and (step + 1) % inflight.every == 0:
+            version = inflight.swap()  # token step + 1 on: the weights held now (the cache stays)
         out = model(input_ids=tokens[-1][:, None], attention_mask=mask, position_ids=position,
                     past_key_values=cache, use_cache=True)
         logits = out.logits[:, -1].float()  # [B*n, V]
-    return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
+    return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1), versions if inflight is not None else None
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,7 +107,8 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
 
 
 class HFEngine(GenerationEngine):
-    """Generation by :func:`sample_groups`; weights replaced in place by ``load_weights``."""
+    """Generation by :func:`sample_groups`; weights replaced in place by ``load_weights``, between calls or, through
+    the hook of ``set_weights_hook``, between decode steps."""
 
     def __init__(self, model, tokenizer, *, version: int = 0):
         self.model = model.eval()
@@ -86,6 +116,8 @@ class HFEngine(GenerationEngine):
             param.requires_grad_(False)
         self._tokenizer = tokenizer
         self._version = version
+        self._hook: WeightsHook | None = None
+        self._hook_every = 0
         eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.config.eos_token_id
         if isinstance(eos, list):
             eos = eos[0]
@@ -93,6 +125,7 @@ class HFEngine(GenerationEngine):
             raise EngineError("neither the tokenizer nor the model config names an eos token")
         self._eos = int(eos)
         self._pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self._eos)
+        self._lora_base: dict[str, torch.Tensor] = {}  # W0 of every module an adapter version touched
 
     @classmethod
     def from_dir(cls, model_dir: str | os.PathLike, *, device: str = "cpu", dtype: str = "float32",
@@ -125,12 +158,29 @@ class HFEngine(GenerationEngine):
             torch.manual_seed(prompt_seed(seed, 0))
             if devices:
                 torch.cuda.manual_seed(prompt_seed(seed, 0))
-            new_tokens, logprobs = sample_groups(self.model, input_ids.to(device), attention_mask.to(device), n,
-                                                 temperature, max_new_tokens, self._eos, self._pad)  # (B*n, S)
+            new_tokens, logprobs, versions = sample_groups(
+                self.model, input_ids.to(device), attention_mask.to(device), n, temperature, max_new_tokens,
+                self._eos, self._pad, self._inflight())  # (B*n, S), versions (S) or None
         stops = frozenset({self._eos})
-        flat = [cut_at_stop(toks, lps, stops)
+        flat = [cut_at_stop(toks, lps, stops, versions)
                 for toks, lps in zip(new_tokens.cpu().tolist(), logprobs.cpu().tolist(), strict=True)]
         return [flat[i * n:(i + 1) * n] for i in range(len(prompt_token_ids))]
+
+    def set_weights_hook(self, hook: WeightsHook | None, every: int) -> None:
+        if hook is not None and every < 1:
+            raise EngineError(f"the weights hook needs every >= 1 decode steps, got {every}")
+        self._hook, self._hook_every = hook, every
+
+    def _inflight(self) -> Inflight | None:
+        if self._hook is None:
+            return None
+        hook = self._hook
+
+        def swap() -> int:
+            hook()  # may call self.load_weights (all or nothing)
+            return self._version
+
+        return Inflight(swap, self._hook_every, self._version)
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         from stream_rl.models.loading import ModelLoadError, load_state_dict_strict
@@ -141,4 +191,20 @@ class HFEngine(GenerationEngine):
             load_state_dict_strict(self.model, state_dict)  # checks every name and shape before copying
         except ModelLoadError as exc:
             raise WeightsMismatch(str(exc)) from exc
+        self._lora_base = {}  # full weights: the new base of any later adapter version
+        self._version = version
+
+    def load_adapter(self, adapter: Mapping[str, torch.Tensor], scale: float, version: int) -> None:
+        """Apply a LoRA adapter version: ``W = W0 + scale * B A`` on each adapted module, ``W0`` the base weights
+        kept from before the first adapter (:mod:`producers.engines.adapters`: no accumulation, all or
+        nothing)."""
+        from producers.engines.adapters import adapted_weights
+
+        if version < 0:
+            raise EngineError(f"version must be >= 0, got {version}")
+        params = dict(self.model.named_parameters())
+        new, self._lora_base = adapted_weights(params, self._lora_base, adapter, scale)
+        with torch.no_grad():
+            for name, value in new.items():
+                params[name].copy_(value)
         self._version = version

@@ -24,6 +24,7 @@ from .logprobs import entropy_from_logits, logprobs_from_logits
 from .offpolicy import IS_LEVELS, IS_MODES, importance_weights
 from .policy import POLICY_LOSS_DEFAULTS, POLICY_LOSS_KINDS, clipped_surrogate, policy_loss
 from .returns import discounted_returns, gae
+from .shaping import overlong_keep, overlong_penalty, zero_variance_groups
 from .staleness import max_lag_filter, policy_lag
 from .value import value_loss
 
@@ -52,6 +53,8 @@ __all__ = [
     "masked_mean",
     "masked_sum",
     "max_lag_filter",
+    "overlong_keep",
+    "overlong_penalty",
     "policy_lag",
     "policy_loss",
     "reinforce_pp_advantages",
@@ -59,4 +62,5 @@ __all__ = [
     "sequence_to_tokens",
     "value_loss",
     "whiten_advantages",
+    "zero_variance_groups",
 ]

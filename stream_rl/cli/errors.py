@@ -132,6 +132,7 @@ EXPECTED: dict[str, tuple[int, Callable[[BaseException], str]]] = {
     "stream_rl.prompts.schema.PromptFileError": (2, _plain),
     "stream_rl.weights.payload.WeightsError": (1, _named),
     "producers.engines.base.EngineError": (1, _named),
+    "producers.environment.EnvironmentLoadError": (2, _plain),
     "consumers.trainer.checkpoint.CheckpointError": (1, _named),
     "consumers.trainer.launch.RankDied": (1, _plain),
     "consumers.trainer.ranks.RankFailure": (1, _named),

@@ -1,10 +1,10 @@
-"""The ``stream-rl`` command line: the roles, `run`, the local broker, topics, prompts, replay, config and tools
-(plan, doctor, report, status, trace, gc, bench).
+"""The ``stream-rl`` command line: the roles, `run`, the local broker, topics, prompts, replay, rescore, config and
+tools (plan, doctor, report, status, trace, gc, bench, export).
 
 Each command resolves the config (defaults < file < ``STREAM_RL_*`` env < ``--set`` < named flags), exits 2 with
 one line naming the field when it is invalid, and prints the resolved config with ``--dry-run`` (every command
-has it; gc, plan and bench print their plan or inputs instead). The commands that read a run (replay, status,
-topics list, report, trace show, gc) default to the newest run: :mod:`stream_rl.cli.runs`. Heavy imports
+has it; gc, plan, bench and rescore print their plan or inputs instead). The commands that read a run (replay,
+status, topics list, report, trace show, gc) default to the newest run: :mod:`stream_rl.cli.runs`. Heavy imports
 (torch, transformers) happen inside the commands that need them, after parsing.
 """
 
@@ -15,7 +15,8 @@ from typing import Annotated
 
 import typer
 
-from stream_rl.cli import bench_cmd, gc_cmd, ops_cmds, roles, status_cmd
+from stream_rl.cli import bench_cmd, gc_cmd, ops_cmds, rescore_cmd, roles, status_cmd
+from stream_rl.cli import export_cmd
 from stream_rl.cli import plan as plan_cmd
 from stream_rl.cli import run as run_cmd
 from stream_rl.cli.common import BootstrapOpt, ConfigOpt, DryRunOpt, RunOpt, SetOpt, fail, require_broker, resolve
@@ -31,6 +32,7 @@ app.add_typer(roles.prompts_app, name="prompts")
 app.add_typer(roles.demo_app, name="demo")
 app.command("produce")(roles.produce)
 app.command("score")(roles.score)
+app.command("rescore")(rescore_cmd.rescore)
 app.command("train")(roles.train)
 app.command("run")(run_cmd.run)
 app.command("plan")(plan_cmd.plan)
@@ -38,6 +40,7 @@ app.command("doctor")(ops_cmds.doctor)
 app.command("report")(ops_cmds.report)
 app.command("bench")(bench_cmd.bench)
 app.command("gc")(gc_cmd.gc)
+app.command("export")(export_cmd.export)
 app.command("status")(status_cmd.status)
 app.add_typer(status_cmd.trace_app, name="trace")
 

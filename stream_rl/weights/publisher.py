@@ -6,7 +6,8 @@ Produces: per version either chunk records on ``names.weights_chunks(version)`` 
 ``{store_dir}/v{version:08d}.safetensors`` (store), then one :class:`WeightsManifest` on ``names.weights``,
 key ``str(version)``. With ``weights.snapshot_every`` K > 1, versions between full snapshots are deltas against
 the version published before them (:mod:`stream_rl.weights.delta`): chunks on ``weights.v{N}.delta`` or a file
-``v{N:08d}.delta``, the mode chosen by the delta's size.
+``v{N:08d}.delta``, the mode chosen by the delta's size. A LoRA version (``publish(adapter=(rank, alpha))``) is
+published the same way, its manifest stamped with ``adapter_rank`` / ``adapter_alpha`` (docs/weights.md).
 Guarantees (the order is the contract; see docs/weights.md)::
 
     inline: create chunk topic (1 partition) ─> send chunks ─> sink.flush() (acked) ─> send manifest ─> flush
@@ -137,9 +138,10 @@ class WeightsPublisher:
                              f"envelope exceeds kafka.max_request_size {limit}")
 
     def publish(self, state_dict: Mapping[str, torch.Tensor], version: int, step: int,
-                snapshot: bool = False) -> WeightsManifest:
+                snapshot: bool = False, adapter: tuple[int, float] | None = None) -> WeightsManifest:
         """Make ``state_dict`` available as ``version`` (after optimizer step ``step``); return its manifest.
-        ``snapshot``: send it full even where a delta would do."""
+        ``snapshot``: send it full even where a delta would do. ``adapter``: ``(rank, alpha)`` when
+        ``state_dict`` holds LoRA adapter tensors (``trainer.lora``), stamped on the manifest."""
         started = time.monotonic()
         tensors = prepare(state_dict)
         delta = None if snapshot else self._delta_of(tensors)
@@ -149,6 +151,8 @@ class WeightsPublisher:
             manifest, flat = self._send_delta(delta, version, step), delta.flat
         failpoints.hit("weights.mid_publish")  # recovery drills: the payload exists, its manifest does not
         manifest = dataclasses.replace(manifest, created_at=time.time())  # the payload is durable now
+        if adapter is not None:
+            manifest = dataclasses.replace(manifest, adapter_rank=adapter[0], adapter_alpha=float(adapter[1]))
         self._sink.send(self._transport.names.weights, manifest, key=str(version))
         self._sink.flush()
         self._remember(manifest, tensors, flat)

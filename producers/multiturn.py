@@ -1,0 +1,181 @@
+"""Multi-turn rollouts: the policy and an environment take turns until the environment ends the episode.
+
+Consumes: accepted prompts with their token ids, a :class:`~producers.engines.base.GenerationEngine`, the sampling
+settings, and a factory of :class:`~producers.environment.Environment` objects (one per rollout).
+Produces: per prompt, ``n`` :class:`Episode` objects (a :class:`Sample` plus the policy mask, the per-turn tags
+and the turns' texts), or the reason the prompt's environment failed.
+
+One episode, for a token budget of ``max_new_tokens`` over all turns::
+
+    prompt | policy turn 1 (mask 1) | env reply 1 (mask 0) | policy turn 2 (mask 1) | ... | policy turn k
+             <------------------------- at most max_new_tokens tokens ------------------------->
+
+Guarantees:
+- Turn 1 samples the whole group from the prompt (one ``generate`` call, as single-turn rollouts do); each later
+  turn continues every live episode from its own context (prompt + everything so far), ``n = 1``, in one
+  ``generate`` call per remaining budget. Seeds derive from ``seed`` and the turn: the same prompts, weights and
+  environment give the same episodes.
+- Policy tokens carry their engine's behaviour logprobs and the version that produced them; environment tokens
+  carry logprob 0, the engine's version when they were appended, and mask 0 (no loss).
+- An episode ends when the environment says ``done`` (or a tool replies ``None`` or nothing), after ``max_turns``
+  policy turns (``finish_reason`` of the last turn), or when the budget runs out: a policy turn cut at the budget,
+  or a reply that leaves no room for another policy token, ends it with ``"length"`` (the reply is not appended).
+- The result always ends with a policy turn, and ``turns`` has one tag map per run of the mask
+  (``Rollout.turns``' rule in docs/wire-format.md).
+- An environment that raises fails its prompt only: the prompt comes back with the reason (the producer
+  dead-letters it) and the other prompts' episodes go on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from producers.engines.base import SEED_MODULUS, GenerationEngine, Sample
+from producers.environment import Environment, Observation
+from schemas import Prompt
+
+TURN_SEPARATOR = "\n"
+"""Joins the turns' texts into ``Rollout.response_text``."""
+
+
+@dataclass(frozen=True)
+class Episode(Sample):
+    """A multi-turn sample: ``policy_mask`` [R] (1 = sampled by the policy), one tag map per turn, the turns'
+    decoded texts."""
+
+    policy_mask: list[int] = field(default_factory=list)
+    turns: list[dict[str, str]] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+
+    @property
+    def response_text(self) -> str:
+        return TURN_SEPARATOR.join(self.texts)
+
+
+@dataclass
+class _Live:
+    """An episode being played."""
+
+    prompt_ids: list[int]
+    env: Environment
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    turns: list[dict[str, str]] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    finish: str = "stop"
+    done: bool = False
+
+    def episode(self) -> Episode:
+        return Episode(token_ids=self.tokens, logprobs=self.logprobs, finish_reason=self.finish,
+                       token_versions=self.versions, policy_mask=self.mask, turns=self.turns, texts=self.texts)
+
+
+def turn_seed(seed: int, turn: int) -> int:
+    """The sampling seed of turn ``turn`` (0-based) of a batch whose seed is ``seed``."""
+    if turn == 0:
+        return seed
+    digest = hashlib.sha256(f"{seed}|turn {turn}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") % SEED_MODULUS
+
+
+def run_episodes(engine: GenerationEngine, prompts: Sequence[Prompt], prompt_ids: Sequence[list[int]], n: int, *,
+                 temperature: float, max_new_tokens: int, seed: int, make_env: Callable[[], Environment],
+                 max_turns: int) -> list[list[Episode] | str]:
+    """Play ``n`` episodes per prompt (see the module guarantees); per prompt its episodes or a failure reason."""
+    failed: dict[int, str] = {}
+    lives: list[list[_Live]] = []
+    for index, prompt in enumerate(prompts):
+        group = []
+        for _ in range(n):
+            env = make_env()
+            if index not in failed:
+                failed.update(_guard(index, lambda: env.reset(prompt)))
+            group.append(_Live(list(prompt_ids[index]), env))
+        lives.append(group)
+    version = engine.version
+    first = engine.generate([list(ids) for ids in prompt_ids], n, temperature, max_new_tokens, seed)
+    for group, samples in zip(lives, first, strict=True):
+        for live, sample in zip(group, samples, strict=True):
+            _policy_turn(live, sample, version, engine, max_new_tokens)
+    for turn in range(1, max_turns):
+        for index, group in enumerate(lives):
+            if index not in failed:
+                failed.update(_guard(index, lambda: [_env_turn(live, engine, max_new_tokens) for live in group
+                                                     if not live.done]))
+        active = [live for index, group in enumerate(lives) if index not in failed for live in group
+                  if not live.done]
+        if not active:
+            break
+        _continue(active, engine, temperature, max_new_tokens, turn_seed(seed, turn))
+    return [failed[i] if i in failed else [live.episode() for live in group] for i, group in enumerate(lives)]
+
+
+def as_observation(value: object) -> Observation:
+    """An environment's answer as an :class:`Observation`: one as is, a reply string, or None (the end)."""
+    if isinstance(value, Observation):
+        return value
+    if value is None:
+        return Observation("", done=True)
+    if isinstance(value, str):
+        return Observation(value, done=not value)
+    raise TypeError(f"environment step returned {type(value).__name__}; expected an Observation, a str or None")
+
+
+def _guard(index: int, call: Callable[[], object]) -> dict[int, str]:
+    """Run an environment call; ``{index: reason}`` when it raised (the prompt fails, nothing else does)."""
+    try:
+        call()
+    except Exception as exc:  # a user environment: any failure is that prompt's, reported with its reason
+        return {index: f"environment failed: {type(exc).__name__}: {exc}"}
+    return {}
+
+
+def _policy_turn(live: _Live, sample: Sample, version: int, engine: GenerationEngine, max_new_tokens: int) -> None:
+    """Append one policy turn; a turn cut at the remaining budget ends the episode with ``"length"``."""
+    live.tokens += sample.token_ids
+    live.logprobs += sample.logprobs
+    live.versions += sample.token_versions or [version] * len(sample.token_ids)
+    live.mask += [1] * len(sample.token_ids)
+    live.turns.append({"role": "policy", "finish_reason": sample.finish_reason})
+    live.texts.append(engine.tokenizer.decode(sample.token_ids, skip_special_tokens=True))
+    live.finish = sample.finish_reason
+    if sample.finish_reason == "length" or len(live.tokens) >= max_new_tokens:
+        live.done, live.finish = True, "length"
+
+
+def _env_turn(live: _Live, engine: GenerationEngine, max_new_tokens: int) -> None:
+    """Ask the environment about the last policy turn; append its reply or end the episode."""
+    obs = as_observation(live.env.step(live.texts[-1]))
+    if obs.done or not obs.text:
+        live.done = True
+        return
+    reply = list(engine.tokenizer(obs.text, add_special_tokens=False)["input_ids"])
+    if not reply:
+        live.done = True
+        return
+    if len(live.tokens) + len(reply) >= max_new_tokens:  # no room for another policy token after the reply
+        live.done, live.finish = True, "length"
+        return
+    live.tokens += reply
+    live.logprobs += [0.0] * len(reply)
+    live.versions += [engine.version] * len(reply)
+    live.mask += [0] * len(reply)
+    live.turns.append({**obs.tags, "role": "env"})
+    live.texts.append(obs.text)
+
+
+def _continue(active: list[_Live], engine: GenerationEngine, temperature: float, max_new_tokens: int,
+              seed: int) -> None:
+    """One more policy turn for every live episode: one ``generate`` call per remaining budget."""
+    by_budget: dict[int, list[_Live]] = {}
+    for live in active:
+        by_budget.setdefault(max_new_tokens - len(live.tokens), []).append(live)
+    for budget, lives in sorted(by_budget.items()):
+        version = engine.version
+        samples = engine.generate([live.prompt_ids + live.tokens for live in lives], 1, temperature, budget, seed)
+        for live, (sample,) in zip(lives, samples, strict=True):
+            _policy_turn(live, sample, version, engine, max_new_tokens)

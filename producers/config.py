@@ -96,7 +96,7 @@ class ProducerConfig(Section):
         False, description="also look for newer weights between decode steps of a generation (every "
         "inflight_check_every tokens) and load a complete, verified version in place; each token records the "
         "version that produced it (the KV cache of earlier tokens stays, PipelineRL's approximation). Needs "
-        "engine = \"hf\" and follow_weights")
+        "follow_weights (both engines: hf, vllm)")
     inflight_check_every: int = Field(
         8, ge=1, le=65536, description="with inflight_updates: decode steps (tokens) between two looks at the "
                                        "weights topic during a generation")
@@ -122,10 +122,6 @@ class ProducerConfig(Section):
 
     @model_validator(mode="after")
     def _inflight_updates_possible(self) -> ProducerConfig:
-        if self.inflight_updates and self.engine != "hf":
-            raise ValueError(f"producer.inflight_updates = true needs producer.engine = \"hf\" (got "
-                             f"\"{self.engine}\"): the vllm engine runs each batch to completion in LLM.generate "
-                             f"and cannot change weights between decode steps")
         if self.inflight_updates and not self.follow_weights:
             raise ValueError("producer.inflight_updates = true needs producer.follow_weights = true (there are no "
                              "new weights to load otherwise)")

@@ -244,11 +244,6 @@ class StreamRLConfig(_Section):
             raise CrossFieldError(("trainer.loss.max_len", "producer.max_new_tokens"), (
                 f"trainer.loss.max_len={loss.max_len} < producer.max_new_tokens={budget}: Dr. GRPO's constant "
                 f"normaliser must cover the longest response the producers may generate"))
-        if self.trainer.lora.enabled and self.producer.engine == "vllm":
-            raise CrossFieldError(("trainer.lora.enabled", "producer.engine"), (
-                "trainer.lora.enabled=true with producer.engine='vllm' is not supported: LoRA versions carry only "
-                "adapter tensors, which the hf engine merges into its base weights; use producer.engine='hf' "
-                "(docs/weights.md, 'LoRA adapters')"))
         return self
 
 

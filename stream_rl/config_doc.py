@@ -49,7 +49,6 @@ fields names both and where each value came from.
 | `alerts.consumer_lag.action` and `alerts.trainer_stalled.action` may not be `pause` | a paused role could never clear them (docs/alerts.md) |
 | `alerts.memory_growth.min_span_s <= alerts.memory_growth.window_s` | the samples could never span enough time |
 | `trainer.lora.enabled` with `trainer.engine = "deepspeed"` is refused | the adapters are trained by the torch engine only |
-| `trainer.lora.enabled` with `producer.engine = "vllm"` is refused | an adapter version is merged into the base by the hf engine; the vllm engine does not apply adapters (docs/weights.md) |
 
 Allowed, but printed as a one-line `warning:` on stderr by every command:
 

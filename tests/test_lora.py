@@ -75,10 +75,10 @@ def test_lora_with_deepspeed_is_refused_naming_both_fields():
         TrainerConfig(engine="deepspeed", lora={"enabled": True})
 
 
-def test_lora_with_the_vllm_producer_is_refused_naming_both_fields():
-    with pytest.raises(ValueError, match=r"trainer\.lora\.enabled.*producer\.engine"):
-        StreamRLConfig(trainer={"lora": {"enabled": True}}, producer={"engine": "vllm"})
-    StreamRLConfig(trainer={"lora": {"enabled": True}})  # hf: fine
+def test_lora_is_accepted_with_both_producer_engines():
+    for engine in ("hf", "vllm"):  # both apply adapter versions (load_adapter); vllm: tests/test_vllm_engine.py
+        cfg = StreamRLConfig(trainer={"lora": {"enabled": True}}, producer={"engine": engine})
+        assert cfg.trainer.lora.enabled and cfg.producer.engine == engine
 
 
 # -- trainer ----------------------------------------------------------------------------------------------------

@@ -14,9 +14,11 @@ Guarantees every engine gives (and ``tests/test_producers.py`` / ``tests/test_vl
 - ``load_weights`` either replaces every weight and moves ``version`` to the new value, or raises
   :class:`WeightsMismatch` before touching anything (missing, unexpected or wrongly shaped tensors): the engine
   never runs on a mix of two versions.
-- ``load_adapter`` (a LoRA version, ``trainer.lora``) has the same all-or-nothing rule; the ``hf`` engine merges
-  the adapters into its kept base weights (:mod:`producers.engines.adapters`), others refuse the version.
-- In-flight updates (``set_weights_hook``, engines that support them: ``hf``): between decode steps, every
+- ``load_adapter`` (a LoRA version, ``trainer.lora``) has the same all-or-nothing rule, and versions never
+  accumulate (v1 then v2 gives what v2 alone gives): both engines merge ``W0 + scale * B A``
+  (:mod:`producers.engines.adapters`); ``hf`` into the base weights it keeps, ``vllm`` into the checkpoint's
+  weights, reloaded in full (it refuses an adapter version after a full-weight version: it keeps no other base).
+- In-flight updates (``set_weights_hook``, engines that support them: ``hf``, ``vllm``): between decode steps, every
   ``every`` tokens, the engine calls the hook, which may replace the weights through ``load_weights`` (all or
   nothing); each token then records the version that produced it in ``Sample.token_versions``. Without a hook
   ``token_versions`` is None: every token comes from the version held when ``generate`` was called.
@@ -111,14 +113,14 @@ class GenerationEngine(ABC):
         """Apply a LoRA adapter version (``W = W0 + scale * B A`` on the base weights) and set ``version``;
         engines without adapter support refuse the version with :class:`WeightsMismatch` (nothing changes)."""
         raise WeightsMismatch(f"the {type(self).__name__} engine does not apply LoRA adapter versions "
-                              f"(trainer.lora needs producer.engine = \"hf\")")
+                              f"(trainer.lora needs producer.engine = \"hf\" or \"vllm\")")
 
     def set_weights_hook(self, hook: WeightsHook | None, every: int) -> None:
         """Call ``hook`` every ``every`` decode steps of each generation (None: never, the default); engines that
         cannot change weights between decode steps refuse with :class:`EngineError`."""
         if hook is not None:
             raise EngineError(f"the {type(self).__name__} engine cannot change weights during a generation "
-                              f"(producer.inflight_updates needs producer.engine = \"hf\")")
+                              f"(producer.inflight_updates needs producer.engine = \"hf\" or \"vllm\")")
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the engine's resources (default: nothing to do)."""

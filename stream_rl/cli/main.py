@@ -15,8 +15,7 @@ from typing import Annotated
 
 import typer
 
-from stream_rl.cli import bench_cmd, gc_cmd, ops_cmds, rescore_cmd, roles, status_cmd
-from stream_rl.cli import export_cmd
+from stream_rl.cli import bench_cmd, export_cmd, gc_cmd, ops_cmds, rescore_cmd, roles, status_cmd
 from stream_rl.cli import plan as plan_cmd
 from stream_rl.cli import run as run_cmd
 from stream_rl.cli.common import BootstrapOpt, ConfigOpt, DryRunOpt, RunOpt, SetOpt, fail, require_broker, resolve

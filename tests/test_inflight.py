@@ -4,6 +4,7 @@ the version that produced it; the step, the producer loop's hook and the trainer
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -85,24 +86,43 @@ def test_tokens_from_the_swap_on_carry_the_new_version_and_its_logprobs(model_di
     groups = engine.generate(PROMPTS, n=4, temperature=TEMPERATURE, max_new_tokens=10, seed=5)
     assert engine.version == START + 1 and calls[:2] == [START, START] and set(calls[2:]) <= {START + 1}
     old, new = reference_model(model_dir), reference_model(model_dir, new_weights)
-    long_ones, before, after, after_old, after_full = 0, [], [], [], []
-    for prompt, group in zip(PROMPTS, groups, strict=True):
+    errors = swap_errors(old, new, PROMPTS, groups, k, START)
+    assert errors.before.max() < 1e-4 and errors.after.max() < 1e-4
+
+
+@dataclass(frozen=True)
+class SwapErrors:
+    """|engine logprob - reference| per token of a generation whose weights changed before token k: ``before``
+    (tokens < k against a full forward of the old weights), ``after`` (tokens >= k against the new weights run on
+    the old weights' cache), and the two wrong references for tokens >= k (old weights, full forward of new)."""
+
+    before: np.ndarray
+    after: np.ndarray
+    after_old: np.ndarray
+    after_full: np.ndarray
+
+
+def swap_errors(old, new, prompts, groups, k: int, start: int) -> SwapErrors:
+    """Check every sample's versions (``start`` before token k, ``start + 1`` from it) and measure
+    :class:`SwapErrors`; asserts at least 6 samples reach past k and that both wrong references miss, so the
+    caller's bounds on ``before``/``after`` can fail."""
+    long_ones, parts = 0, ([], [], [], [])
+    for prompt, group in zip(prompts, groups, strict=True):
         for s in group:
             n = len(s.token_ids)
-            assert s.token_versions == [START] * min(n, k) + [START + 1] * max(0, n - k)
-            engine_logp = np.asarray(s.logprobs, dtype=np.float32)
-            before.append(np.abs(_full_forward(old, prompt, s.token_ids)[:k] - engine_logp[:k]))
+            assert s.token_versions == [start] * min(n, k) + [start + 1] * max(0, n - k)
+            logp = np.asarray(s.logprobs, dtype=np.float32)
+            parts[0].append(np.abs(_full_forward(old, prompt, s.token_ids)[:k] - logp[:k]))
             if n > k:
                 long_ones += 1
-                after.append(np.abs(_what_the_engine_conditions_on(old, new, prompt, s.token_ids, k)
-                                    - engine_logp[k:]))
-                after_old.append(np.abs(_full_forward(old, prompt, s.token_ids)[k:] - engine_logp[k:]))
-                after_full.append(np.abs(_full_forward(new, prompt, s.token_ids)[k:] - engine_logp[k:]))
+                parts[1].append(np.abs(_what_the_engine_conditions_on(old, new, prompt, s.token_ids, k) - logp[k:]))
+                parts[2].append(np.abs(_full_forward(old, prompt, s.token_ids)[k:] - logp[k:]))
+                parts[3].append(np.abs(_full_forward(new, prompt, s.token_ids)[k:] - logp[k:]))
     assert long_ones >= 6
-    assert np.concatenate(before).max() < 1e-4
-    assert np.concatenate(after).max() < 1e-4
-    assert np.concatenate(after_old).mean() > 1e-2  # the new weights really produced tokens k..
-    assert np.concatenate(after_full).mean() > 1e-2  # and the cache of tokens < k really is the old weights'
+    errors = SwapErrors(*(np.concatenate(p) for p in parts))
+    assert errors.after_old.mean() > 1e-2  # the new weights really produced tokens k..
+    assert errors.after_full.mean() > 1e-2  # and the cache of tokens < k really is the old weights'
+    return errors
 
 
 def test_with_the_switch_off_or_nothing_new_the_samples_are_identical(model_dir):

@@ -90,3 +90,12 @@ def wait_for(predicate, what: str, timeout_s: float = 60.0):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.1)
+
+
+def assert_same_gradients(got: dict, want: dict) -> None:
+    """Per parameter: float32 sums in another order agree within 1e-5 of each tensor's largest element, and every
+    parameter got a gradient to compare."""
+    assert got.keys() == want.keys()
+    for name, grad in want.items():
+        assert float((got[name] - grad).abs().max()) <= 1e-5 * float(grad.abs().max()), name
+        assert float(grad.abs().max()) > 0, name

@@ -273,3 +273,32 @@ def test_vllm_a_failing_hook_leaves_no_request_behind_and_every_must_be_positive
         engine.set_weights_hook(None, 0)
     assert not engine._llm.llm_engine.has_unfinished_requests()  # the aborted requests are gone
     assert engine.generate(PROMPTS, n=2, temperature=TEMPERATURE, max_new_tokens=6, seed=4) == plain
+
+
+def test_vllm_plays_multiturn_episodes_with_the_policys_logprobs_given_the_whole_context(engine, model_dir):
+    """Multi-turn (producers/multiturn.py) on vLLM: later turns continue each episode from its own context, so every
+    policy token's behaviour logprob is the policy's given the prompt and everything before it (environment replies
+    included). Last in this file: it loads a version whose stop token is as likely as the most sampled token (a
+    random model rarely stops, and a turn has to end for the next one to begin)."""
+    from safetensors.torch import load_file
+
+    from producers.multiturn import run_episodes
+    from test_multiturn import Scripted, _prompt
+    from test_producers import recompute_logprobs, reference_model
+
+    prompt = list(engine.tokenizer("12+34=")["input_ids"])
+    sampled = engine.generate([prompt], n=8, temperature=TEMPERATURE, max_new_tokens=8, seed=0)[0]
+    weights = load_file(str(model_dir / "model.safetensors"))
+    head = weights["lm_head.weight"]  # [V, H]
+    head[engine.eos_token_id] = head[int(np.bincount([t for s in sampled for t in s.token_ids]).argmax())]
+    engine.load_weights(weights, engine.version + 1)
+    episodes = run_episodes(engine, [_prompt()], [prompt], 4, temperature=TEMPERATURE, max_new_tokens=20, seed=5,
+                            make_env=lambda: Scripted(["5=", "6="]), max_turns=3)[0]
+    assert any(sum(1 for t in ep.turns if t["role"] == "policy") >= 2 for ep in episodes), "no second turn"
+    for ep in episodes:
+        assert ep.token_versions == [engine.version] * len(ep.token_ids)
+        assert [lp for lp, m in zip(ep.logprobs, ep.policy_mask) if not m] == [0.0] * ep.policy_mask.count(0)
+    recomputed, behaviour = recompute_logprobs(reference_model(model_dir, weights), [prompt], [episodes],
+                                               TEMPERATURE, engine.tokenizer.pad_token_id)
+    policy = np.concatenate([np.asarray(ep.policy_mask, dtype=bool) for ep in episodes])
+    assert np.abs(recomputed[policy] - behaviour[policy]).mean() < 1e-3

@@ -13,7 +13,10 @@ Guarantees:
   the cluster's "Topic ... topic_id changed from ... -- likely recreated" (tansu 0.6.0 answers metadata with
   changing topic ids, see docs/operations.md). It also drops the cluster's ERROR "Topic ....weights.vN not found
   in cluster metadata": a weights version topic the trainer's garbage collection deleted on purpose, which a
-  client that once used it keeps asking for. Any other record, kafka's errors included, passes.
+  client that once used it keeps asking for. And the transport's ERROR "<KafkaTCPTransport ... (closed)>: Error
+  receiving network data closing socket": a read that raced the client's own close (the socket is already gone,
+  ``'NoneType' object has no attribute 'recv'``; seen once when `stream-rl rescore` closed its clients). Any other
+  record, kafka's errors included, passes.
 - Calling it again replaces the handler it installed (no duplicated lines); handlers installed by others stay.
 """
 
@@ -46,9 +49,11 @@ LIBRARY_LOGGERS = (
 _SLOW_TASK = re.compile(r"^Task .* ran for [0-9.]+s \(>[0-9.]+s threshold\)", re.DOTALL)
 _TOPIC_RECREATED = re.compile(r"^Topic \S+ topic_id changed from \S+ to \S+ -- likely recreated", re.DOTALL)
 _COLLECTED_VERSION = re.compile(r"^Topic \S+\.weights\.v[0-9]+ not found in cluster metadata$", re.DOTALL)
+_CLOSED_RECV = re.compile(r"^<KafkaTCPTransport .*\(closed\)>: Error receiving network data closing socket$", re.DOTALL)
 _KNOWN_NOISE = ((logging.WARNING, "kafka.net.selector", _SLOW_TASK),
                 (logging.WARNING, "kafka.cluster", _TOPIC_RECREATED),
-                (logging.ERROR, "kafka.cluster", _COLLECTED_VERSION))
+                (logging.ERROR, "kafka.cluster", _COLLECTED_VERSION),
+                (logging.ERROR, "kafka.net.transport", _CLOSED_RECV))
 
 
 class KnownNoiseFilter(logging.Filter):

@@ -91,6 +91,10 @@ def test_setting_up_twice_installs_one_handler(role_log):
         ("kafka.net.selector", logging.WARNING, "Task <T> left RUNNING after step; demoting to UNSCHEDULED", True),
         ("kafka.cluster", logging.ERROR, "Topic sr.t1.weights.v3 not found in cluster metadata", False),  # GC'd
         ("kafka.cluster", logging.ERROR, "Topic sr.t1.rollouts not found in cluster metadata", True),  # a real loss
+        ("kafka.net.transport", logging.ERROR, "<KafkaTCPTransport [none] (closed)>: Error receiving network data "
+                                               "closing socket", False),  # a read racing the client's own close
+        ("kafka.net.transport", logging.ERROR, "<KafkaTCPTransport [node 1] (connected)>: Error receiving network "
+                                               "data closing socket", True),  # a live connection failing
     ],
 )
 def test_known_noise_filter_drops_exactly_the_known_messages(name, level, message, kept):

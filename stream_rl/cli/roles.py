@@ -152,10 +152,12 @@ def train(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt
     if nproc > 1 or nnodes > 1:
         _launch_ranks(cfg, resume, nproc, nnodes, rdzv_endpoint, instance)
         return
-    from consumers.trainer.launch import record_errors
+    from consumers.trainer.launch import exit_rank_cleanly, record_errors, running_as_rank
     from consumers.trainer.loop import run_trainer
 
     run_role(record_errors(run_trainer), cfg, stop_event=stop_on_signals(), resume=resume)
+    if running_as_rank():
+        exit_rank_cleanly()
 
 
 def _launch_ranks(cfg, resume: bool, nproc: int, nnodes: int, rdzv_endpoint: str | None,

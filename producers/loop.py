@@ -119,13 +119,15 @@ class _WeightsFollower:
             rejected_now.append(manifest.version)
 
     def _load(self, manifest) -> bool:
+        from stream_rl.models.lora import lora_scale
         from stream_rl.weights.receiver import WeightsError
 
         old = self.engine.version
         try:
             tensors = self.receiver.fetch(manifest)
             if manifest.is_adapter:  # trainer.lora: merged into the base weights the engine keeps
-                self.engine.load_adapter(tensors, manifest.adapter_alpha / manifest.adapter_rank, manifest.version)
+                scale = lora_scale(manifest.adapter_rank, manifest.adapter_alpha)
+                self.engine.load_adapter(tensors, scale, manifest.version)
             else:
                 self.engine.load_weights(tensors, manifest.version)
         except (WeightsError, WeightsMismatch) as exc:

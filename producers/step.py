@@ -31,6 +31,7 @@ import hashlib
 import time
 from collections.abc import Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -171,12 +172,16 @@ def _rollout(prompt: Prompt, prompt_ids: list[int], sample_index: int, sample: S
         token_policy_versions=(np.full(length, version, dtype=np.int64) if sample.token_versions is None
                                else np.asarray(sample.token_versions, dtype=np.int64)),
         finish_reason=sample.finish_reason, producer_id=producer_id, prompt_text=prompt.text,
-        response_text=(sample.response_text if isinstance(sample, Episode)
-                       else tokenizer.decode(sample.token_ids, skip_special_tokens=True)),
         answer=prompt.answer, metadata=dict(prompt.metadata), attempt=prompt.attempt, temperature=temperature,
-        timings=dict(timings),
-        policy_mask=np.asarray(sample.policy_mask, dtype=np.uint8) if isinstance(sample, Episode) else None,
-        turns=[dict(t) for t in sample.turns] if isinstance(sample, Episode) else None)
+        timings=dict(timings), **_text_and_turns(sample, tokenizer))
+
+
+def _text_and_turns(sample: Sample, tokenizer) -> dict[str, Any]:
+    """The rollout's ``response_text``; for a multi-turn episode also its ``policy_mask`` and ``turns``."""
+    if not isinstance(sample, Episode):
+        return {"response_text": tokenizer.decode(sample.token_ids, skip_special_tokens=True)}
+    return {"response_text": sample.response_text, "policy_mask": np.asarray(sample.policy_mask, dtype=np.uint8),
+            "turns": [dict(t) for t in sample.turns]}
 
 
 def _metrics(rollouts: list[Rollout], prompts: int, generate_s: float, version: int) -> dict[str, float]:

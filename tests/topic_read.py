@@ -45,7 +45,7 @@ def read_values(transport, topic: str, kind: str) -> list:
 
 def committed(transport, group: str) -> dict[tuple[str, int], int]:
     """``{(topic, partition): offset}`` the consumer ``group`` has committed (the roles' own reader of it)."""
-    from stream_rl.telemetry.lag import committed_offsets
+    from stream_rl.transport.client import committed_offsets
 
     admin = transport.admin()
     try:

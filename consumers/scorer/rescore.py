@@ -31,7 +31,6 @@ Guarantees:
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,13 +43,13 @@ from consumers.scorer.config import ScorerConfig
 from consumers.scorer.loop import ScorerStats, score_and_send, send_notices
 from consumers.scorer.rewards import RewardFnError, load_reward_fn
 from consumers.scorer.step import Scoring, load_scoring
+from schemas import TOPIC_PATTERN
 from stream_rl.config import StreamRLConfig
 from stream_rl.transport.client import Transport
-from stream_rl.transport.ranges import BoundedSource, committed_offsets, end_offsets, topic_exists
+from stream_rl.transport.ranges import BoundedSource, end_offsets, group_commits, topic_exists
 from stream_rl.transport.topics import CONSUMER_GROUPS, LOGICAL_TOPICS, TopicNames, ensure_topics
 
 log = logging.getLogger(__name__)
-_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
 class RescoreError(ValueError):
@@ -187,7 +186,7 @@ def plan_rescore(cfg: StreamRLConfig, *, from_run: str | None = None, to_run: st
     if group in role_groups:
         raise RescoreError(f"--group {group} is a consumer group of run {role_groups[group]}: the rescore commits "
                            f"in a group of its own (leave --group out for {scored}.rescore)")
-    if not _NAME.match(group):
+    if not TOPIC_PATTERN.match(group):
         raise RescoreError(f"--group {group!r}: use letters, digits, '.', '_' and '-' only")
     return RescorePlan(source_run=source.run, source_topic=source.rollouts, target_run=to_run, scored_topic=scored,
                        dlq_topic=dlq, group=group, scorer=rescore_scorer(cfg.scorer, reward, reward_model),
@@ -200,7 +199,7 @@ def _target_topics(source: TopicNames, to_run: str | None, to_topic: str | None)
     if (to_run is None) == (to_topic is None):
         raise RescoreError("give exactly one of --to-run NEW_RUN (the new run's scored topic) and --to-topic TOPIC")
     option, value = ("--to-run", to_run) if to_run is not None else ("--to-topic", to_topic)
-    if not _NAME.match(value):
+    if not TOPIC_PATTERN.match(value):
         raise RescoreError(f"{option} {value!r}: use letters, digits, '.', '_' and '-' only")
     if to_run == source.run:
         raise RescoreError(f"--to-run {to_run} is the source run: rescored rollouts go to a new run, never into "
@@ -250,7 +249,7 @@ def check_and_measure(transport: Transport, plan: RescorePlan) -> dict[int, tupl
         if held:
             raise RescoreError(f"{option} {value}: {plan.scored_topic} already holds {held} records: pass --append "
                                f"to add to it (continuing group {plan.group}), or choose a new {option}")
-    committed = committed_offsets(transport, plan.group, plan.source_topic)
+    committed = group_commits(transport, plan.group, plan.source_topic)
     if committed and not plan.append:
         raise RescoreError(f"--group {plan.group} already committed offsets on {plan.source_topic} (an earlier "
                            f"rescore): pass --append to continue it, or choose another --group")

@@ -39,12 +39,6 @@ def compute_lag(highwaters: Mapping[Any, int], offsets: Mapping[Any, int | None]
     return out
 
 
-def committed_offsets(admin, group: str) -> dict[Key, int]:
-    """The group's committed offsets as the broker reports them (partitions without a commit are left out)."""
-    found = admin.list_group_offsets({group: None}).get(group, {})
-    return {(tp.topic, tp.partition): int(meta.offset) for tp, meta in found.items() if meta.offset >= 0}
-
-
 class LagMonitor:
     """Measures the lag of one consumer group on a daemon thread every ``interval_s``."""
 
@@ -70,7 +64,7 @@ class LagMonitor:
 
     def measure(self) -> tuple[dict[Key, int], dict[Key, int]]:
         """One measurement: (committed lag, position lag) of the watched partitions."""
-        from stream_rl.transport.client import highwaters, partitions_of
+        from stream_rl.transport.client import committed_offsets, highwaters, partitions_of
 
         if self._reader is None:
             self._reader, self._admin = self.transport.reader(), self.transport.admin()

@@ -95,6 +95,13 @@ def partitions_of(consumer: KafkaConsumer, topic: str, timeout_s: float = 10.0) 
     raise KeyError(f"topic {topic} does not exist")
 
 
+def committed_offsets(admin: KafkaAdminClient, group: str) -> dict[tuple[str, int], int]:
+    """``{(topic, partition): offset}`` the consumer ``group`` committed, as the broker reports them (partitions
+    without a commit are left out)."""
+    found = admin.list_group_offsets({group: None}).get(group, {})
+    return {(tp.topic, tp.partition): int(meta.offset) for tp, meta in found.items() if meta.offset >= 0}
+
+
 def highwaters(consumer: KafkaConsumer, tps: Sequence[TopicPartition], timeout_s: float = 10.0,
                start: Mapping[TopicPartition, int | None] | None = None) -> dict[Any, int]:
     """High-water mark of each partition, taken from fetch responses (ListOffsets(latest) is wrong on tansu).

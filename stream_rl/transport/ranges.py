@@ -28,7 +28,7 @@ from collections.abc import Mapping
 
 from kafka import KafkaConsumer, TopicPartition
 
-from stream_rl.transport.client import Transport, highwaters, partitions_of
+from stream_rl.transport.client import Transport, committed_offsets, highwaters, partitions_of
 from stream_rl.transport.edge import Consumed, Sink, Source
 from stream_rl.transport.settings import ClientProbe, consumer_settings
 
@@ -60,14 +60,14 @@ def end_offsets(transport: Transport, topic: str) -> dict[int, int]:
         reader.close()
 
 
-def committed_offsets(transport: Transport, group: str, topic: str) -> dict[int, int]:
+def group_commits(transport: Transport, group: str, topic: str) -> dict[int, int]:
     """``{partition: offset}`` that ``group`` committed on ``topic`` (partitions without a commit left out)."""
     admin = transport.admin()
     try:
-        found = admin.list_group_offsets({group: None}).get(group, {})
+        found = committed_offsets(admin, group)
     finally:
         admin.close()
-    return {tp.partition: int(meta.offset) for tp, meta in found.items() if tp.topic == topic and meta.offset >= 0}
+    return {partition: offset for (name, partition), offset in found.items() if name == topic}
 
 
 class BoundedSource:

@@ -6,7 +6,7 @@ RUN_EXTRAS ?=
 PYTEST_ARGS ?=
 RUN_ARGS ?= -c configs/demo.toml
 
-.PHONY: run test install install-test broker-up broker-down bench clean
+.PHONY: run test test-unit install install-test broker-up broker-down bench clean
 
 run: install
 	$(PY) -m stream_rl.cli.main run $(RUN_ARGS)
@@ -14,8 +14,12 @@ run: install
 # vLLM's CPU worker pins torch's thread count for the whole process once an engine exists, so its tests run in a
 # pytest process of their own, after the rest.
 test: install-test
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 --ignore=tests/test_vllm_engine.py $(PYTEST_ARGS)
-	$(PY) -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 --ignore=tests/integration/test_vllm_engine.py $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider tests/integration/test_vllm_engine.py
+
+# The fast tier: tests/unit (no broker, no process), under 2 minutes on 2 cores. `make test` runs it too.
+test-unit: install-test
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
 
 install:
 	VENV=$(VENV) ops/install.sh "$(RUN_EXTRAS)"

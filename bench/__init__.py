@@ -1,6 +1,6 @@
 """The stream-rl benchmark suite: the pipeline measured against its own limits, side by side in one run.
 
-Entry points: ``python -m bench.run [NAMES...] [--quick]``, ``make bench`` and ``stream-rl bench``. Each run starts
+Entry points: ``python -m bench.run [NAMES...] [--quick]`` and ``make bench``. Each run starts
 its own local broker (or uses ``--bootstrap``), measures the benchmarks asked for, merges their results into a JSON
 file of raw numbers (``bench/results.json``) and regenerates ``docs/benchmarks.md`` from that file.
 

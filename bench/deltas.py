@@ -37,8 +37,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import MB, BenchContext, fmt, mem_available_bytes
-from stream_rl.weights.delta import (MAX_CHANGED_FRACTION, apply_delta, changed_fraction, encode_delta, flat_payload,
-                                     xor)
+from stream_rl.weights.delta import MAX_CHANGED_FRACTION, apply_delta, changed_fraction, encode_delta, flat_payload, xor
 from stream_rl.weights.publisher import MAX_DELTA_RATIO
 
 TITLE = "Delta versions"
@@ -229,8 +228,8 @@ def qwen_workload(ctx: BenchContext, params: dict[str, Any], meter: DeltaMeter,
     when the RAM would not hold it."""
     from consumers.trainer.config import TrainerConfig
     from consumers.trainer.engines import TrainModule, build_engine
-    from consumers.trainer.step import TrainState, train_step
     from consumers.trainer.tensors import build_batch
+    from consumers.trainer.train_step import TrainState, train_step
 
     count = sum(p.numel() for p in qwen_model(params["qwen_config"], "meta").parameters())
     need, free = QWEN_BYTES_PER_PARAM * count, mem_available_bytes()

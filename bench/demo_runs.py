@@ -12,7 +12,7 @@ Produces:
 - :class:`Stages`: generate (HF engine), score (reward function + reward model + reference log-probs) and train
   (``build_batch`` + ``rollout_metrics`` + ``train_step``) timed alone, one after the other in this process on one
   thread, in response tokens per second;
-- :func:`run_pipeline`: producer, scorer and trainer started by :class:`stream_rl.orchestrator.Supervisor` as
+- :func:`run_pipeline`: producer, scorer and trainer started by :class:`stream_rl.launch.orchestrator.Supervisor` as
   ``stream-rl run`` starts them, pinned to cores once training has started, run to ``trainer.max_steps``; returns
   the trainer's ``metrics.jsonl`` rows and the batcher's drop counters;
 - :func:`stage_samples`: benchmark 2's stage samples when it ran earlier in the same invocation, else new ones.
@@ -53,7 +53,6 @@ def demo_dir(ctx: BenchContext) -> Path:
         import torch
 
         from stream_rl.demo.init import init_demo
-
         from stream_rl.demo.sft import SFTConfig
 
         # quick and tiny runs stop the warm-start at a lower sampled accuracy: a shorter build, same code path
@@ -71,7 +70,7 @@ def demo_config(ctx: BenchContext, demo: Path, prefix: str, **overrides: Any):
     """The demo's config on this broker: fresh topics and run directory, demo models, reward model at weight 0."""
     import uuid
 
-    from stream_rl.config import load_config
+    from stream_rl.cli.config import load_config
 
     run = f"{prefix}-{uuid.uuid4().hex[:8]}"
     base = {
@@ -125,9 +124,9 @@ class Stages:
     _scored: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        from consumers.scorer.step import load_scoring
+        from consumers.scorer.scoring import load_scoring
         from consumers.trainer.engines import TrainModule, build_engine
-        from consumers.trainer.step import TrainState
+        from consumers.trainer.train_step import TrainState
         from producers.engines import build_engine as build_generator
         from stream_rl.models import load_policy
 
@@ -142,7 +141,7 @@ class Stages:
         self._next = 0
 
     def generate(self) -> dict[str, float]:
-        from producers.step import produce_rollouts
+        from producers.generate import produce_rollouts
 
         pcfg, rollouts, seconds = self.cfg.producer, [], 0.0
         for _ in range(self.steps):
@@ -158,7 +157,7 @@ class Stages:
         return {"generate_tokens_s": _tokens(rollouts) / seconds, "generate_step_s": seconds / self.steps}
 
     def score(self) -> dict[str, float]:
-        from consumers.scorer.step import score_rollouts
+        from consumers.scorer.scoring import score_rollouts
 
         size, scored, seconds = self.cfg.scorer.batch_size, [], 0.0
         for rollouts in self._rollouts:
@@ -183,8 +182,8 @@ class Stages:
 
     def _train(self, tcfg, prefix: str) -> dict[str, float]:
         from consumers.trainer.rollout_metrics import rollout_metrics
-        from consumers.trainer.step import train_step
         from consumers.trainer.tensors import build_batch
+        from consumers.trainer.train_step import train_step
 
         seconds, tokens = 0.0, 0
         for scored in self._scored:  # what the trainer does per step, less Kafka, spans and the broadcast
@@ -273,7 +272,7 @@ def run_pipeline(ctx: BenchContext, cfg, prompts: list, alone: str, deadline_s: 
     The roles start unpinned (three processes importing torch on two cores load fastest where the kernel puts
     them) and are pinned to their cores (:func:`placement`) when the trainer's first metrics row appears, so
     every step after the first runs pinned."""
-    from stream_rl.orchestrator import Supervisor, read_new_metrics, write_run_config
+    from stream_rl.launch.orchestrator import Supervisor, read_new_metrics, write_run_config
     from stream_rl.prompts import publish_prompts
     from stream_rl.transport.client import Transport
 

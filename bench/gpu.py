@@ -168,8 +168,8 @@ def broadcast_variants(sender, engine, workdir: Path, device: str) -> list[tuple
     """The three ways of moving ``sender``'s weights into ``engine``'s model, each timing itself."""
     from safetensors.torch import load, load_file, save, save_file
 
-    from stream_rl.fsutil import fsync_path
     from stream_rl.models.loading import state_dict_for_broadcast
+    from stream_rl.storage.fsync import fsync_path
     from stream_rl.weights.payload import build_manifest, prepare, save_store_file, tensors_from_store
 
     version = iter(range(1, 1_000_000))

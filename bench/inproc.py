@@ -5,12 +5,12 @@ settings), and a :class:`LoopSpec` (steps, batch, staleness ``lag``, the loss va
 Produces: a :class:`LoopResult`: the reward of every trained batch, the final policy's reward on held-out prompts,
 and the mean of a few loss diagnostics (clip fraction, importance weights).
 Guarantees:
-- Each step's rollouts come from :func:`producers.step.produce_rollouts` with the HF engine holding the policy of
+- Each step's rollouts come from :func:`producers.generate.produce_rollouts` with the HF engine holding the policy of
   exactly ``lag`` versions before the trainer's current one (version 0 while fewer than ``lag`` updates exist), are
-  scored by :func:`consumers.scorer.step.score_rollouts` with the demo's verifier, padded by
+  scored by :func:`consumers.scorer.scoring.score_rollouts` with the demo's verifier, padded by
   :func:`consumers.trainer.tensors.build_batch` and trained on once; so the staleness of every token is exactly
   ``min(lag, step)`` versions, the maximum the pipeline's ``max_lag`` allows.
-- Loss variants: ``decoupled`` and ``uncorrected`` are :func:`consumers.trainer.step.train_step` with
+- Loss variants: ``decoupled`` and ``uncorrected`` are :func:`consumers.trainer.train_step.train_step` with
   ``loss.off_policy_correction`` true / false (ratio against the trainer's proximal recomputation, times the
   truncated importance weight pi_prox / mu or not); ``ppo_mu`` is plain PPO whose ratio is taken against the
   behaviour logprobs mu (AReaL's baseline; not a trainer option): the trainer's own :func:`update` with mu as the
@@ -87,8 +87,8 @@ def variant_config(tcfg, variant: str):
 
 def ppo_behaviour_step(engine, batch, cfg, state) -> dict[str, float]:
     """Plain PPO against the behaviour logprobs: the trainer's :func:`update` with mu as the old logprobs."""
-    from consumers.trainer.step import lr_at
     from consumers.trainer.targets import ADVANTAGE_ESTIMATORS, BatchTargets, advantage_inputs
+    from consumers.trainer.train_step import lr_at
     from consumers.trainer.update import update
 
     if cfg.loss.off_policy_correction or cfg.advantage == "gae":
@@ -115,9 +115,9 @@ class DemoLoop:
 
     def __init__(self, demo: Path, tcfg, spec: LoopSpec):
         from consumers.scorer.rewards import load_reward_fn
-        from consumers.scorer.step import Scoring
+        from consumers.scorer.scoring import Scoring
         from consumers.trainer.engines import TrainModule, build_engine
-        from consumers.trainer.step import TrainState, train_step
+        from consumers.trainer.train_step import TrainState, train_step
         from producers.engines.hf import HFEngine
         from stream_rl.models import load_policy
 
@@ -143,8 +143,8 @@ class DemoLoop:
             self.producer.load_weights(self.snapshots[version], version)
 
     def _scored(self, prompts, seed: int) -> list:
-        from consumers.scorer.step import Rejected, score_rollouts
-        from producers.step import produce_rollouts
+        from consumers.scorer.scoring import Rejected, score_rollouts
+        from producers.generate import produce_rollouts
 
         rollouts = produce_rollouts(prompts, self.producer, producer_id="bench-offpolicy",
                                     temperature=self.spec.temperature, max_new_tokens=self.spec.max_new_tokens,

@@ -18,7 +18,6 @@ the case packing is for: padded rows pay for the longest response of a micro bat
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Any
 
@@ -96,8 +95,8 @@ def run(ctx: BenchContext) -> dict[str, Any]:
 
     from consumers.trainer.config import TrainerConfig
     from consumers.trainer.engines import TorchEngine, TrainModule
-    from consumers.trainer.step import TrainState, train_step
     from consumers.trainer.tensors import build_batch
+    from consumers.trainer.train_step import TrainState, train_step
 
     params = sizes(ctx)
     batch = build_batch(_scored(params))
@@ -176,7 +175,7 @@ as its longest sequence, first-fit decreasing, with a block-diagonal causal mask
 {p['packed_slots']:,} slots ({fmt(p['padded_slots'] / p['packed_slots'])}× fewer), and the trainer trains
 **{fmt(f['packed_vs_padded'])}×** the padded tokens/s ({fmt(f['packed_vs_padded_cpu'])}× per CPU second of the
 training thread). The first step's gradient norm differs by a relative {p['grad_norm_rel_diff']:.1e} between the
-two (float32 resolves 6e-8; packing is exact up to float rounding, tested in `tests/test_trainer_packing.py`).
+two (float32 resolves 6e-8; packing is exact up to float rounding, tested in `tests/unit/test_trainer_packing.py`).
 What packing does not remove: attention still scores every pair of a row (the CPU kernels compute masked scores
 too), and rows as wide as the longest sequence leave gaps that first-fit cannot fill (a wider
 `trainer.pack_length` fills them but makes each row's attention grow with the square of its width). Shared

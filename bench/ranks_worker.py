@@ -1,7 +1,7 @@
 """One rank of the trainer-ranks benchmark (:mod:`bench.ranks`), started by torch's launcher.
 
 ``python -m torch.distributed.run --standalone --nproc-per-node N -m bench.ranks_worker POLICY_DIR OUT.json ROWS
-STEPS`` trains the trainer's own step (:func:`consumers.trainer.step.train_step` on the torch engine over
+STEPS`` trains the trainer's own step (:func:`consumers.trainer.train_step.train_step` on the torch engine over
 :class:`consumers.trainer.ranks.Ranks`: what ``stream-rl train --nproc N`` runs, without the Kafka side that only
 the leader has) on one batch shaped like the demo's (ROWS rollouts, prompts of 7 tokens, 6 response tokens), two
 warm-up steps and then STEPS timed ones; then times the gradient all-reduce alone (one flat fp32 buffer of every
@@ -43,7 +43,7 @@ def main(policy_dir: Path, out: Path, rows: int, steps: int) -> None:
     from consumers.trainer.config import TrainerConfig
     from consumers.trainer.engines import TrainModule, build_engine
     from consumers.trainer.ranks import Ranks
-    from consumers.trainer.step import TrainState, train_step
+    from consumers.trainer.train_step import TrainState, train_step
     from stream_rl.models import load_policy
 
     ranks = Ranks.from_env(timeout_s=300.0, use_cuda=False)

@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    MIN_REPEATS, BenchContext, BenchSpec, bad_figures, load_results, machine_info, render_doc, write_results,
+    MIN_REPEATS,
+    BenchContext,
+    BenchSpec,
+    bad_figures,
+    load_results,
+    machine_info,
+    render_doc,
+    write_results,
     write_text,
 )
 
@@ -136,7 +143,7 @@ def _with_broker(args: argparse.Namespace, workdir: Path, body) -> None:
         body(args.bootstrap, None)
         return
     from stream_rl import broker
-    from stream_rl.config import BrokerConfig
+    from stream_rl.config.sections import BrokerConfig
 
     cfg = BrokerConfig(state_dir=workdir / "broker", storage="memory")  # BROKER_DESCRIPTION; transport adds durable
     state = broker.up(cfg)

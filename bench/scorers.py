@@ -46,7 +46,7 @@ def sizes(ctx: BenchContext) -> dict[str, int]:
 def base_rollouts(cfg, demo: Path, count: int) -> list:
     """``count`` real rollouts of the demo policy (whole groups of ``run.group_size``)."""
     from producers.engines import build_engine
-    from producers.step import produce_rollouts
+    from producers.generate import produce_rollouts
 
     per_batch = cfg.producer.prompts_per_batch
     prompts = dr.demo_prompts(demo, count // cfg.run.group_size, cfg.run.group_size)
@@ -138,7 +138,7 @@ def _drain(ctx: BenchContext, cfg, n: int, base: Sequence[Any], rollouts: Sequen
     """Start ``n`` scorers (pinned); trickle warm-up copies of ``base`` until every scorer has scored some (all
     joined the group, models loaded, first batch done); then pre-fill ``rollouts`` at once and wait until they are
     scored. Returns the measured records' stamps by scorer, and the seconds the pre-fill took."""
-    from stream_rl.orchestrator import Supervisor, write_run_config
+    from stream_rl.launch.orchestrator import Supervisor, write_run_config
     from stream_rl.transport.client import Transport
 
     run_dir = Path(cfg.run_dir)

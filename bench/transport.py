@@ -35,7 +35,7 @@ import numpy as np
 from bench.common import MB, BenchContext, fmt, interleave, medians
 from bench.transport_reading import reading  # noqa: F401  (the report's prose, kept apart)
 from stream_rl import broker
-from stream_rl.config import BrokerConfig
+from stream_rl.config.sections import BrokerConfig
 
 TITLE = "Transport capacity"
 RESPONSE_TOKENS = 1024
@@ -147,7 +147,7 @@ class _Paths:
         self.producer = KafkaProducer(**producer_settings(kafka_cfg, boot, "bench-raw-producer"))
         self.consumer = KafkaConsumer(**consumer_settings(kafka_cfg, boot, f"{names.run}-raw", "bench-raw"))
         self.consumer.subscribe([self.raw_topic])
-        _join(lambda: self.source.poll(timeout_s=0.2), self.source.consumer)
+        _join(lambda: self.source.poll(timeout_s=0.2), self.source)
         _join(lambda: self.consumer.poll(timeout_ms=200), self.consumer)
 
     def steps(self, count: int) -> list[tuple[str, Any]]:

@@ -115,7 +115,7 @@ def _reading_durable(f: Mapping[str, float]) -> str:
             f"of {fmt(f['durable_capacity_rollouts_s'])} rollouts/s, {fmt(f['durable_capacity_mb_s'])} MB/s "
             f"({fmt(f['durable_capacity_ratio'])}× memory storage). Memory storage loses every topic and committed "
             f"offset when the broker stops; durable storage keeps them through a kill -9 of the broker and of the "
-            f"store (tests/test_durable_broker.py).")
+            f"store (tests/integration/test_durable_broker.py).")
 
 
 def _reading_batch(result: Mapping[str, Any]) -> str:

@@ -161,9 +161,9 @@ DIFFERENCES = (
     "stream-rl `agg = \"token-mean\"`). Both sample at temperature 1, top-p 1, top-k 0 in fp32 with a KV cache "
     "on 32 prompts x 8: TRL with transformers' `generate`, which prefills all 256 rows, stream-rl with its own "
     "decode loop, which prefills each prompt once and draws the same tokens as `generate` for the same seed "
-    "(tests/test_producers.py) while recording the behaviour log-probs. stream-rl's trainer also runs each "
+    "(tests/integration/test_producers.py) while recording the behaviour log-probs. stream-rl's trainer also runs each "
     "distinct prompt of a micro batch once (`trainer.share_prompts`, exact up to float rounding: "
-    "tests/test_trainer_prefix.py); TRL runs every row's prompt. Each system has its own random stream, so the "
+    "tests/unit/test_trainer_prefix.py); TRL runs every row's prompt. Each system has its own random stream, so the "
     "reward curves differ by sampling noise. AdamW is torch's in both (stream-rl `foreach=False`, TRL "
     "`optim=\"adamw_torch\"`).",
     "*Reference model.* {reference}",

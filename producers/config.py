@@ -1,7 +1,7 @@
 """Configuration of the rollout producers (``cfg.producer``).
 
 Consumes: nothing (a pydantic section, validated when the root config is loaded).
-Produces: :class:`ProducerConfig` (with its :class:`VLLMSettings`), read by :func:`producers.loop.run_producer`
+Produces: :class:`ProducerConfig` (with its :class:`VLLMSettings`), read by :func:`producers.generator.run_producer`
 and :func:`producers.engines.build_engine`.
 Guarantees: every field has a description and bounds; no heavy import (torch, vllm) happens here.
 """
@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from schemas import ID_PATTERN
-from stream_rl.config_base import DEVICE_PATTERN, Section
+from stream_rl.config.base import DEVICE_PATTERN, Section
 
 
 class VLLMSettings(Section):

@@ -78,18 +78,19 @@ class EpochGate:
     """Holds partitions of the prompts topic at epoch boundaries; see the module docstring.
 
     ``next_first_load(tp, offset)`` returns the epoch of the first record with ``attempt == 0`` at or after
-    ``offset`` in ``tp`` (None when there is none); ``committed(tp)`` the producer group's committed offset;
-    ``partitions()`` every partition of the prompts topic."""
+    ``offset`` in ``tp`` (None when there is none); ``partitions()`` every partition of the prompts topic as
+    ``(topic, partition)`` pairs; ``source`` (the producer's :class:`~stream_rl.transport.edge.Source`) says where
+    reading stands: its assignment, positions, the group's committed offsets and high-water marks."""
 
-    def __init__(self, consumer, partitions: Callable[[], list], next_first_load: Callable[[object, int], int | None],
+    def __init__(self, source, partitions: Callable[[], list], next_first_load: Callable[[object, int], int | None],
                  check_every_s: float = 1.0, clock: Callable[[], float] = time.monotonic):
-        self.consumer = consumer
+        self.source = source
         self.partitions = partitions
         self.next_first_load = next_first_load
         self.check_every_s = check_every_s
         self.clock = clock
         self.open_epoch = 0
-        self.held: dict = {}  # TopicPartition -> Held
+        self.held: dict = {}  # (topic, partition) -> Held
         self.holds = 0  # partitions held so far (metrics, tests)
         self._checked_at = float("-inf")
         self._finishing_at, self._finishing = float("-inf"), False
@@ -98,13 +99,11 @@ class EpochGate:
         """The records that may be generated now; holds (seeks back, lists in ``held``) the partitions that may
         not."""
         self._drop_revoked()
-        allowed, new = split_by_epoch(records, self.open_epoch, {(tp.topic, tp.partition): h
-                                                                 for tp, h in self.held.items()})
+        allowed, new = split_by_epoch(records, self.open_epoch, self.held)
         if new:
             for (topic, partition), hold in new.items():
-                tp = _tp(topic, partition)
-                self.consumer.seek(tp, hold.offset)
-                self.held[tp] = hold
+                self.source.seek(topic, partition, hold.offset)
+                self.held[(topic, partition)] = hold
                 self.holds += 1
             self._checked_at = float("-inf")  # the epoch may be open already: look now
         self.tick()
@@ -133,8 +132,8 @@ class EpochGate:
         now = self.clock()
         if now - self._finishing_at >= self.check_every_s:
             self._finishing_at = now
-            assigned = self.consumer.assignment()
-            parts = self.partitions()
+            assigned = self.source.assignment()
+            parts = [tuple(tp) for tp in self.partitions()]
             if all(tp in assigned for tp in parts):  # one producer owns them all: nobody else waits
                 self._finishing = False
                 return False
@@ -145,16 +144,16 @@ class EpochGate:
         return self._finishing
 
     def _next_epochs(self, partitions: list | None = None) -> list[int | None]:
-        assigned = self.consumer.assignment()
+        assigned = self.source.assignment()
         out = []
         for tp in self.partitions() if partitions is None else partitions:
             if tp in self.held:
                 out.append(self.held[tp].epoch)
                 continue
             if tp in assigned:
-                start = self.consumer.position(tp)
+                start = self.source.position(*tp)
             else:
-                start = self.consumer.committed(tp, timeout_ms=10_000)
+                start = self.source.committed(*tp, timeout_s=10.0)
             out.append(self.next_first_load(tp, start or 0))
         return out
 
@@ -162,16 +161,16 @@ class EpochGate:
         """Whether a partition assigned here and not held still has records beyond this producer's position (the
         consumer's high-water mark from its last fetch: no request). Such a record is either of the open epoch
         (so it is not over) or becomes held when polled, so looking further now cannot open an epoch."""
-        for tp in self.consumer.assignment():
+        for tp in self.source.assignment():
             if tp in self.held:
                 continue
-            highwater = self.consumer.highwater(tp)
-            if highwater is not None and self.consumer.position(tp) < highwater:
+            highwater = self.source.highwater(*tp)
+            if highwater is not None and self.source.position(*tp) < highwater:
                 return True
         return False
 
     def _drop_revoked(self) -> None:
-        assigned = self.consumer.assignment()
+        assigned = self.source.assignment()
         for tp in [tp for tp in self.held if tp not in assigned]:
             del self.held[tp]  # its new owner reads it from the committed offset (the held record) and gates it
 
@@ -201,9 +200,3 @@ def first_load_epoch(reader, decode: Callable[[bytes], object], scan_limit: int 
         return lowest if seen >= scan_limit else None
 
     return next_first_load
-
-
-def _tp(topic: str, partition: int):
-    from kafka.structs import TopicPartition
-
-    return TopicPartition(topic, partition)

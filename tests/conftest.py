@@ -33,7 +33,7 @@ def broker(tmp_path_factory):
 
     Memory storage, for speed: the tests that need a broker to survive a kill -9 start their own durable one."""
     from stream_rl import broker as broker_mod
-    from stream_rl.config import BrokerConfig
+    from stream_rl.config.sections import BrokerConfig
 
     cfg = BrokerConfig(state_dir=tmp_path_factory.mktemp("broker"), storage="memory")
     state = broker_mod.up(cfg)
@@ -45,7 +45,7 @@ def broker(tmp_path_factory):
 def durable_broker(tmp_path):
     """A broker of this test's own with durable storage (the tests that kill it), stopped at the end."""
     from stream_rl import broker as broker_mod
-    from stream_rl.config import BrokerConfig
+    from stream_rl.config.sections import BrokerConfig
 
     cfg = BrokerConfig(state_dir=tmp_path / "durable-broker", storage="durable")
     broker_mod.up(cfg)
@@ -62,7 +62,7 @@ def run_name() -> str:
 @pytest.fixture
 def make_config(broker, tmp_path: Path, run_name: str):
     """Build a StreamRLConfig pointing at the session broker, with this test's run name and run dir."""
-    from stream_rl.config import load_config
+    from stream_rl.cli.config import load_config
 
     def _make(**overrides):
         base = {"kafka.bootstrap_servers": broker.bootstrap, "topics.run": run_name,

@@ -24,7 +24,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from schemas.ids import ID_PATTERN
-from stream_rl.config_base import DEVICE_PATTERN, Section
+from stream_rl.config.base import DEVICE_PATTERN, Section
 
 DEFAULT_REWARD_FN = "stream_rl.demo.task:addition_reward"
 """The built-in demo's verifier: exact answer of a two-digit addition, reward in [0, 1]."""

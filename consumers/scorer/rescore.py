@@ -9,7 +9,7 @@ it) or an explicit topic (``--to-topic T``, created with ``topics.partitions['sc
 reason and source offset) go to the target's DLQ (``{prefix}.{to_run}.dlq``, or ``T.dlq``), and a dead-lettered
 rollout's group gets a ``MemberRejected`` on the target scored topic, exactly as the scorer does.
 
-One iteration is the scorer's (:mod:`consumers.scorer.loop`, same pure step, same sends)::
+One iteration is the scorer's (:mod:`consumers.scorer.scorer`, same pure step, same sends)::
 
     poll(<= batch_size, inside [start, end)) ─> score_and_send ─> sink.flush() (broker acked) ─> commit
 
@@ -40,11 +40,11 @@ from pydantic import ValidationError
 
 from consumers.scorer import builtin_rewards
 from consumers.scorer.config import ScorerConfig
-from consumers.scorer.loop import ScorerStats, score_and_send, send_notices
 from consumers.scorer.rewards import RewardFnError, load_reward_fn
-from consumers.scorer.step import Scoring, load_scoring
+from consumers.scorer.scorer import ScorerStats, score_and_send, send_notices
+from consumers.scorer.scoring import Scoring, load_scoring
 from schemas import TOPIC_PATTERN
-from stream_rl.config import StreamRLConfig
+from stream_rl.config.shared import SharedConfig
 from stream_rl.transport.client import Transport
 from stream_rl.transport.ranges import BoundedSource, end_offsets, group_commits, topic_exists
 from stream_rl.transport.topics import CONSUMER_GROUPS, LOGICAL_TOPICS, TopicNames, ensure_topics
@@ -173,7 +173,7 @@ def rescore_scorer(base: ScorerConfig, reward: str | None, reward_model: Path | 
         raise RescoreError(f"--reward/--reward-model: {exc.errors()[0]['msg']}") from None
 
 
-def plan_rescore(cfg: StreamRLConfig, *, from_run: str | None = None, to_run: str | None = None,
+def plan_rescore(cfg: SharedConfig, *, from_run: str | None = None, to_run: str | None = None,
                  to_topic: str | None = None, group: str | None = None, reward: str | None = None,
                  reward_model: Path | None = None, from_offset: str = "earliest", until_offset: str = "end",
                  append: bool = False) -> RescorePlan:
@@ -228,7 +228,7 @@ class RescoreStats:
     ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
-def target_config(cfg: StreamRLConfig, plan: RescorePlan) -> StreamRLConfig:
+def target_config(cfg: SharedConfig, plan: RescorePlan) -> SharedConfig:
     """``cfg`` for the rescore's own clients: the target run's topic names (``--to-run``) and a run directory of
     its own next to the source's (spans, if exported, never land in the source run's directory)."""
     out = cfg.model_copy(deep=True)
@@ -271,7 +271,7 @@ def create_target(transport: Transport, plan: RescorePlan) -> None:
         admin.close()
 
 
-def run_rescore(cfg: StreamRLConfig, plan: RescorePlan, stop_event: threading.Event | None = None, *,
+def run_rescore(cfg: SharedConfig, plan: RescorePlan, stop_event: threading.Event | None = None, *,
                 scoring: Scoring | None = None) -> RescoreStats:
     """Check, create the target, then score every rollout of the planned ranges (module docstring)."""
     transport = Transport(target_config(cfg, plan), "rescore")

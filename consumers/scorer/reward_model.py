@@ -15,7 +15,7 @@ unpadded row: a final real token equal to the pad id is skipped in both cases). 
 ``pad_token_id`` is refused, since it could not pool a padded batch.
 
 Guarantees: float scores in input order, no gradients; ``token_ids`` raises ValueError with the reason for a
-rollout the model cannot take. Finiteness is checked by the caller (:mod:`consumers.scorer.step`).
+rollout the model cannot take. Finiteness is checked by the caller (:mod:`consumers.scorer.scoring`).
 """
 
 from __future__ import annotations

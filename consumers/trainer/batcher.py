@@ -105,7 +105,7 @@ def rollout_lag(scored: ScoredRollout, current_version: int, lineage: Lineage = 
     if lineage.jumps:
         return max(lineage.lag(int(v), current_version) for v in np.unique(versions).tolist())
     # policy_lag (stream_rl.algorithms.staleness) of one row whose tokens are all valid, without building tensors
-    # for each record (tests/test_trainer_batcher.py checks the two agree): current - min_t version_t
+    # for each record (tests/unit/test_trainer_batcher.py checks the two agree): current - min_t version_t
     return current_version - int(versions.min())
 
 

@@ -23,7 +23,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from consumers.trainer.config_dapo import OverlongConfig
-from stream_rl.config_base import DEVICE_PATTERN, Section
+from stream_rl.config.base import DEVICE_PATTERN, Section
 
 ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae")
 

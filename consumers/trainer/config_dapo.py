@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from stream_rl.config_base import Section
+from stream_rl.config.base import Section
 
 
 class OverlongConfig(Section):

@@ -17,7 +17,7 @@ Guarantees:
   identical); DeepSpeed averages over ranks, so its backward scales the loss by the world size, and ZeRO 1/2/3
   shard the optimizer state, gradients and (3) parameters across the ranks.
 - The optimizer state is stored per parameter name (``{name}::exp_avg`` ...) in the same neutral format by both
-  engines, with no pickle: tensors in safetensors, scalars (AdamW's step count) and hyper-parameters in JSON.
+  engines (:mod:`~consumers.trainer.optim_state`), with no pickle: tensors in safetensors, scalars (AdamW's step count) and hyper-parameters in JSON.
   A checkpoint written by one engine loads into the other.
 - Dropout is off (``eval()`` mode throughout): the proximal recomputation and the training forward see the same
   function, as the sampler did.
@@ -47,18 +47,19 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from consumers.trainer.checkpoint import CheckpointError, read_json, read_tensors, write_json, write_tensors
+from consumers.trainer import optim_state
 from consumers.trainer.config import TrainerConfig
 from consumers.trainer.lora import is_lora
+from consumers.trainer.optim_state import SEP, group_json, scalar_json
 from consumers.trainer.packing import packed_forward
 from consumers.trainer.prefix import can_share_prompts, shared_prompt_forward
 from consumers.trainer.ranks import SOLO, Ranks
+from stream_rl.storage.checkpoint import CheckpointError, read_json, read_tensors, write_json, write_tensors
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 OPTIMIZER_META = "optimizer.json"
 LORA_META = "lora.json"  # trainer.lora's settings, in a LoRA checkpoint only (stream-rl export reads them)
-_SEP = "::"
 
 
 class TrainModule(nn.Module):
@@ -184,33 +185,6 @@ class _EngineBase:
         return dict(self.module.named_parameters())
 
 
-def _scalar_json(key: str, value: Any) -> dict[str, Any]:
-    if isinstance(value, Tensor) and value.numel() == 1 and value.dim() == 0:
-        return {"value": value.item(), "dtype": str(value.dtype).removeprefix("torch.")}
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return {"value": value}
-    raise CheckpointError(f"optimizer state {key!r} of type {type(value).__name__} cannot be stored without "
-                          f"pickle (only tensors and JSON scalars are supported)")
-
-
-def _scalar_value(entry: dict[str, Any]) -> Any:
-    if "dtype" in entry:
-        return torch.tensor(entry["value"], dtype=getattr(torch, entry["dtype"]))
-    return entry["value"]
-
-
-def _group_json(group: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for key, value in group.items():
-        if key == "params":
-            continue
-        value = list(value) if isinstance(value, tuple) else value
-        if isinstance(value, Tensor):
-            value = value.item()
-        out[key] = value
-    return out
-
-
 class TorchEngine(_EngineBase):
     """Plain torch: AdamW, ``clip_grad_norm_``, the finite-norm guard."""
 
@@ -261,37 +235,10 @@ class TorchEngine(_EngineBase):
         load_module_state(self.module, tensors, self.lora)
 
     def optimizer_state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
-        names = {p: n for n, p in self.module.named_parameters()}
-        tensors, scalars = {}, {}
-        for param, state in self.optimizer.state.items():
-            for key, value in state.items():
-                full = f"{names[param]}{_SEP}{key}"
-                if isinstance(value, Tensor) and value.dim() > 0:
-                    tensors[full] = value.detach().to("cpu", copy=True).contiguous()
-                else:
-                    scalars[full] = _scalar_json(full, value)
-        return tensors, {"optimizer": "adamw", "scalars": scalars,
-                         "param_groups": [_group_json(g) for g in self.optimizer.param_groups]}
+        return optim_state.optimizer_state(self.module, self.optimizer)
 
     def load_optimizer_state(self, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
-        params = self._named_params()
-        states: dict[str, dict[str, Any]] = {}
-        for full, value in tensors.items():
-            name, key = full.rsplit(_SEP, 1)
-            states.setdefault(name, {})[key] = value.clone()
-        for full, entry in meta["scalars"].items():
-            name, key = full.rsplit(_SEP, 1)
-            states.setdefault(name, {})[key] = _scalar_value(entry)
-        unknown = sorted(set(states) - set(params))
-        if unknown:
-            raise CheckpointError(f"optimizer state for unknown parameters: {unknown[:5]}")
-        self.optimizer.state.clear()
-        for name, state in states.items():  # moment tensors go where their parameter lives (the step stays a scalar)
-            device = params[name].device
-            self.optimizer.state[params[name]] = {
-                k: v.to(device) if isinstance(v, Tensor) and v.dim() > 0 else v for k, v in state.items()}
-        for group, saved in zip(self.optimizer.param_groups, meta["param_groups"], strict=True):
-            group.update({k: tuple(v) if k == "betas" else v for k, v in saved.items()})
+        optim_state.load_optimizer_state(self.module, self.optimizer, tensors, meta)
 
 
 def _dist_env() -> None:
@@ -357,6 +304,7 @@ class DeepSpeedEngine(_EngineBase):
 
     def load_state_dict(self, tensors: dict[str, Tensor]) -> None:
         from deepspeed.utils import safe_set_full_fp32_param
+
         from stream_rl.models import load_state_dict_strict
 
         with self._gathered():
@@ -371,16 +319,16 @@ class DeepSpeedEngine(_EngineBase):
         from deepspeed.utils import safe_get_full_optimizer_state
 
         tensors, scalars = {}, {}
-        steps = {_scalar_json("step", s["step"])["value"] for s in self.optimizer.state.values() if "step" in s}
+        steps = {scalar_json("step", s["step"])["value"] for s in self.optimizer.state.values() if "step" in s}
         for name, param in self._named_params().items():
             for key in ("exp_avg", "exp_avg_sq"):
                 value = safe_get_full_optimizer_state(param, key)
                 if value is not None:
-                    tensors[f"{name}{_SEP}{key}"] = value.detach().to("cpu", copy=True).contiguous()
+                    tensors[f"{name}{SEP}{key}"] = value.detach().to("cpu", copy=True).contiguous()
             if steps:
-                scalars[f"{name}{_SEP}step"] = {"value": max(steps), "dtype": "float32"}
+                scalars[f"{name}{SEP}step"] = {"value": max(steps), "dtype": "float32"}
         return tensors, {"optimizer": "adamw", "scalars": scalars,
-                         "param_groups": [_group_json(g) for g in self.optimizer.param_groups]}
+                         "param_groups": [group_json(g) for g in self.optimizer.param_groups]}
 
     def load_optimizer_state(self, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
         from deepspeed.utils import safe_set_full_optimizer_state
@@ -394,11 +342,11 @@ class DeepSpeedEngine(_EngineBase):
             link()
         params = self._named_params()
         for full, value in tensors.items():
-            name, key = full.rsplit(_SEP, 1)
+            name, key = full.rsplit(SEP, 1)
             if name not in params:
                 raise CheckpointError(f"optimizer state for unknown parameter {name!r}")
             safe_set_full_optimizer_state(params[name], value, key)
-        steps = {entry["value"] for full, entry in meta["scalars"].items() if full.endswith(f"{_SEP}step")}
+        steps = {entry["value"] for full, entry in meta["scalars"].items() if full.endswith(f"{SEP}step")}
         for state in self.optimizer.state.values():
             if steps and "step" in state:
                 state["step"] = torch.tensor(float(max(steps)), dtype=torch.float32)

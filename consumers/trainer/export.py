@@ -19,9 +19,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from consumers.trainer.checkpoint import CheckpointError, read_json, read_tensors
 from consumers.trainer.config import LoraConfig
 from consumers.trainer.engines import LORA_META, MODEL_FILE
+from stream_rl.storage.checkpoint import CheckpointError, read_json, read_tensors
 
 _POLICY = "policy."
 

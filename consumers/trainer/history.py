@@ -1,11 +1,13 @@
 """The trainer's JSON-lines files in ``run_dir``: step history (metrics, trained rollouts) and the re-queue log.
 
-Consumes: rows (JSON-ready dicts) from the trainer loop; on ``--resume`` the files a previous process wrote.
+Consumes: rows (JSON-ready dicts) from the trainer loop, a step's metrics and its batcher (:func:`metrics_row`);
+on ``--resume`` the files a previous process wrote.
 Produces: ``metrics.jsonl`` and ``trained.jsonl`` (one line per step), and ``requeued.jsonl``: one line per prompt
 the trainer re-queued, ``{"topic", "group_id", "prompt_id", "epoch", "attempt", "time"}`` with ``topic`` the
 prompts topic and ``attempt`` the attempt of the re-queued prompt, appended after the broker acknowledged it.
 Guarantees:
 - One ``write`` per line: a crash tears at most the last line, and every reader here skips a torn line.
+- A metrics row holds no NaN or infinity (JSON has none): a non-finite metric is written as null.
 - :func:`truncate_steps` rewrites a step file atomically (tmp + rename), keeping the rows with ``step <=`` the
   checkpoint's step: the surviving history is what the restored state contains.
 - The re-queue log is never truncated: a re-queue is on the broker whether or not a checkpoint saw it, so a
@@ -16,6 +18,7 @@ Guarantees:
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Iterable
@@ -30,6 +33,22 @@ REQUEUE_LOG = "requeued.jsonl"
 def append_line(path: Path, row: dict[str, Any]) -> None:
     with open(path, "a") as fh:
         fh.write(json.dumps(row, allow_nan=False) + "\n")  # one write: a crash tears at most the last line
+
+
+def metrics_row(step: int, version: int, metrics: dict[str, float], batcher) -> dict[str, Any]:
+    """One ``metrics.jsonl`` row: the step's metrics (a non-finite float as null), then the batcher's counters
+    (``batcher/{name}_total``), its buffered and ready groups, and the ledger's distinct prompts and top epoch."""
+    counters = {f"batcher/{k}_total": float(v) for k, v in batcher.counters.items()}
+    return {"step": step, "policy_version": version, "time": time.time(),
+            **{k: _finite(v) for k, v in sorted(metrics.items())}, **counters,
+            "batcher/buffered_groups": batcher.buffered_groups,
+            "batcher/ready_groups": batcher.ready_groups,
+            "data/distinct_prompts": float(batcher.ledger.prompts()),
+            "data/epoch": float(batcher.ledger.top_epoch())}
+
+
+def _finite(value: Any) -> Any:
+    return value if not isinstance(value, float) or math.isfinite(value) else None
 
 
 def _rows(path: Path) -> list[tuple[str, dict[str, Any]]]:

@@ -23,9 +23,9 @@ from pathlib import Path
 
 from torch import Tensor, nn
 
-from consumers.trainer.checkpoint import CheckpointError
 from consumers.trainer.config import LoraConfig
 from stream_rl.models.lora import wire_name
+from stream_rl.storage.checkpoint import CheckpointError
 
 
 def wrap_policy(policy: nn.Module, cfg: LoraConfig) -> nn.Module:

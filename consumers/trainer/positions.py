@@ -1,8 +1,8 @@
 """Where the trainer reads: every scored partition assigned explicitly and positioned from the trainer's own state.
 
-Consumes: a kafka-python consumer built with the trainer's group id, the scored topic, a group-less reader for
-high-water marks, the checkpoint's offsets (``{(topic, partition): offset}``) and ``trainer.accept_offset_loss``.
-Produces: the consumer assigned to every partition of the topic and positioned there; the start offset of every
+Consumes: the trainer's :class:`~stream_rl.transport.edge.Source` (group id kept for commits), the scored topic,
+a group-less reader for high-water marks, the checkpoint's offsets (``{(topic, partition): offset}``) and ``trainer.accept_offset_loss``.
+Produces: the source assigned to every partition of the topic and positioned there; the start offset of every
 partition (what a checkpoint records for a partition on which nothing was read yet).
 Guarantees:
 - No group membership: ``assign``, never ``subscribe``. The trainer never waits for a group join and no rebalance
@@ -25,9 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from kafka import TopicPartition
-
-from stream_rl.transport.client import highwaters, partitions_of
+from stream_rl.transport.client import highwaters
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +36,10 @@ class OffsetLossError(RuntimeError):
     """A checkpointed offset does not exist on the broker: reading on would skip (or re-read) data silently."""
 
 
-def scored_partitions(consumer, topic: str, timeout_s: float = 10.0) -> list[TopicPartition]:
+def scored_partitions(source, topic: str, timeout_s: float = 10.0) -> list[Key]:
     """Every partition of ``topic``; a missing topic is an error naming it and the command that creates it."""
     try:
-        return partitions_of(consumer, topic, timeout_s)
+        return source.partitions(topic, timeout_s)
     except KeyError:
         raise RuntimeError(f"the scored topic {topic} does not exist on the broker: create the run's topics with "
                            f"`stream-rl topics create`") from None
@@ -62,25 +60,23 @@ def check_offset(key: Key, offset: int, low: int, high: int, accept_loss: bool) 
     return low
 
 
-def assign_and_position(consumer, reader, topic: str, checkpoint: Mapping[Key, int],
+def assign_and_position(source, reader, topic: str, checkpoint: Mapping[Key, int],
                         accept_loss: bool) -> dict[Key, int]:
-    """Assign ``consumer`` every partition of ``topic`` and seek each to where reading continues; returns the
+    """Assign ``source`` every partition of ``topic`` and seek each to where reading continues; returns the
     start offset of every partition. ``reader`` (group-less) measures the high-water marks."""
-    tps = scored_partitions(consumer, topic)
-    consumer.assign(tps)
-    lows = consumer.beginning_offsets(tps)
-    stored = {tp: checkpoint[(tp.topic, tp.partition)] for tp in tps if (tp.topic, tp.partition) in checkpoint}
-    present = {(tp.topic, tp.partition) for tp in tps}
+    keys = scored_partitions(source, topic)
+    lows = source.beginning_offsets(keys)
+    stored = {key: checkpoint[key] for key in keys if key in checkpoint}
+    present = set(keys)
     for key, offset in sorted(checkpoint.items()):  # a partition that is gone: its range is empty
         if key[0] == topic and key not in present:
             check_offset(key, offset, 0, 0, accept_loss)
     highs = highwaters(reader, list(stored)) if stored else {}
     start: dict[Key, int] = {}
-    for tp in tps:
-        key = (tp.topic, tp.partition)
-        low = int(lows[tp])
-        start[key] = check_offset(key, stored[tp], low, int(highs[tp]), accept_loss) if tp in stored else low
-        consumer.seek(tp, start[key])
+    for key in keys:
+        low = lows[key]
+        start[key] = check_offset(key, stored[key], low, int(highs[key]), accept_loss) if key in stored else low
+    source.assign(start)
     log.info("reading %s from %s", topic, ", ".join(f"[{p}]@{o}" for (_, p), o in sorted(start.items())))
     return start
 
@@ -89,5 +85,5 @@ def assigned_source(transport, group: str, kind: str | tuple[str, ...], sink):
     """The transport's :class:`~stream_rl.transport.edge.Source` on the scored topic, without its subscription
     (the caller assigns the partitions: :func:`assign_and_position`); ``group`` is used for commits only."""
     source = transport.source([transport.names.scored], group, kind, sink)
-    source.consumer.unsubscribe()  # before any poll: no join was started, so nothing is sent to the group
+    source.unsubscribe()  # before any poll: no join was started, so nothing is sent to the group
     return source

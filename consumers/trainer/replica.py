@@ -24,12 +24,12 @@ from pathlib import Path
 
 import msgpack
 
-from consumers.trainer.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, read_json, read_tensors
 from consumers.trainer.engines import MODEL_FILE, OPTIMIZER_FILE, OPTIMIZER_META, TrainModule, build_engine
 from consumers.trainer.ranks import Command, Ranks
-from consumers.trainer.step import TrainState, train_step
 from consumers.trainer.tensors import build_batch
+from consumers.trainer.train_step import TrainState, train_step
 from schemas import ScoredRollout, decode, encode
+from stream_rl.storage.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, read_json, read_tensors
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Consumes: prompts as token-id lists, sampling settings, and state dicts of new policy weights.
 Produces: for each prompt, ``n`` :class:`Sample` objects (token ids, behaviour logprobs, finish reason).
 
-Guarantees every engine gives (and ``tests/test_producers.py`` / ``tests/test_vllm_engine.py`` check):
+Guarantees every engine gives (and ``tests/integration/test_producers.py`` / ``tests/integration/test_vllm_engine.py`` check):
 - ``Sample.logprobs[i] = log softmax(logits_i / temperature)[token_ids[i]]``, the log-probability of the token
   under the exact distribution it was sampled from: temperature only, full softmax, no top-k/top-p/penalties.
   That is the distribution the trainer recomputes (``stream_rl.algorithms.logprobs_from_logits``).

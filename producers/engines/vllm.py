@@ -8,7 +8,7 @@ Which logprobs vLLM returns (checked in vLLM 0.32's ``v1/sample/sampler.py``): w
 distribution when ``T != 1``. ``"processed_logprobs"`` returns ``log softmax`` of the logits after every
 processor, temperature and top-k/top-p included, which with no top-k/top-p/penalties is exactly
 ``log softmax(logits / T)``: the engine uses that mode and asks for ``logprobs=0`` (the sampled token's logprob
-only). ``tests/test_vllm_engine.py`` checks the values against a trainer-style recomputation at ``T != 1``.
+only). ``tests/integration/test_vllm_engine.py`` checks the values against a trainer-style recomputation at ``T != 1``.
 
 Engine set-up: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` runs the engine core in this process (faster start-up, and
 ``collective_rpc`` passes tensors without serialising them); ``VLLM_CPU_KVCACHE_SPACE`` bounds the CPU KV cache;
@@ -57,8 +57,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from producers.engines.base import (
-    EngineError, GenerationEngine, Sample, WeightsHook, WeightsMismatch, check_generate_args, check_state_dict,
-    cut_at_stop, prompt_seed,
+    EngineError,
+    GenerationEngine,
+    Sample,
+    WeightsHook,
+    WeightsMismatch,
+    check_generate_args,
+    check_state_dict,
+    cut_at_stop,
+    prompt_seed,
 )
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from stream_rl.config_base import Section
+from stream_rl.config.base import Section
 
 Action = Literal["log", "pause", "stop"]
 

@@ -21,7 +21,7 @@ the sampled estimator, differentiated through logp only (the tokens are data). W
 - k3: E_pi[(1 - ref / pi) grad log pi] = -sum_y ref grad log pi = grad KL(ref || pi)   the forward KL
 
 So the in-loss default is k2; k3 (GRPO's KL term, Shao et al. 2024 eq. 4) stays available and is what GRPO papers
-use, but its gradient is that of KL(ref || pi); k1 in a loss is rejected. ``tests/test_algorithms_kl_gradients.py``
+use, but its gradient is that of KL(ref || pi); k1 in a loss is rejected. ``tests/unit/test_algorithms_kl_gradients.py``
 checks all three by enumerating every token of a small categorical distribution.
 
 The controllers implement the log-space proportional controller of Ziegler et al. 2019, "Fine-Tuning Language

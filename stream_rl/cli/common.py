@@ -8,7 +8,9 @@ from typing import Annotated, Any
 
 import typer
 
-from stream_rl.config import ConfigError, StreamRLConfig, config_warnings, dump_config, load_config, parse_sets
+from stream_rl.cli.config import StreamRLConfig, config_warnings, load_config
+from stream_rl.config.base import ConfigError
+from stream_rl.config.loading import dump_config, parse_sets
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML or YAML config file "
                                                 "(default: $STREAM_RL_CONFIG)")]
@@ -57,18 +59,12 @@ def require_broker(cfg: StreamRLConfig) -> None:
     """Raise BrokerUnreachable (one line naming the address) when no broker answers within the connect timeout
     (``kafka.connect_timeout_s``, at most ``kafka.broker_timeout_s``). Run before the role configures logging, so
     kafka-python's retries print nothing."""
-    from kafka import KafkaAdminClient
-    from kafka.errors import KafkaTimeoutError
-
     from stream_rl.broker import resolve_bootstrap
     from stream_rl.cli.errors import no_broker_message
+    from stream_rl.transport.admin import reaches_broker
     from stream_rl.transport.edge import BrokerUnreachable
-    from stream_rl.transport.settings import admin_settings, connect_timeout_s
+    from stream_rl.transport.settings import connect_timeout_s
 
     bootstrap = resolve_bootstrap(cfg.kafka.bootstrap_servers, cfg.broker)
-    try:
-        admin = KafkaAdminClient(**admin_settings(cfg.kafka, bootstrap, f"{cfg.kafka.client_id}-probe",
-                                                 probe=True))
-    except KafkaTimeoutError:  # kafka-python 3: "Unable to bootstrap from [...]" after bootstrap_timeout_ms
-        raise BrokerUnreachable(no_broker_message(bootstrap, connect_timeout_s(cfg.kafka))) from None
-    admin.close()
+    if not reaches_broker(cfg.kafka, bootstrap, f"{cfg.kafka.client_id}-probe"):
+        raise BrokerUnreachable(no_broker_message(bootstrap, connect_timeout_s(cfg.kafka)))

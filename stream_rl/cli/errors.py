@@ -117,7 +117,7 @@ def _named(exc: BaseException) -> str:
 EXPECTED: dict[str, tuple[int, Callable[[BaseException], str]]] = {
     "stream_rl.config.ConfigError": (2, _plain),
     "stream_rl.broker.BrokerError": (1, _broker),
-    "stream_rl.object_store.StoreError": (1, lambda e: f"durable broker storage: {e}"),
+    "stream_rl.broker.object_store.StoreError": (1, lambda e: f"durable broker storage: {e}"),
     "stream_rl.transport.edge.BrokerUnreachable": (1, _plain),
     "stream_rl.transport.edge.DeliveryError": (1, _with_broker),
     "stream_rl.transport.membership.NoAssignment": (1, _with_broker),
@@ -133,12 +133,12 @@ EXPECTED: dict[str, tuple[int, Callable[[BaseException], str]]] = {
     "stream_rl.weights.payload.WeightsError": (1, _named),
     "producers.engines.base.EngineError": (1, _named),
     "producers.environment.EnvironmentLoadError": (2, _plain),
-    "consumers.trainer.checkpoint.CheckpointError": (1, _named),
+    "stream_rl.storage.checkpoint.CheckpointError": (1, _named),
     "consumers.trainer.launch.RankDied": (1, _plain),
     "consumers.trainer.ranks.RankFailure": (1, _named),
-    "stream_rl.ops.status_read.StatusError": (1, _plain),
-    "stream_rl.ops.report.ReportError": (1, _plain),
-    "stream_rl.ops.trace_view.TraceViewError": (1, _plain),
+    "stream_rl.operator_tools.status_read.StatusError": (1, _plain),
+    "stream_rl.operator_tools.report.ReportError": (1, _plain),
+    "stream_rl.operator_tools.trace_view.TraceViewError": (1, _plain),
 }
 """Expected failures: ``module.Class`` -> (exit code, the one line). The first class along the MRO wins."""
 

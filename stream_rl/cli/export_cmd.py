@@ -29,9 +29,9 @@ def export(out: Annotated[Path, typer.Option("--out", help="directory to write (
            overwrite: Annotated[bool, typer.Option(help="replace an existing --out")] = False,
            dry_run: DryRunOpt = False) -> None:
     """Write a checkpoint's policy as a standalone Hugging Face model directory (LoRA adapters merged)."""
-    from consumers.trainer.checkpoint import CheckpointError, latest_checkpoint
     from consumers.trainer.replica import checkpoint_root
-    from stream_rl.cli.run import apply_demo
+    from stream_rl.cli.run_cmd import apply_demo
+    from stream_rl.storage.checkpoint import CheckpointError, latest_checkpoint
 
     cfg = resolve(config, set_, None, dry_run)
     demo = cfg.run.demo_dir

@@ -5,7 +5,7 @@ Consumes: the resolved config (where the run's checkpoints, weights store, logs,
 the defaults are the trainer's own ``trainer.keep_checkpoints`` and ``weights.keep_last``.
 Produces: one line per removed (or, with ``--dry-run``, removable) item and a total on stdout; exit 2 on an invalid
 config or policy or an unknown run (stderr names the run when it was picked as the newest).
-Guarantees: ``--dry-run`` removes nothing; the rules are those of :mod:`stream_rl.ops.gc` (the newest checkpoints
+Guarantees: ``--dry-run`` removes nothing; the rules are those of :mod:`stream_rl.operator_tools.gc` (the newest checkpoints
 and weight versions are always kept). Unlike other commands, ``--dry-run`` here prints the plan, not the config
 (``stream-rl config`` prints the config).
 """
@@ -36,7 +36,7 @@ def gc(config: ConfigOpt = None, set_: SetOpt = None,
            help="also require this age in days before removing a checkpoint or weights file; run files (logs, "
                 "spans, telemetry) are removed only when this is given")] = None) -> None:
     """Prune old checkpoints, weight versions and run files by policy (never the newest ones)."""
-    from stream_rl.ops.gc import DAY_S, GcPolicy, apply_gc, format_actions, paths_from_config, plan_gc
+    from stream_rl.operator_tools.gc import DAY_S, GcPolicy, apply_gc, format_actions, paths_from_config, plan_gc
 
     cfg = resolve(config, set_, {"run_dir": str(run_dir) if run_dir is not None else None, "topics.run": run})
     select_run(cfg, "dir")

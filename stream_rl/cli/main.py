@@ -15,9 +15,7 @@ from typing import Annotated
 
 import typer
 
-from stream_rl.cli import bench_cmd, export_cmd, gc_cmd, ops_cmds, rescore_cmd, roles, status_cmd
-from stream_rl.cli import plan as plan_cmd
-from stream_rl.cli import run as run_cmd
+from stream_rl.cli import diagnose_cmd, export_cmd, gc_cmd, plan_cmd, rescore_cmd, roles_cmd, run_cmd, status_cmd
 from stream_rl.cli.common import BootstrapOpt, ConfigOpt, DryRunOpt, RunOpt, SetOpt, fail, require_broker, resolve
 from stream_rl.cli.runs import select_run
 
@@ -27,17 +25,16 @@ broker_app = typer.Typer(help="The embedded local Kafka-protocol broker (tansu).
 topics_app = typer.Typer(help="The run's topics.", no_args_is_help=True)
 app.add_typer(broker_app, name="broker")
 app.add_typer(topics_app, name="topics")
-app.add_typer(roles.prompts_app, name="prompts")
-app.add_typer(roles.demo_app, name="demo")
-app.command("produce")(roles.produce)
-app.command("score")(roles.score)
+app.add_typer(roles_cmd.prompts_app, name="prompts")
+app.add_typer(roles_cmd.demo_app, name="demo")
+app.command("produce")(roles_cmd.produce)
+app.command("score")(roles_cmd.score)
 app.command("rescore")(rescore_cmd.rescore)
-app.command("train")(roles.train)
+app.command("train")(roles_cmd.train)
 app.command("run")(run_cmd.run)
 app.command("plan")(plan_cmd.plan)
-app.command("doctor")(ops_cmds.doctor)
-app.command("report")(ops_cmds.report)
-app.command("bench")(bench_cmd.bench)
+app.command("doctor")(diagnose_cmd.doctor)
+app.command("report")(diagnose_cmd.report)
 app.command("gc")(gc_cmd.gc)
 app.command("export")(export_cmd.export)
 app.command("status")(status_cmd.status)
@@ -134,9 +131,7 @@ def replay(topic: Annotated[str, typer.Argument(help="logical name (rollouts, sc
            run: RunOpt = None, dry_run: DryRunOpt = False) -> None:
     """Print a topic's records of the newest run (or --run) as decoded JSON lines, sample content redacted unless
     --show-content (docs/status-and-traces.md). Never commits."""
-    from kafka import TopicPartition
-
-    from stream_rl.replay import Redactor, record_to_json, redaction_key
+    from stream_rl.operator_tools.replay import Redactor, record_to_json, redaction_key
     from stream_rl.transport.client import Transport, partitions_of, read_range
     from stream_rl.transport.topics import resolve_topic
 
@@ -154,7 +149,7 @@ def replay(topic: Annotated[str, typer.Argument(help="logical name (rollouts, sc
     if partition is not None:
         if partition not in {tp.partition for tp in tps}:
             fail(f"topic {full} has no partition {partition} (it has {len(tps)})")
-        tps = [TopicPartition(full, partition)]
+        tps = [tp for tp in tps if tp.partition == partition]
     for tp in tps:
         for rec in read_range(reader, tp, from_offset, limit):
             typer.echo(json.dumps(record_to_json(rec, show_content, redactor)))

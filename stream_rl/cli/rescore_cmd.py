@@ -20,7 +20,7 @@ from stream_rl.cli.common import BootstrapOpt, ConfigOpt, SetOpt, fail, require_
 
 def _config(config: Path | None, sets: list[str] | None, bootstrap: str | None, dry_run: bool):
     """The resolved config with the built demo's defaults applied, as `stream-rl score` has them."""
-    from stream_rl.cli.run import apply_demo
+    from stream_rl.cli.run_cmd import apply_demo
 
     cfg = resolve(config, sets, {"kafka.bootstrap_servers": bootstrap})
     demo = cfg.run.demo_dir
@@ -71,7 +71,7 @@ def rescore(
 
 def _run(cfg, plan) -> None:
     from consumers.scorer.rescore import RescoreError, run_rescore, summary
-    from stream_rl.cli.roles import run_role, setup_logging, stop_on_signals
+    from stream_rl.cli.roles_cmd import run_role, setup_logging, stop_on_signals
     from stream_rl.transport.ranges import RangeError
 
     setup_logging()

@@ -8,7 +8,7 @@ run when it was picked rather than given, e.g. ``run demo-20261201-101500 (newes
 choose)``.
 Guarantees:
 - A run directory is a directory directly under ``runs/`` holding ``config.yaml`` (the resolved config
-  ``stream-rl run`` writes first, :func:`stream_rl.orchestrator.write_run_config`); its run is that file's
+  ``stream-rl run`` writes first, :func:`stream_rl.launch.orchestrator.write_run_config`); its run is that file's
   ``topics.run`` (else the directory name); the newest is the one whose ``config.yaml`` was written last.
 - A run on the broker is one with a topic ``{topics.prefix}.{run}.{logical}`` for a logical topic of
   :data:`~stream_rl.transport.topics.LOGICAL_TOPICS`.
@@ -30,7 +30,8 @@ import typer
 import yaml
 
 from stream_rl.cli.common import fail
-from stream_rl.config import StreamRLConfig, dump_config
+from stream_rl.cli.config import StreamRLConfig
+from stream_rl.config.loading import dump_config
 from stream_rl.transport.topics import LOGICAL_TOPICS
 
 RUNS_ROOT = Path(StreamRLConfig.model_fields["run_dir"].default).parent
@@ -132,8 +133,8 @@ def choose_run(cfg: StreamRLConfig, where: str, local: list[LocalRun], on_broker
 def broker_runs(cfg: StreamRLConfig) -> set[str]:
     """The runs with topics on the configured broker; exit 1 with one line when it cannot be reached."""
     from stream_rl.broker import BrokerError, answers_metadata, resolve_bootstrap
-    from stream_rl.tracing import Tracing
     from stream_rl.transport.client import Transport
+    from stream_rl.transport.tracing import Tracing
 
     try:
         bootstrap = resolve_bootstrap(cfg.kafka.bootstrap_servers, cfg.broker)

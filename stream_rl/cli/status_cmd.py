@@ -38,7 +38,7 @@ def status(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOp
            dry_run: DryRunOpt = False) -> None:
     """Live view of a running pipeline (the newest run, or --run) from its topics: roles, weights version,
     throughput, lag, alerts, endpoints. Without a terminal: one plain-text snapshot per refresh."""
-    from stream_rl.ops.status_read import StatusError, StatusReader
+    from stream_rl.operator_tools.status_read import StatusError, StatusReader
 
     cfg = select_run(resolve(config, set_, {"kafka.bootstrap_servers": bootstrap, "topics.run": run}), "topics",
                      dry_run)
@@ -79,7 +79,7 @@ def _plain(reader, interval: float) -> None:
 
 
 def _snapshot(reader, sample_s: float = 0.0) -> dict[str, Any]:
-    from stream_rl.ops.status_read import StatusError
+    from stream_rl.operator_tools.status_read import StatusError
 
     try:
         return reader.snapshot(sample_s=sample_s)
@@ -178,7 +178,7 @@ def trace_show(run_dir: Annotated[Path | None, typer.Argument(help="the run dire
                ) -> None:
     """Span trees with durations from RUN_DIR/spans.jsonl: a per-span summary and the newest traces, or one
     rollout's trace."""
-    from stream_rl.ops.trace_view import TraceViewError, load_spans, overview, rollout_view
+    from stream_rl.operator_tools.trace_view import TraceViewError, load_spans, overview, rollout_view
 
     flags = {"topics.run": run, "run_dir": None if run_dir is None else str(run_dir)}
     cfg = select_run(resolve(config, set_, flags), "dir", dry_run)

@@ -46,8 +46,8 @@ from stream_rl.demo.reward_model import train_reward_model
 from stream_rl.demo.sft import SFTConfig, supervised_warm_start
 from stream_rl.demo.task import REWARD_FUNCTION, make_prompts, problems
 from stream_rl.demo.tokenizer import build_tokenizer
-from stream_rl.fsutil import fsync_path, fsync_tree
 from stream_rl.models.loading import save_model
+from stream_rl.storage.fsync import fsync_path, fsync_tree
 
 SCHEMA_VERSION = 1
 MAX_NEW_TOKENS = 6

@@ -1,6 +1,6 @@
 """Where and in what dtype a role runs its models: the ``device`` and ``dtype`` settings made torch objects.
 
-Consumes: a ``device`` setting (``auto``, ``cpu``, ``cuda``, ``cuda:N``: :data:`stream_rl.config_base.DEVICE_PATTERN`,
+Consumes: a ``device`` setting (``auto``, ``cpu``, ``cuda``, ``cuda:N``: :data:`stream_rl.config.base.DEVICE_PATTERN`,
 checked when the config loads) with the dotted name of the setting, and a ``dtype`` name.
 Produces: a :class:`torch.device` and a :class:`torch.dtype`.
 Guarantees: ``auto`` is CUDA when torch sees a GPU, else CPU, so a default config runs unchanged on a CPU machine; a

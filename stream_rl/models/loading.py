@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from stream_rl.fsutil import fsync_path, fsync_tree
+from stream_rl.storage.fsync import fsync_path, fsync_tree
 
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"

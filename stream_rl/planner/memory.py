@@ -3,7 +3,7 @@
 Consumes: plain numbers (parameter count P, dtype names, batch and sequence sizes, architecture sizes).
 Produces: byte counts (``int``); :func:`gib` converts for display.
 Guarantees: every function is pure and its formula is in its docstring; ``docs/planner.md`` gives the sources and a
-worked example, and ``tests/test_planner.py`` checks each against hand computations, the weights, gradients,
+worked example, and ``tests/unit/test_planner.py`` checks each against hand computations, the weights, gradients,
 AdamW states, autocast copies and KV cache also against tensors measured on CPU.
 
 Symbols: P parameters, s sequence length, b micro batch (sequences), h hidden size, a attention heads, f MLP

@@ -3,7 +3,7 @@
 Consumes: the parsed ``config.json`` of a Llama, Mistral, Qwen2, Qwen3 or GPT-2 model (a ``dict``).
 Produces: a :class:`ModelShape` (the few numbers the memory formulas need) and its exact parameter count.
 Guarantees: the count equals ``sum(p.numel() for p in model.parameters())`` of the corresponding transformers
-model (checked in ``tests/test_planner.py`` against real models built from tiny configs); Llama-3-8B comes out at
+model (checked in ``tests/unit/test_planner.py`` against real models built from tiny configs); Llama-3-8B comes out at
 8,030,261,248. Mixture-of-experts and encoder-decoder models are rejected, not guessed.
 
 Per decoder layer, with hidden size h, query heads a, KV heads k, head dim d, MLP width f:

@@ -1,4 +1,5 @@
-"""Kafka transport edge: the only place that imports kafka-python (see edge.py for the delivery contract)."""
+"""Kafka transport edge: the only place that imports kafka-python (see edge.py for the delivery contract);
+``memory://<name>`` bootstrap addresses select the in-process bus of :mod:`stream_rl.transport.memory`."""
 
 from stream_rl.transport.edge import BrokerUnreachable, Consumed, DeliveryError, Sink, Source, group_by_partition
 from stream_rl.transport.topics import LOGICAL_TOPICS, TopicError, TopicNames, ensure_topics, resolve_topic

@@ -1,6 +1,7 @@
 """The transport edge: typed sends and typed, validated, dead-lettering receives with manual commits.
 
-Consumes: kafka-python producers/consumers built from :mod:`stream_rl.transport.settings`, schema messages.
+Consumes: kafka-python producers/consumers built from :mod:`stream_rl.transport.settings` (or the in-process bus's,
+:mod:`stream_rl.transport.memory`, same contract), schema messages.
 Produces: records on topics (value = ``schemas.encode(msg)``, key as given, W3C trace headers), and
 :class:`Consumed` items (decoded, validated messages with their topic/partition/offset/headers).
 Guarantees (the delivery contract every role loop relies on)::
@@ -36,6 +37,9 @@ Guarantees (the delivery contract every role loop relies on)::
   it acknowledged) and dead-lettered; a role that
   sets ``rejections`` to a list is handed every record the edge dead-lettered (:mod:`~stream_rl.transport.rejections`),
   to name the group that can no longer complete.
+- Business code never sees a client object: a :class:`Source` answers where reading stands (``assignment``,
+  ``position``, ``committed``, ``highwater``) and moves it (``seek``, ``assign``, ``unsubscribe``) in plain
+  ``(topic, partition)`` pairs, and ``commit`` takes ``{(topic, partition): next offset}``.
 - A commit that loses a rebalance race is not an error: the records are redelivered to the partition's new
   owner (at-least-once), and consumers downstream drop duplicates by record id.
 """
@@ -52,12 +56,12 @@ from typing import Any
 from kafka.errors import KafkaTimeoutError
 
 from schemas import DeadLetter, SchemaError, decode, encode
-from stream_rl.tracing import Headers, Tracing, current_headers, extract_span_context
-from stream_rl.tracing_attrs import span_attributes
 from stream_rl.transport.membership import AssignmentWatch, close_consumer
 from stream_rl.transport.rejections import EdgeRejection
 from stream_rl.transport.settings import ClientProbe
+from stream_rl.transport.span_attributes import span_attributes
 from stream_rl.transport.topics import TopicError
+from stream_rl.transport.tracing import Headers, Tracing, current_headers, extract_span_context
 from stream_rl.transport.unreadable import Unreadable, find_unreadable
 
 log = logging.getLogger(__name__)
@@ -227,9 +231,48 @@ class Source:
         self.paused = False  # while True, poll() fetches nothing (an alert's "pause"), group membership stays
         self.holds: Container = ()  # partitions a role holds paused on its own (the producer's epoch gate)
 
-    @property
-    def consumer(self):
-        return self._consumer
+    # -- where reading stands, in plain (topic, partition) pairs (business code never sees the client) ------------
+
+    def assignment(self) -> set[tuple[str, int]]:
+        """The partitions this source reads now (a group member's change at a rebalance, seen at ``poll``)."""
+        return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+
+    def position(self, topic: str, partition: int) -> int:
+        """The offset of the next record ``poll`` hands out from an assigned partition."""
+        return self._consumer.position(_tp(topic, partition))
+
+    def committed(self, topic: str, partition: int, timeout_s: float = 10.0) -> int | None:
+        """The group's committed offset of a partition (None: none), asked of the broker."""
+        return self._consumer.committed(_tp(topic, partition), timeout_ms=int(timeout_s * 1000))
+
+    def highwater(self, topic: str, partition: int) -> int | None:
+        """An assigned partition's high-water mark as of the last fetch (None before one; no request)."""
+        return self._consumer.highwater(_tp(topic, partition))
+
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        """Read an assigned partition from ``offset`` at the next ``poll``."""
+        self._consumer.seek(_tp(topic, partition), offset)
+
+    def partitions(self, topic: str, timeout_s: float = 10.0) -> list[tuple[str, int]]:
+        """Every partition of ``topic``; KeyError naming it when it does not exist within ``timeout_s``."""
+        from stream_rl.transport.client import partitions_of
+
+        return [(tp.topic, tp.partition) for tp in partitions_of(self._consumer, topic, timeout_s)]
+
+    def unsubscribe(self) -> None:
+        """Drop the group subscription (before any poll: no join was started, so nothing is sent to the group)."""
+        self._consumer.unsubscribe()
+
+    def assign(self, offsets: dict[tuple[str, int], int]) -> None:
+        """Read exactly these partitions (no group membership), each from its given offset."""
+        self._consumer.assign([_tp(*key) for key in offsets])
+        for (topic, partition), offset in offsets.items():
+            self.seek(topic, partition, offset)
+
+    def beginning_offsets(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The first offset the broker still holds (low watermark) of each partition."""
+        found = self._consumer.beginning_offsets([_tp(*key) for key in partitions])
+        return {(tp.topic, tp.partition): int(off) for tp, off in found.items()}
 
     def poll(self, timeout_s: float = 1.0, max_records: int | None = None) -> list[Consumed]:
         """Fetch records; return the valid ones in partition order, dead-letter the rest (undecodable or
@@ -333,8 +376,9 @@ class Source:
         self.dead_letter(record.topic, record.partition, record.offset, record.key, record.raw_value, reason,
                          error_type, headers=record.headers)
 
-    def commit(self, next_offsets: dict[Any, int] | None = None) -> bool:
-        """Commit ``next_offsets`` (default: one past every record handed out). Sends must be flushed first.
+    def commit(self, next_offsets: dict[tuple[str, int], int] | None = None) -> bool:
+        """Commit ``next_offsets``, ``{(topic, partition): offset}`` (default: one past every record handed out).
+        Sends must be flushed first.
 
         Returns False when a rebalance took the partitions away first (records will be redelivered)."""
         from kafka.errors import CommitFailedError, RebalanceInProgressError
@@ -346,7 +390,7 @@ class Source:
         if not offsets:
             return True
         try:
-            self._consumer.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()})
+            self._consumer.commit({_tp(*tp): OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()})
         except (CommitFailedError, RebalanceInProgressError) as exc:
             log.warning("commit lost to a rebalance (records will be redelivered): %s", exc)
             self._next.clear()
@@ -377,6 +421,13 @@ KEY_FIELDS = {"prompt": "prompt_id", "rollout": "group_id", "scored_rollout": "g
 """The documented record key of each kind that roles consume in groups (docs/wire-format.md): the key decides
 the partition (murmur2 of the key, as kafka-python and Apache Kafka's Java client place it), and a group must
 stay on one partition."""
+
+
+def _tp(topic: str, partition: int):
+    """kafka-python's partition type (a named tuple: equal to, and hashed like, the plain pair)."""
+    from kafka.structs import TopicPartition
+
+    return TopicPartition(topic, partition)
 
 
 def resume(consumer, partitions: Sequence[Any]) -> None:

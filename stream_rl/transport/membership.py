@@ -9,7 +9,7 @@ Guarantees:
   whoever sends it: the group then hands no partition to anyone for minutes. The client cannot see the broker's
   side: two stable members closed one after the other broke the group in 1 of 3 tries (the second leave lands
   in the rebalance the first one started), and two stable members closed while a third was joining broke it in
-  3 of 3 (tests/test_group_membership.py). Without a LeaveGroup the broker expires the member after
+  3 of 3 (tests/integration/test_group_membership.py). Without a LeaveGroup the broker expires the member after
   ``session_timeout_ms``, as after a kill -9 (measured: the next member was assigned in ~11 s). On Apache Kafka,
   which handles a leave in any state, ``kafka.leave_group_on_close=true`` hands a stopped member's partitions
   to the rest of its group at once.

@@ -26,11 +26,11 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from kafka import KafkaConsumer, TopicPartition
+from kafka import TopicPartition
 
 from stream_rl.transport.client import Transport, committed_offsets, highwaters, partitions_of
 from stream_rl.transport.edge import Consumed, Sink, Source
-from stream_rl.transport.settings import ClientProbe, consumer_settings
+from stream_rl.transport.settings import ClientProbe
 
 
 class RangeError(RuntimeError):
@@ -91,9 +91,9 @@ class BoundedSource:
         """Assign ``topic``'s partitions in ``ranges``, each positioned at its start; invalid records go to
         ``dlq_topic`` through ``sink``."""
         kafka, probe = transport.cfg.kafka, ClientProbe()
-        consumer = KafkaConsumer(**consumer_settings(kafka, transport.bootstrap, group, transport.instance_id, probe))
+        consumer = transport.consumer(group, probe)
         source = Source(consumer, sink, dlq_topic, expected_kind, transport.instance_id, transport.tracing,
-                        probe=probe, broker_timeout_s=kafka.broker_timeout_s, bootstrap=transport.bootstrap)
+                        probe=probe if transport.bus is None else None, broker_timeout_s=kafka.broker_timeout_s, bootstrap=transport.bootstrap)
         bounded = cls(source, topic, ranges, group, kafka.broker_timeout_s)
         consumer.assign(list(bounded.ranges))
         for tp, (start, _) in bounded.ranges.items():
@@ -116,7 +116,7 @@ class BoundedSource:
         inside = [r for r in records if r.offset < self.ranges[TopicPartition(r.topic, r.partition)][1]]
         before = dict(self._positions)
         for tp in self.ranges:
-            self._positions[tp] = max(self._positions[tp], self.source.consumer.position(tp))
+            self._positions[tp] = max(self._positions[tp], self.source.position(*tp))
         self.read += len(inside) + self.source.dead_lettered - dead_before
         self.source.holds = self._finished()
         if self._positions != before or self.done:

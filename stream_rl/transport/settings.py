@@ -36,8 +36,7 @@ from typing import Any
 
 from kafka.net.compat import KafkaNetClient
 
-from stream_rl.config import KafkaConfig, read_secret
-
+from stream_rl.config.sections import KafkaConfig, read_secret
 
 PRODUCER_METADATA_MAX_AGE_MS = 10_000
 """Producers re-read topic metadata this often (kafka-python's default: 5 min), so a topic deleted under them is

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stream_rl.config import TopicsConfig
+from stream_rl.config.sections import TopicsConfig
 
 LOGICAL_TOPICS = ("prompts", "rollouts", "scored", "weights", "dlq", "stale", "status", "alerts")
 
 CONSUMER_GROUPS = {"producers": "prompts", "scorers": "rollouts", "trainer": "scored"}
 """The run's consumer groups ``{prefix}.{run}.<name>`` and the logical topic each consumes: the one place the
-roles (producers/loop.py, consumers/*/loop.py) and ``stream-rl status`` take them from."""
+roles (producers/generator.py, consumers/*/loop.py) and ``stream-rl status`` take them from."""
 
 
 class TopicError(RuntimeError):

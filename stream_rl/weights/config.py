@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from stream_rl.config_base import Section
+from stream_rl.config.base import Section
 
 MIB = 1 << 20
 

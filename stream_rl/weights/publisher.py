@@ -43,14 +43,21 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from schemas import TensorEntry, WeightsManifest, chunk_count_for, validate
-from stream_rl import failpoints
-from stream_rl.fsutil import fsync_path
+from stream_rl.runtime import failpoints
+from stream_rl.storage.fsync import fsync_path
 from stream_rl.weights.config import WeightsConfig
+from stream_rl.weights.delta import doomed_versions, encode_delta, flat_payload, same_layout
 from stream_rl.weights.payload import (
-    Payload, StoredPayload, build_manifest, make_chunks, payload_size, prepare, save_store_file, serialize,
+    Payload,
+    StoredPayload,
+    build_manifest,
+    make_chunks,
+    payload_size,
+    prepare,
+    save_store_file,
+    serialize,
     sha256_hex,
 )
-from stream_rl.weights.delta import doomed_versions, encode_delta, flat_payload, same_layout
 
 if TYPE_CHECKING:
     import torch

@@ -1,0 +1,192 @@
+"""``stream-rl score``: the scorer role's loop, a thin shell around :func:`consumers.scorer.scoring.score_rollouts`.
+
+Consumes: ``Rollout`` records from ``names.rollouts`` in the consumer group ``{prefix}.{run}.scorers``.
+Produces: ``ScoredRollout`` records on ``names.scored`` keyed by ``group_id`` (a GRPO group stays on one
+partition); ``DeadLetter`` records on ``names.dlq`` for rollouts that cannot be scored (reason and source offset)
+and, through the transport, for records that do not decode as rollouts; for each dead-lettered rollout that names
+its group (decoded, or keyed by a well-formed group id), a ``MemberRejected`` on ``names.scored`` keyed by that
+``group_id``, so the trainer drops the group at once (it can never complete).
+
+One iteration::
+
+    poll(<= batch_size) ─> score_rollouts (pure, batched) ─> per record: send ScoredRollout | dead-letter
+                                                              ─> sink.flush() (broker acked) ─> source.commit()
+
+Guarantees:
+- An offset is committed only after every output derived from the records before it (scored rollouts and dead
+  letters) was acknowledged by the broker; a crash before the commit redelivers the batch (at-least-once), a
+  restart after it re-reads nothing.
+- Several scorers in one group split the partitions; in steady state (no rebalance) every rollout is scored by
+  exactly one of them. A commit lost to a rebalance means the new owner scores those records again: downstream,
+  the trainer drops duplicates by ``rollout_id`` (scores are deterministic given the models, so either copy is
+  equally good).
+- A dead-lettered rollout carries its reason, source topic/partition/offset, key and original record bytes, and
+  continues the rollout's trace. A rollout whose token ids are outside the reference or reward model's
+  vocabulary, or longer than its context, is dead-lettered with that reason before any forward pass. A record
+  batch the client cannot read is dead-lettered by the transport, which seeks past it (no crash loop).
+- ``max_batches`` counts every poll that returned records, also one whose records were all dead-lettered by the
+  transport (undecodable, invalid): ``stream-rl score --max-batches N`` ends on a topic of dead letters too.
+- Heartbeats report the batches done in ``step``. A broker that stays unreachable for
+  ``kafka.broker_timeout_s`` stops the scorer with ``BrokerUnreachable`` naming it (exit non-zero).
+- Tracing: the batch's compute runs in a ``process score-batch`` span linked to every rollout's trace; each
+  output is sent inside a ``process score`` span that is the child of its own rollout's producer span, so a
+  scored rollout continues the trace of the rollout it came from.
+- Errors other than per-rollout scoring failures (broker not acknowledging, a model that cannot run) propagate
+  and stop the scorer without committing; the consumer and producer are closed on the way out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from consumers.scorer.scoring import Rejected, Scoring, batch_metrics, load_scoring, score_rollouts
+from schemas import MemberRejected
+from stream_rl.config.shared import SharedConfig
+from stream_rl.telemetry.role import RoleTelemetry
+from stream_rl.transport import Consumed, Sink, Source
+from stream_rl.transport.client import Transport
+from stream_rl.transport.rejections import member_rejected, notice_of
+from stream_rl.transport.topics import TopicNames
+from stream_rl.transport.tracing import Tracing
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ScorerStats:
+    """What one scorer process did (returned by :func:`run_scorer`)."""
+
+    batches: int = 0
+    """Non-empty batches: polls that returned records, or whose records were all dead-lettered by the transport."""
+    scored: int = 0
+    """ScoredRollouts sent (each acknowledged by the broker before the commit that follows it)."""
+    rejected: int = 0
+    """Rollouts dead-lettered by the step (reward or model failure)."""
+    commits: int = 0
+    """Successful offset commits."""
+    lost_commits: int = 0
+    """Commits lost to a rebalance (those records go to the partition's new owner)."""
+
+
+def scorer_group(cfg: SharedConfig) -> str:
+    """The scorers' consumer group of this run: ``{prefix}.{run}.scorers``."""
+    return TopicNames.from_config(cfg.topics).group("scorers")
+
+
+@dataclass(frozen=True)
+class ScorerDeps:
+    """What a caller hands :func:`run_scorer` instead of building it (tests do); None: the production one."""
+
+    scoring: Scoring | None = None
+    """Already loaded models; None: ``load_scoring(cfg.scorer, scorer_id)``."""
+    tracing: Tracing | None = None
+    """Tracing owned (and shut down) by the caller; None: one built from ``cfg.tracing``, shut down on return."""
+
+
+def run_scorer(cfg: Any, stop_event: threading.Event | None = None, max_batches: int | None = None, *,
+               deps: ScorerDeps | None = None) -> ScorerStats:
+    """Score rollouts until ``stop_event`` is set or ``max_batches`` non-empty batches were handled (scored or,
+    for a batch of undecodable records, dead-lettered). ``cfg`` is the root config (:class:`stream_rl.cli.config.StreamRLConfig`, duck-typed: a role never imports the
+    CLI layer): the shared sections and ``cfg.scorer``."""
+    deps = deps if deps is not None else ScorerDeps()
+    scfg = cfg.scorer
+    transport = Transport(cfg, "scorer", tracing=deps.tracing)
+    scoring = deps.scoring if deps.scoring is not None else load_scoring(scfg, scfg.scorer_id or
+                                                                          transport.instance_id)
+    _ensure_run_topics(transport)
+    sink = transport.sink()
+    source = transport.source([transport.names.rollouts], scorer_group(cfg), "rollout", sink)
+    source.rejections = []  # every edge dead letter: its group gets a MemberRejected on the scored topic
+    telemetry = RoleTelemetry(cfg, "scorer", transport, group=scorer_group(cfg), topics=[transport.names.rollouts])
+    telemetry.attach(source, sink).set_ready(model_loaded=True, version=0)  # scores do not depend on the policy
+    stats = ScorerStats()
+    log.info("scorer %s subscribed to %s in group %s", scoring.scorer_id, transport.names.rollouts, scorer_group(cfg))
+    try:
+        while not (stop_event is not None and stop_event.is_set()) and \
+                (max_batches is None or stats.batches < max_batches):
+            telemetry.tick()  # alerts: "stop" ends here, after the previous batch was committed
+            telemetry.check_stop()
+            source.paused = telemetry.paused
+            dead_before = source.dead_lettered
+            records = source.poll(scfg.poll_timeout_s, max_records=scfg.batch_size)
+            send_notices(source, sink, transport.names.scored, transport.instance_id)
+            if records:
+                started = time.monotonic()
+                score_and_send(records, source, sink, transport.names.scored, scoring, stats, transport.instance_id)
+                telemetry.observe_seconds("score", time.monotonic() - started)
+                telemetry.tokens(sum(r.value.response_length for r in records))
+            if records or source.dead_lettered > dead_before:  # a batch of dead letters only is a batch too
+                stats.batches += 1
+                telemetry.set_step(stats.batches)  # heartbeats' ``step``: batches done
+            if records or sink.pending:  # the transport may have dead-lettered undecodable records
+                sink.flush()
+                if source.commit():
+                    stats.commits += 1
+                else:
+                    stats.lost_commits += 1
+                    telemetry.error("CommitLost")
+    except Exception as exc:
+        telemetry.error(type(exc).__name__)
+        raise
+    finally:
+        telemetry.close()
+        source.close()
+        sink.close()
+        if deps.tracing is None:
+            transport.tracing.shutdown()
+    return stats
+
+
+def _ensure_run_topics(transport: Transport) -> None:
+    """Create the run's topics if any is missing (a scorer may start before ``stream-rl run`` made them).
+
+    Topics that exist are left alone and not re-described: partition counts are checked by whoever creates the
+    run's topics (``stream-rl run`` / ``stream-rl topics create``)."""
+    admin = transport.admin()
+    try:
+        existing = set(admin.list_topics())
+    finally:
+        admin.close()
+    wanted = {transport.names.rollouts, transport.names.scored, transport.names.dlq}
+    if not wanted <= existing:
+        transport.ensure_topics()
+
+
+def score_and_send(records: Sequence[Consumed], source: Source, sink: Sink, scored_topic: str,
+                   scoring: Scoring, stats: ScorerStats, consumer_id: str) -> None:
+    """Score one polled batch and send each result: a ScoredRollout on ``scored_topic`` (key ``group_id``), or
+    a dead letter plus its group's MemberRejected; counts go to ``stats`` (also used by ``stream-rl rescore``)."""
+    with source.process_span("score-batch", records, {"stream_rl.batch_size": len(records)}):
+        outputs = score_rollouts([record.value for record in records], scoring)
+    for record, result in zip(records, outputs, strict=True):
+        with source.process_span("score", [record]):  # child of this rollout's trace
+            if isinstance(result, Rejected):
+                source.dead_letter_record(record, result.reason, result.error_type)
+                _send_notice(sink, scored_topic, member_rejected(
+                    record.value, record.key, topic=record.topic, partition=record.partition, offset=record.offset,
+                    reason=result.reason, error_type=result.error_type, consumer_id=consumer_id))
+                stats.rejected += 1
+            else:
+                sink.send(scored_topic, result, key=result.group_id)
+                stats.scored += 1
+    log.info("scorer batch %s", json.dumps(batch_metrics(outputs), sort_keys=True))
+
+
+def send_notices(source: Source, sink: Sink, scored_topic: str, consumer_id: str) -> None:
+    """A MemberRejected for every rollout the edge dead-lettered in the last poll that names its group."""
+    rejections, source.rejections = source.rejections or [], []
+    for rejection in rejections:
+        _send_notice(sink, scored_topic, notice_of(rejection, consumer_id))
+
+
+def _send_notice(sink: Sink, scored_topic: str, notice: MemberRejected | None) -> None:
+    """Publish ``notice`` next to its group's scored members (key ``group_id``), so that the trainer drops the
+    group at once instead of waiting for it to go stale."""
+    if notice is not None:
+        sink.send(scored_topic, notice, key=notice.group_id)

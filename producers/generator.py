@@ -1,0 +1,396 @@
+"""``stream-rl produce``: the thin Kafka loop around the producer step.
+
+Consumes: ``Prompt`` records from the run's prompts topic, in the consumer group ``{prefix}.{run}.producers``
+(so producer processes share the prompts), and weights manifests/payloads through
+:class:`~stream_rl.weights.receiver.WeightsReceiver`.
+Produces: ``Rollout`` records on the rollouts topic keyed by ``group_id`` (a group stays on one partition);
+prompts that cannot be generated for go to the dead-letter topic with the reason.
+
+One iteration::
+
+    [between batches] newer manifest? ─ yes ─> fetch + verify ─> engine.load_weights ─> version v'
+                        └─ WeightsError / WeightsMismatch: log, try the next newest version above v, else keep v
+    [inside a generation, producer.inflight_updates] every inflight_check_every decode steps: the same look,
+                        non-blocking (one pass over the weights topic), then the same fetch + verify + load
+                        (a LoRA version, manifest.adapter_rank set: engine.load_adapter instead)
+    stale records of groups this producer generated? ─> returned to the backpressure budget
+    over budget (and not finishing an epoch, see below)? ─ yes ─> wait for newer weights (up to poll_timeout_s)
+    poll <= prompts_per_batch prompts (or take the carried ones) ─> epoch gate ─> check_prompts ─> plan_batch:
+       a rejected run leads a partition ─> dead-letter those runs ─> flush ─> commit     (nothing generated)
+       else the leading accepted runs   ─> produce_rollouts (pure) ─> send ─> flush (acks) ─> commit
+       the records after those runs are carried to the next iteration, uncommitted
+
+Backpressure (:mod:`producers.budget`): with ``producer.max_groups_per_version`` set (this producer's share of
+the groups the trainer consumes per version), a producer with ``versions_ahead`` versions' shares in flight beyond
+the weights it holds waits for a newer version before taking more prompts. Groups the trainer drops as stale
+(read from the stale topic) no longer count, so its re-queued prompts are generated; after
+``producer.backpressure_timeout_s`` without a newer version the budget is re-derived, as a restart would. Generation
+then overlaps training, and rollouts stay about ``versions_ahead`` versions old instead of piling up until they
+are dropped as stale, and the pipeline never deadlocks on the budget.
+
+Epoch order (:mod:`producers.epoch_gate`, ``producer.epoch_order``): a first-load prompt of an epoch above the
+open one holds its partition (sought back, paused, left uncommitted) until every partition is past the epochs
+below it, so no prompt is generated a second time before every prompt was generated once. A producer over budget
+whose peer's partition is idle at the open epoch (waiting at the boundary) generates what it may anyway.
+
+Guarantees:
+- Offsets are committed only after every rollout (and dead letter) of the batch was acknowledged by the broker,
+  and only up to the first carried record: a crash before the commit regenerates the batch (same rollout ids;
+  consumers drop duplicates by id), a restart after it reads no prompt twice.
+- A prompt the producer rejects (untokenisable, empty, too long, a group above ``producer.max_group_size``) is
+  dead-lettered with the reason and committed before anything after it in its partition is generated, so a crash
+  never makes a restart dead-letter it again or die on it. (A record the transport edge cannot decode is
+  dead-lettered when it is polled and committed with its batch: a crash while that batch generates may
+  dead-letter it a second time.)
+- Heartbeats report the number of generated batches in ``step``.
+- Weights change only between batches (with ``producer.inflight_updates``, also between decode steps: each token
+  records the version that produced it), after the whole version was fetched and verified; a version that fails
+  verification or does not fit the model is logged with the reason and skipped (the same manifest is not retried;
+  a version re-published with another payload is), and the producer loads the newest verified version above the
+  one it holds instead (v3 corrupt, v2 complete: v2), else continues on its version. At start-up the producer
+  first catches up with the newest complete version the same way.
+- Processing runs inside ``source.process_span("generate", batch)``, so rollouts carry the prompts' trace context.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from producers.budget import Budget
+from producers.config import ProducerConfig
+from producers.engines.base import GenerationEngine, WeightsHook, WeightsMismatch
+from producers.generate import StepResult, Turns, check_prompts, plan_batch, produce_rollouts
+from producers.stale_feed import StaleFeed
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ProducerStats:
+    """What one ``run_producer`` call did (for tests, logs and the CLI's exit summary)."""
+
+    batches: int = 0
+    prompts: int = 0
+    rollouts: int = 0
+    rejected_prompts: int = 0
+    weight_updates: list[int] = field(default_factory=list)
+    rejected_versions: list[int] = field(default_factory=list)
+    version: int = 0
+    groups: int = 0
+    start_version: int = 0
+    groups_returned: int = 0  # groups the trainer dropped as stale, returned to the backpressure budget
+    budget_resets: int = 0  # times the budget was re-derived after producer.backpressure_timeout_s
+    inflight_updates: int = 0  # versions loaded between decode steps of a generation (producer.inflight_updates)
+
+
+class _WeightsFollower:
+    """Moves the engine to the newest verified weights version; remembers versions it rejected.
+
+    When the newest version fails verification (or does not fit the model) it falls back to the next newest one
+    above the version it holds, and so on: a corrupt v3 leaves the producer on v2, not on v0."""
+
+    def __init__(self, receiver, engine: GenerationEngine, stats: ProducerStats):
+        self.receiver = receiver
+        self.engine = engine
+        self.stats = stats
+        self._rejected: set[tuple[int, str]] = set()  # (version, sha256): a re-published fix is tried again
+        self.newest_seen = -1  # newest manifest version seen (staleness of the weights this producer holds)
+
+    def update(self, timeout_s: float = 0.0, wait_for_newer: bool = False) -> None:
+        """Load the newest verified version; with ``wait_for_newer``, wait up to ``timeout_s`` for a version above
+        both the one held and every rejected one."""
+        newest_rejected = max((v for v, _ in self._rejected), default=-1)
+        newer_than = max(self.engine.version, newest_rejected) if wait_for_newer else None
+        latest = self.receiver.poll_latest(timeout_s, newer_than=newer_than)
+        if latest is not None:
+            self.newest_seen = max(self.newest_seen, latest.version)
+        rejected_now: list[int] = []
+        for manifest in self.receiver.candidates(self.engine.version):
+            if (manifest.version, manifest.sha256) in self._rejected:
+                continue
+            if rejected_now:
+                log.warning("weights v%d rejected: falling back to v%d", rejected_now[-1], manifest.version)
+            if self._load(manifest):
+                return
+            rejected_now.append(manifest.version)
+
+    def _load(self, manifest) -> bool:
+        from stream_rl.models.lora import lora_scale
+        from stream_rl.weights.receiver import WeightsError
+
+        old = self.engine.version
+        try:
+            tensors = self.receiver.fetch(manifest)
+            if manifest.is_adapter:  # trainer.lora: merged into the base weights the engine keeps
+                scale = lora_scale(manifest.adapter_rank, manifest.adapter_alpha)
+                self.engine.load_adapter(tensors, scale, manifest.version)
+            else:
+                self.engine.load_weights(tensors, manifest.version)
+        except (WeightsError, WeightsMismatch) as exc:
+            self._rejected.add((manifest.version, manifest.sha256))
+            self.stats.rejected_versions.append(manifest.version)
+            log.error("rejected weights v%d (%s: %s); generating with v%d until a newer verified version loads",
+                      manifest.version, type(exc).__name__, exc, old)
+            return False
+        self.stats.weight_updates.append(manifest.version)
+        log.info("weights v%d -> v%d (step %d)", old, manifest.version, manifest.step)
+        return True
+
+
+@dataclass(frozen=True)
+class ProducerDeps:
+    """What a caller hands :func:`run_producer` instead of building it (tests do); None: the production one."""
+
+    engine: GenerationEngine | None = None
+    """A loaded engine to reuse, closed by its owner; None: one built from ``cfg.producer``, closed on return."""
+    stats: ProducerStats | None = None
+    """Updated live (a caller can watch the progress) and returned; None: a new one."""
+
+
+def run_producer(cfg, stop_event: threading.Event | None = None, max_batches: int | None = None, *,
+                 deps: ProducerDeps | None = None) -> ProducerStats:
+    """Generate rollouts for prompts until ``stop_event`` is set or ``max_batches`` batches were produced.
+
+    ``cfg`` is the root config: the role reads ``cfg.producer`` and ``cfg.weights``."""
+    from producers.engines import build_engine
+    from stream_rl.telemetry.role import RoleTelemetry
+    from stream_rl.transport.client import Transport
+
+    deps = deps if deps is not None else ProducerDeps()
+    pcfg = cfg.producer
+    turns = _turns(pcfg)  # a bad producer.environment fails here, before the engine loads or a prompt is read
+    stop_event = stop_event or threading.Event()
+    transport = Transport(cfg, "producer")
+    transport.ensure_topics()
+    engine = deps.engine if deps.engine is not None else build_engine(pcfg)
+    stats = deps.stats if deps.stats is not None else ProducerStats()
+    stats.version = engine.version
+    sink = transport.sink()
+    group = transport.names.group("producers")
+    source = transport.source([transport.names.prompts], group, "prompt", sink)
+    follower = _follower(transport, cfg.weights, pcfg, engine, stats)
+    stats.start_version = engine.version  # after the start-up catch-up: the backpressure budget counts from here
+    budget, stale = _backpressure(transport, pcfg, follower, engine)
+    telemetry = RoleTelemetry(cfg, "producer", transport, group=group, topics=[transport.names.prompts])
+    telemetry.attach(source, sink).set_ready(model_loaded=True, version=engine.version)
+    if follower is not None and pcfg.inflight_updates:
+        engine.set_weights_hook(_inflight_hook(follower, engine, telemetry, stats), pcfg.inflight_check_every)
+    batch = _Batcher(source, sink, engine, pcfg, pcfg.producer_id or transport.instance_id,
+                     transport.names.rollouts)
+    batch.gate = _epoch_gate(transport, source, pcfg) if pcfg.epoch_order else None
+    batch.turns = turns
+    try:
+        while not stop_event.is_set() and (max_batches is None or stats.batches < max_batches):
+            _iterate(batch, follower, budget, stale, stats, telemetry)
+    except Exception as exc:
+        telemetry.error(type(exc).__name__)
+        raise
+    finally:
+        for closable in (telemetry, follower.receiver if follower else None, stale, source, sink,
+                         batch.gate.reader if batch.gate else None):
+            if closable is not None:
+                closable.close()
+        engine.set_weights_hook(None, 0)  # a reused engine must not call into the closed receiver
+        if deps.engine is None:
+            engine.close()
+    return stats
+
+
+def _iterate(batch: _Batcher, follower: _WeightsFollower | None, budget: Budget, stale: StaleFeed | None,
+             stats: ProducerStats, telemetry) -> None:
+    """One iteration (the module docstring's): alerts, newer weights, stale groups returned to the budget, then
+    either wait for newer weights (over budget) or handle one batch."""
+    engine, pcfg = batch.engine, batch.pcfg
+    telemetry.tick()  # alerts: "stop" ends here, after the previous batch was committed
+    telemetry.check_stop()
+    batch.source.paused = telemetry.paused
+    if follower is not None and stats.batches % pcfg.weights_check_every_batches == 0:
+        follower.update()
+        telemetry.set_version(engine.version)
+    if stale is not None:
+        stats.groups_returned += budget.returned_stale(stale.poll())
+    if budget.over(engine.version, time.monotonic()) and not (batch.gate and batch.gate.finishing()):
+        follower.update(timeout_s=pcfg.poll_timeout_s, wait_for_newer=True)  # backpressure
+        return
+    result = batch.run_once(stats, telemetry)
+    if result is not None:
+        budget.charge({r.group_id: r.group_size for r in result.rollouts})
+        stats.budget_resets = budget.resets
+        _observe(telemetry, result, follower, engine)
+
+
+class _Batcher:
+    """One iteration over polled prompts: dead-letter the rejected ones or generate for the accepted ones (see
+    :func:`producers.generate.plan_batch`), then commit; records after a run wait in ``carry`` (uncommitted)."""
+
+    def __init__(self, source, sink, engine: GenerationEngine, pcfg: ProducerConfig, producer_id: str, topic: str):
+        self.source, self.sink, self.engine, self.pcfg = source, sink, engine, pcfg
+        self.producer_id, self.topic = producer_id, topic
+        self.carry: list = []
+        self._committed: dict = {}  # (topic, partition) -> the offset last committed by this process
+        self.gate = None  # producers.epoch_gate.EpochGate: epoch order across partitions (producer.epoch_order)
+        self.turns: Turns | None = None  # multi-turn episodes (producer.environment)
+
+    def run_once(self, stats: ProducerStats, telemetry) -> StepResult | None:
+        """Handle one batch; the StepResult when rollouts were generated (None: nothing or only dead letters)."""
+        records = self._next_records()
+        if not records:
+            self.sink.flush()  # dead letters of a poll with no valid prompt
+            self._commit(telemetry)
+            return None
+        pcfg = self.pcfg
+        _, rejected = check_prompts([r.value for r in records], self.engine, max_new_tokens=pcfg.max_new_tokens,
+                                    group_size=pcfg.group_size, max_group_size=pcfg.max_group_size)
+        plan = plan_batch([(r.topic, r.partition) for r in records], [x.index for x in rejected])
+        self.carry = [records[i] for i in plan.carry]
+        if plan.reject:  # committed before anything is generated: a restart never dead-letters them again
+            reasons = {x.index: x.reason for x in rejected}
+            for i in plan.reject:
+                _dead_letter(self.source, records[i], reasons[i])
+            stats.rejected_prompts += len(plan.reject)
+            self.sink.flush()
+            self._commit(telemetry)
+            return None
+        todo = [records[i] for i in plan.generate]
+        with self.source.process_span("generate", todo, {"stream_rl.producer_id": self.producer_id}):
+            result = _generate(todo, self.engine, pcfg, self.producer_id, self.turns)
+            _publish(result, todo, self.source, self.sink, self.topic)
+        self._commit(telemetry)
+        _account(stats, result, self.engine)
+        telemetry.set_step(stats.batches)  # heartbeats report the batch counter in `step`
+        return result
+
+    def _next_records(self) -> list:
+        """The carried records of partitions still assigned, else a new poll; then what the epoch gate admits
+        (the carry is rebuilt from these by :meth:`run_once`)."""
+        if self.carry:
+            assigned = self.source.assignment()
+            self.carry = [r for r in self.carry if (r.topic, r.partition) in assigned]
+        if self.carry and not self.source.paused:
+            records, self.carry = self.carry, []
+        else:
+            records = self.source.poll(self.pcfg.poll_timeout_s, max_records=self.pcfg.prompts_per_batch)
+        return self.gate.admit(records) if self.gate is not None else records
+
+    def _commit(self, telemetry) -> None:
+        """Commit, per assigned partition, the first carried offset or else the consumer's position (one past
+        every record polled: all were generated for or dead-lettered). Sends must be flushed."""
+        first_carried: dict = {}
+        for r in self.carry:
+            first_carried.setdefault((r.topic, r.partition), r.offset)
+        offsets = {tp: first_carried.get(tp) if tp in first_carried else self.source.position(*tp)
+                   for tp in self.source.assignment()}
+        changed = {tp: off for tp, off in offsets.items() if off is not None and self._committed.get(tp) != off}
+        if not changed:
+            return
+        if self.source.commit(changed):
+            self._committed.update(changed)
+        else:
+            log.warning("lost the prompts' partitions before committing: the batch will be regenerated")
+            telemetry.error("CommitLost")
+            self.carry, self._committed = [], {}
+
+
+def _dead_letter(source, rec, reason: str) -> None:
+    source.dead_letter(rec.topic, rec.partition, rec.offset, rec.key, rec.raw_value, reason, "PromptRejected")
+
+
+def _observe(telemetry, result: StepResult, follower: _WeightsFollower | None, engine: GenerationEngine) -> None:
+    """Per batch: generated tokens, generation time, and how many versions the weights held are behind."""
+    telemetry.tokens(int(result.metrics.get("producer/response_tokens", 0)))
+    telemetry.observe_seconds("generate", float(result.metrics.get("producer/generate_s", 0.0)))
+    telemetry.set_version(engine.version)
+    if follower is not None and follower.newest_seen >= 0:
+        telemetry.observe_staleness([max(0, follower.newest_seen - engine.version)])
+
+
+def _follower(transport, weights_cfg, pcfg: ProducerConfig, engine: GenerationEngine,
+              stats: ProducerStats) -> _WeightsFollower | None:
+    if not pcfg.follow_weights:
+        return None
+    from stream_rl.weights.receiver import WeightsReceiver
+
+    if weights_cfg is None:
+        raise ValueError("producer.follow_weights needs the weights settings (cfg.weights)")
+    follower = _WeightsFollower(WeightsReceiver(transport, weights_cfg), engine, stats)
+    follower.update(timeout_s=pcfg.weights_startup_wait_s)  # a late joiner starts from the newest version
+    return follower
+
+
+def _inflight_hook(follower: _WeightsFollower, engine: GenerationEngine, telemetry,
+                   stats: ProducerStats) -> WeightsHook:
+    """The engine's hook between decode steps: one non-blocking pass over the weights topic, then the newest
+    verified version above the one held, loaded exactly as between batches (a manifest is published only after its
+    whole payload, so the fetch reads a complete version; a corrupt or misfitting one is rejected and the engine
+    keeps its weights). The fetch itself runs on the decode thread: the generation waits for it."""
+
+    def hook() -> None:
+        before = engine.version
+        follower.update()
+        if engine.version != before:
+            stats.inflight_updates += 1
+            telemetry.set_version(engine.version)
+
+    return hook
+
+
+def _epoch_gate(transport, source, pcfg: ProducerConfig):
+    """The epoch gate on the prompts topic, reading ahead with a group-less reader of its own."""
+    from producers.epoch_gate import EpochGate, first_load_epoch
+    from schemas import decode
+    from stream_rl.transport.client import partitions_of
+
+    reader = transport.reader()
+    topic = transport.names.prompts
+    gate = EpochGate(source, lambda: partitions_of(reader, topic),
+                     first_load_epoch(reader, lambda raw: decode(raw, "prompt")), check_every_s=pcfg.epoch_check_s)
+    gate.reader = reader
+    source.holds = gate.held
+    return gate
+
+
+def _backpressure(transport, pcfg: ProducerConfig, follower: _WeightsFollower | None,
+                  engine: GenerationEngine) -> tuple[Budget, StaleFeed | None]:
+    """The budget (off without ``max_groups_per_version`` or without weights to wait for) and its stale feed."""
+    budget = Budget(pcfg.max_groups_per_version if follower is not None else None, pcfg.versions_ahead,
+                    engine.version, pcfg.backpressure_timeout_s)
+    return budget, StaleFeed(transport) if budget.share is not None else None
+
+
+def _generate(records, engine: GenerationEngine, pcfg: ProducerConfig, producer_id: str,
+              turns: Turns | None = None) -> StepResult:
+    return produce_rollouts([r.value for r in records], engine, producer_id=producer_id,
+                            temperature=pcfg.temperature, max_new_tokens=pcfg.max_new_tokens, seed=pcfg.seed,
+                            group_size=pcfg.group_size, max_group_size=pcfg.max_group_size, turns=turns)
+
+
+def _turns(pcfg: ProducerConfig) -> Turns | None:
+    """Multi-turn settings from ``producer.environment`` (None: single-turn rollouts)."""
+    if pcfg.environment is None:
+        return None
+    from producers.environment import load_environment
+
+    return Turns(load_environment(pcfg.environment), pcfg.max_turns)
+
+
+def _publish(result: StepResult, records, source, sink, topic: str) -> None:
+    """Send the rollouts keyed by group and dead-letter rejected prompts; wait for the broker's acks."""
+    for rollout in result.rollouts:
+        sink.send(topic, rollout, key=rollout.group_id)
+    for rejected in result.rejected:  # none after check_prompts; kept so no prompt is ever silently dropped
+        _dead_letter(source, records[rejected.index], rejected.reason)
+    sink.flush()
+
+
+def _account(stats: ProducerStats, result: StepResult, engine: GenerationEngine) -> None:
+    stats.groups += len({r.group_id for r in result.rollouts})
+    stats.batches += 1
+    stats.prompts += int(result.metrics.get("producer/prompts", 0))
+    stats.rollouts += len(result.rollouts)
+    stats.rejected_prompts += len(result.rejected)
+    stats.version = engine.version
+    log.info("producer batch %s", json.dumps({**result.metrics, "time": time.time()}, sort_keys=True))

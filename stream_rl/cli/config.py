@@ -1,0 +1,125 @@
+"""The root configuration: every role's section on top of the shared ones, and the rules across them.
+
+Consumes: :class:`stream_rl.config.shared.SharedConfig` (the core's sections) and each role's section
+(:mod:`producers.config`, :mod:`consumers.scorer.config`, :mod:`consumers.trainer.config`).
+Produces: :class:`StreamRLConfig` (what every command resolves), :func:`load_config` (defaults < file <
+environment < flags, :func:`stream_rl.config.loading.resolve_config`) and :func:`config_warnings`.
+Guarantees: an impossible combination across sections is refused at load time (so ``--dry-run`` refuses it), the
+error naming both fields and where their values came from. This module sits above the roles (the CLI layer): the
+core and the roles take a config as :class:`~stream_rl.config.shared.SharedConfig` plus their own section and
+never import it. ``python -m stream_rl.cli.config`` prints docs/configuration.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from consumers.scorer.config import ScorerConfig
+from consumers.trainer.config import PPO_RANGE_CLIP, TrainerConfig
+from producers.config import ProducerConfig
+from stream_rl.config.base import CrossFieldError, Section
+from stream_rl.config.loading import resolve_config
+from stream_rl.config.shared import SharedConfig
+
+
+class RunConfig(Section):
+    """`stream-rl run`: how many processes of each role, which prompts, and when to stop."""
+
+    producers: int = Field(1, ge=1, description="producer processes")
+    scorers: int = Field(1, ge=1, description="scorer processes (one consumer group)")
+    trainer_ranks: int = Field(1, ge=1, description="data-parallel trainer ranks (stream-rl train --nproc N): rank 0 "
+                                                   "consumes and checkpoints, every rank trains its share")
+    demo_dir: Path | None = Field(Path("runs/demo-model"), description="built-in demo: built here by `run` "
+                                  "when missing, and used for the policy, reference and prompts left at their "
+                                  "defaults (also by produce/score/train started by hand, once built); None: no demo")
+    prompts_file: Path | None = Field(None, description="JSON-lines prompts; default: the demo's prompts.jsonl")
+    epochs: int = Field(10, ge=1, description="passes over the prompt file loaded onto the prompts topic")
+    group_size: int = Field(8, ge=1, description="samples per prompt written into each Prompt record")
+    max_wall_s: float | None = Field(None, gt=0, description="stop the run after this many seconds")
+    start_broker: bool = Field(True, description="start the local broker when kafka.bootstrap_servers is unset")
+    placement: Literal["auto", "none"] = Field(
+        "auto", description="'auto': once training starts each trainer rank runs on cores of its own (with their "
+        "threads), producers on the rest (1 thread each), scorers and the local broker where the kernel finds "
+        "room, and the prompts/rollouts/scored topics get one partition per consumer unless topics.partitions is "
+        "set (stream_rl/launch/placement.py); 'none': nothing pinned, one thread per process")
+
+
+class StreamRLConfig(SharedConfig):
+    """The root configuration shared by every role; each role reads its own section.
+
+    Rules across sections are checked here, at load time (so ``--dry-run`` refuses them), each error naming both
+    fields and where their values came from; the list is in docs/configuration.md ("Refused combinations and rules across sections").
+    """
+
+    producer: ProducerConfig = Field(default_factory=ProducerConfig)
+    scorer: ScorerConfig = Field(default_factory=ScorerConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    @model_validator(mode="after")
+    def _across_sections(self) -> StreamRLConfig:
+        ahead, lag = self.producer.versions_ahead, self.trainer.max_lag
+        if self.producer.max_groups_per_version is not None and ahead > lag:  # versions_ahead acts only then
+            raise CrossFieldError(("producer.versions_ahead", "trainer.max_lag"), (
+                f"producer.versions_ahead={ahead} > trainer.max_lag={lag}: producers would generate rollouts the "
+                f"trainer must drop as stale; keep versions_ahead below max_lag (equal is allowed, see "
+                f"docs/configuration.md)"))
+        if self.kafka.batch_size is not None and self.kafka.batch_size > self.kafka.max_request_size:
+            raise CrossFieldError(("kafka.batch_size", "kafka.max_request_size"), (
+                f"kafka.batch_size={self.kafka.batch_size} > kafka.max_request_size={self.kafka.max_request_size}: "
+                f"a full batch would be refused by the broker; keep batch_size at most max_request_size"))
+        loss, budget = self.trainer.loss, self.producer.max_new_tokens
+        if self.producer.environment is not None and self.trainer.advantage in ("reinforce_pp", "gae"):
+            raise CrossFieldError(("producer.environment", "trainer.advantage"), (
+                f"producer.environment (multi-turn) with trainer.advantage={self.trainer.advantage!r}: environment "
+                f"tokens between policy turns leave holes in the loss mask, which the token-level estimators "
+                f"cannot walk; use grpo, dr_grpo or rloo"))
+        overlong = self.trainer.overlong
+        max_len = budget if overlong.max_len is None else overlong.max_len
+        if overlong.buffer is not None and overlong.buffer > max_len:
+            raise CrossFieldError(("trainer.overlong.buffer", "trainer.overlong.max_len"), (
+                f"trainer.overlong.buffer={overlong.buffer} > trainer.overlong.max_len={max_len} (None takes "
+                f"producer.max_new_tokens={budget}): the penalty's ramp must fit in the length budget"))
+        overlong.max_len = max_len
+        if loss.max_len is None:
+            loss.max_len = budget
+        elif loss.agg == "seq-mean-token-sum-norm" and loss.max_len < budget:
+            raise CrossFieldError(("trainer.loss.max_len", "producer.max_new_tokens"), (
+                f"trainer.loss.max_len={loss.max_len} < producer.max_new_tokens={budget}: Dr. GRPO's constant "
+                f"normaliser must cover the longest response the producers may generate"))
+        return self
+
+
+
+def load_config(path: Path | None = None, env: Mapping[str, str] | None = None,
+                overrides: Mapping[str, Any] | None = None) -> StreamRLConfig:
+    """Resolve the root config: defaults < file (``path``, else ``$STREAM_RL_CONFIG``) < environment (``env``,
+    default ``os.environ``) < ``overrides`` (CLI flags, dotted keys). Raises ConfigError naming every bad field."""
+    return resolve_config(path, env, overrides, model=StreamRLConfig)
+
+
+def config_warnings(cfg: StreamRLConfig) -> list[str]:
+    """Combinations that are allowed but usually a mistake, one line each (the CLI prints them to stderr)."""
+    out = []
+    loss = cfg.trainer.loss
+    if loss.kind == "gspo" and max(loss.clip_low, loss.clip_high) >= PPO_RANGE_CLIP:
+        out.append(f"trainer.loss.kind='gspo' with a PPO-range clip (clip_low={loss.clip_low}, "
+                   f"clip_high={loss.clip_high}): a sequence ratio stays within ~1e-3 of 1, so this clip never acts "
+                   f"(the GSPO paper uses 3e-4 / 4e-4, the default)")
+    ahead, lag = cfg.producer.versions_ahead, cfg.trainer.max_lag
+    if cfg.producer.max_groups_per_version is not None and 0 < ahead == lag:
+        out.append(f"producer.versions_ahead = trainer.max_lag = {lag}: rollouts generated that far ahead reach the "
+                   f"trainer up to max_lag + 1 versions old and some are dropped as stale (measured in "
+                   f"docs/benchmarks.md); versions_ahead < max_lag avoids it")
+    return out
+
+
+
+if __name__ == "__main__":
+    from stream_rl.config.doc import config_reference
+
+    print(config_reference(StreamRLConfig), end="")

@@ -1,0 +1,302 @@
+"""CLI commands that start the pipeline roles: produce, score, train, and `prompts validate|load`, `demo init`.
+
+Each role command resolves the config, fills the model settings left at their defaults from the built demo
+(``run.demo_dir``, as `stream-rl run` does; exit 2 in one line when the demo is not built), checks that a broker
+answers (one line naming the address, exit 1, when none does), installs SIGTERM/SIGINT handlers that ask the loop
+to stop after its current batch (outputs flushed and committed), and runs the role's thin loop. Heavy imports
+happen here, after the command line is parsed.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from stream_rl.cli.common import BootstrapOpt, ConfigOpt, DryRunOpt, RunOpt, SetOpt, fail, require_broker, resolve
+
+InstanceOpt = Annotated[int | None, typer.Option("--instance", help="index of this process within its role "
+                                                 "(used in its id)")]
+prompts_app = typer.Typer(help="Prompt data: check a JSON-lines or Parquet file, load it onto the prompts topic.",
+                          no_args_is_help=True)
+demo_app = typer.Typer(help="The built-in demo (tiny model, 2-digit addition, verifier).", no_args_is_help=True)
+
+
+def setup_logging() -> None:
+    """One log line per event on stderr (the run directory's ROLE-N.log under `stream-rl run`)."""
+    from stream_rl.cli.errors import debug_enabled
+    from stream_rl.runtime.logs import setup_role_logging
+
+    setup_role_logging(debug=debug_enabled())  # library noise stays out of role logs unless --debug
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT, so a role finishes its batch and exits cleanly."""
+    stop = threading.Event()
+
+    def _handler(signum, frame):
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _handler)
+    signal.signal(signal.SIGINT, _handler)
+    return stop
+
+
+def run_role(fn, cfg, *args, **kwargs) -> None:
+    """Run a role loop; an alert with action ``stop`` ends the process with exit code 3 (after its checkpoint).
+    The failures an operator acts on (the broker lost, a group that never settles, a missing topic, offsets the
+    broker no longer has, an unacknowledged send) end it with one line naming the broker, exit code 1."""
+    from consumers.trainer.positions import OffsetLossError
+    from stream_rl.alerts.monitor import AlertStop
+    from stream_rl.transport.edge import BrokerUnreachable, DeliveryError
+    from stream_rl.transport.membership import NoAssignment
+    from stream_rl.transport.topics import TopicError
+
+    try:
+        fn(cfg, *args, **kwargs)
+    except AlertStop as exc:
+        typer.echo(f"stopped by alert: {exc}", err=True)
+        raise typer.Exit(exc.exit_code) from None
+    except (BrokerUnreachable, NoAssignment, TopicError, OffsetLossError, DeliveryError) as exc:
+        logging.getLogger("stream_rl.cli").error("%s: %s", type(exc).__name__, exc)
+        fail(f"{type(exc).__name__} (broker {cfg.kafka.bootstrap_servers or 'the local broker'}): {exc}")
+
+
+def _role_flags(bootstrap: str | None, run: str | None) -> dict:
+    return {"kafka.bootstrap_servers": bootstrap, "topics.run": run}
+
+
+DEMO_NEEDS = {"produce": ("producer", "model_dir", True), "train": ("trainer", "model_dir", True),
+              "score": ("scorer", "reference_model_dir", False)}
+"""The setting each role takes from the demo when it is left at its default, and whether the role needs it set
+when there is no demo (``run.demo_dir`` null): a scorer may run without a reference model."""
+
+
+def role_config(config, sets, flags: dict, dry_run: bool, role: str):
+    """The role's resolved config, its model settings at their defaults taken from the built demo (as `run` does;
+    ``--dry-run`` shows them even before the demo is built); then the broker must answer."""
+    from stream_rl.cli.run_cmd import apply_demo
+    from stream_rl.config.loading import dump_config
+
+    cfg = resolve(config, sets, flags)
+    demo = cfg.run.demo_dir
+    section, name, needed = DEMO_NEEDS[role]
+    if demo is not None and ((demo / "policy").is_dir() or dry_run):
+        apply_demo(cfg, demo)
+    elif name not in getattr(cfg, section).model_fields_set and (demo is not None or needed):
+        where = f"the demo is not built in {demo}" if demo is not None else "run.demo_dir is null"
+        build = f"build it with `stream-rl demo init {demo}` (or `make run`), or " if demo is not None else ""
+        fail(f"{section}.{name} is not set and {where}: {build}set {section}.{name}"
+             + ("" if needed else " (null: none)"), 2)
+    if dry_run:
+        typer.echo(dump_config(cfg))
+        raise typer.Exit(0)
+    require_broker(cfg)
+    return cfg
+
+
+def produce(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt = None, run: RunOpt = None,
+            instance: InstanceOpt = None,
+            max_batches: Annotated[int | None, typer.Option(help="stop after this many batches")] = None,
+            dry_run: DryRunOpt = False) -> None:
+    """Sample groups of rollouts for prompts with the current policy and publish them."""
+    flags = _role_flags(bootstrap, run)
+    if instance is not None:
+        flags["producer.producer_id"] = f"producer-{instance}"
+    cfg = role_config(config, set_, flags, dry_run, "produce")
+    setup_logging()
+    from producers.generator import run_producer
+
+    run_role(run_producer, cfg, stop_event=stop_on_signals(), max_batches=max_batches)
+
+
+def score(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt = None, run: RunOpt = None,
+          instance: InstanceOpt = None,
+          max_batches: Annotated[int | None, typer.Option(help="stop after this many batches")] = None,
+          dry_run: DryRunOpt = False) -> None:
+    """Attach rewards and reference logprobs to rollouts and publish scored rollouts."""
+    flags = _role_flags(bootstrap, run)
+    if instance is not None:
+        flags["scorer.scorer_id"] = f"scorer-{instance}"
+    cfg = role_config(config, set_, flags, dry_run, "score")
+    setup_logging()
+    from consumers.scorer.scorer import run_scorer
+
+    run_role(run_scorer, cfg, stop_event=stop_on_signals(), max_batches=max_batches)
+
+
+NprocOpt = Annotated[int, typer.Option(min=1, help="data-parallel trainer ranks on this machine (torchrun's "
+                                       "--nproc-per-node); gloo on CPU, NCCL on CUDA")]
+NnodesOpt = Annotated[int, typer.Option(min=1, help="machines in the job; each runs this same command")]
+RdzvOpt = Annotated[str | None, typer.Option(help="HOST:PORT of the rendezvous (one of the machines), the same on "
+                                             "every machine; needed with --nnodes > 1")]
+
+
+def train(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt = None, run: RunOpt = None,
+          instance: InstanceOpt = None,
+          resume: Annotated[bool, typer.Option(help="continue from the newest complete checkpoint")] = False,
+          max_steps: Annotated[int | None, typer.Option(help="trainer.max_steps")] = None,
+          nproc: NprocOpt = 1, nnodes: NnodesOpt = 1, rdzv_endpoint: RdzvOpt = None,
+          dry_run: DryRunOpt = False) -> None:
+    """Train on scored rollouts, broadcast weights, checkpoint (on one rank, or N per machine with --nproc)."""
+    flags = {**_role_flags(bootstrap, run), "trainer.max_steps": max_steps}
+    if nnodes > 1 and not rdzv_endpoint:
+        fail("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every machine)", 2)
+    cfg = role_config(config, set_, flags, dry_run, "train")
+    setup_logging()
+    if nproc > 1 or nnodes > 1:
+        _launch_ranks(cfg, resume, nproc, nnodes, rdzv_endpoint, instance)
+        return
+    from consumers.trainer.launch import exit_rank_cleanly, record_errors, running_as_rank
+    from consumers.trainer.trainer import run_trainer
+
+    run_role(record_errors(run_trainer), cfg, stop_event=stop_on_signals(), resume=resume)
+    if running_as_rank():
+        exit_rank_cleanly()
+
+
+def _launch_ranks(cfg, resume: bool, nproc: int, nnodes: int, rdzv_endpoint: str | None,
+                  instance: int | None) -> None:
+    """Every rank reads one resolved config file (``run_dir/trainer-ranks.yaml``); the first failure is one line."""
+    from consumers.trainer.launch import RankDied, launch_ranks
+    from stream_rl.launch.orchestrator import write_run_config
+
+    config_file = write_run_config(cfg, Path(cfg.run_dir), filename="trainer-ranks.yaml")
+    args = ["train", "--config", str(config_file), *(["--resume"] if resume else []),
+            *(["--instance", str(instance)] if instance is not None else [])]
+    try:
+        launch_ranks(args, nproc=nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, run_id=cfg.topics.run)
+    except RankDied as exc:
+        fail(f"{exc}; continue with: stream-rl train --resume --nproc {nproc}"
+             + (f" --nnodes {nnodes} --rdzv-endpoint {rdzv_endpoint}" if nnodes > 1 else "")
+             + " (logs above name the cause)")
+
+
+class Dedup(str, Enum):
+    exact = "exact"
+    normalized = "normalized"
+    none = "none"
+
+
+PromptFileArg = Annotated[Path, typer.Argument(help="JSON lines (.jsonl/.json) or Parquet (.parquet) with text, "
+                                               "prompt_id?, answer?, metadata? (docs/prompts.md)")]
+DedupOpt = Annotated[Dedup, typer.Option(help="drop later rows with the same prompt_id or text (exact), also the "
+                                         "same NFKC/casefold/whitespace-normalized text (normalized), or none")]
+MinCharsOpt = Annotated[int, typer.Option(min=0, help="drop texts shorter than this (code points)")]
+MaxCharsOpt = Annotated[int | None, typer.Option(min=1, help="drop texts longer than this (code points)")]
+MaxTokensOpt = Annotated[int | None, typer.Option(min=1, help="drop texts with more tokens (needs --tokenizer)")]
+TokenizerOpt = Annotated[Path | None, typer.Option(help="tokenizer directory used to count tokens")]
+StrictOpt = Annotated[bool, typer.Option(help="unknown fields are errors, not warnings")]
+
+
+def _check_prompts(file: Path, dedup: Dedup, min_chars: int, max_chars: int | None, max_tokens: int | None,
+                   tokenizer: Path | None, strict: bool):
+    """The report on ``file`` with these options; exit 2 for bad options or a missing or unknown file."""
+    from stream_rl.prompts import CheckOptions, PromptFileError, check_prompt_file, token_counter
+
+    counter = None
+    if tokenizer is not None:
+        from stream_rl.models.loading import ModelLoadError
+
+        try:
+            counter = token_counter(tokenizer)
+        except ModelLoadError as exc:
+            fail(f"prompts: {exc}", 2)
+    try:
+        options = CheckOptions(dedup=dedup.value, min_chars=min_chars, max_chars=max_chars, max_tokens=max_tokens,
+                               count_tokens=counter, strict=strict)
+        return check_prompt_file(file, options)
+    except (PromptFileError, ValueError) as exc:  # bad options, a missing file or an unknown format
+        fail(f"prompts: {exc}", 2)
+
+
+@prompts_app.command("validate")
+def prompts_validate(file: PromptFileArg, dedup: DedupOpt = Dedup.exact, min_chars: MinCharsOpt = 1,
+                     max_chars: MaxCharsOpt = None, max_tokens: MaxTokensOpt = None, tokenizer: TokenizerOpt = None,
+                     strict: StrictOpt = False,
+                     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+                     show: Annotated[int, typer.Option(min=1, help="entries listed per section (text)")] = 20,
+                     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the options the file would be "
+                                                           "checked with and exit")] = False) -> None:
+    """Check a prompt file as `prompts load` would: stats, dropped rows, errors by line. Exit 0 valid, 2 not."""
+    import json
+
+    if dry_run:
+        typer.echo(json.dumps({"file": str(file), "dedup": dedup.value, "min_chars": min_chars, "max_chars": max_chars,
+                               "max_tokens": max_tokens, "tokenizer": str(tokenizer) if tokenizer else None,
+                               "strict": strict}, indent=2))
+        raise typer.Exit(0)
+    from stream_rl.prompts import render_report
+
+    report = _check_prompts(file, dedup, min_chars, max_chars, max_tokens, tokenizer, strict)
+    typer.echo(json.dumps(report.to_dict(), indent=2) if json_out else render_report(report, show))
+    raise typer.Exit(0 if report.valid else 2)
+
+
+@prompts_app.command("load")
+def prompts_load(file: PromptFileArg,
+                 epochs: Annotated[int, typer.Option(help="passes over the file")] = 1,
+                 group_size: Annotated[int, typer.Option(help="samples per prompt")] = 8,
+                 seed: Annotated[int, typer.Option(help="shuffle seed (epoch e uses seed + e)")] = 0,
+                 shuffle: Annotated[bool, typer.Option(help="shuffle each epoch (else file order)")] = True,
+                 dedup: DedupOpt = Dedup.exact, min_chars: MinCharsOpt = 1, max_chars: MaxCharsOpt = None,
+                 max_tokens: MaxTokensOpt = None, tokenizer: TokenizerOpt = None, strict: StrictOpt = False,
+                 config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt = None,
+                 run: RunOpt = None, dry_run: DryRunOpt = False) -> None:
+    """Check the whole file, filter and dedup, then publish one record per (prompt, epoch).
+
+    Nothing is published when the file has an error: exit 2 naming the first errors with their line numbers.
+    """
+    from stream_rl.prompts import PromptFileError, prompt_messages, publish_prompts
+    from stream_rl.transport.client import Transport
+
+    cfg = resolve(config, set_, _role_flags(bootstrap, run), dry_run)
+    report = _check_prompts(file, dedup, min_chars, max_chars, max_tokens, tokenizer, strict)
+    if not report.valid:
+        fail(f"prompts load: {file} is invalid, nothing published:\n{report.error_summary()}", 2)
+    try:
+        messages = prompt_messages(report.rows, epochs, group_size, seed, shuffle)
+    except PromptFileError as exc:
+        fail(f"prompts load: {exc}, nothing published", 2)
+    st = report.stats
+    dropped = ", ".join(f"{reason} {n}" for reason, n in sorted(st.dropped.items())) or "none"
+    typer.echo(f"{file}: {st.rows} {report.unit}s, {st.valid} valid, {st.kept} kept (dropped: {dropped}); "
+               f"{len(report.warnings)} warnings")
+    require_broker(cfg)
+    transport = Transport(cfg, "prompts")
+    transport.ensure_topics()
+    sent = publish_prompts(transport, messages)
+    typer.echo(f"published {sent} prompts ({st.kept} x {epochs} epochs, group size {group_size}) to "
+               f"{transport.names.prompts}")
+
+
+@demo_app.command("init")
+def demo_init(directory: Annotated[Path, typer.Argument(help="where to build the demo")],
+              seed: Annotated[int, typer.Option()] = 0,
+              reward_model: Annotated[bool, typer.Option(help="also build the tiny reward model")] = True,
+              overwrite: Annotated[bool, typer.Option("--overwrite", help="rebuild an existing directory")] = False,
+              dry_run: Annotated[bool, typer.Option("--dry-run", help="print what would be built and exit "
+                                                    "(exit 2 if the directory exists without --overwrite)")] = False
+              ) -> None:
+    """Build the demo: char tokenizer, tiny Llama after a short supervised warm-start, prompts, verifier."""
+    import json
+
+    exists = f"demo init: {directory} already exists: pass --overwrite to rebuild it, or choose another directory"
+    if directory.exists() and not overwrite:  # refused before torch is imported
+        fail(exists, 2)
+    if dry_run:
+        typer.echo(json.dumps({"directory": str(directory), "seed": seed, "reward_model": reward_model,
+                               "overwrite": overwrite, "exists": directory.exists()}, indent=2))
+        raise typer.Exit(0)
+    from stream_rl.demo.init import init_demo
+
+    try:
+        info = init_demo(directory, seed=seed, reward_model=reward_model, overwrite=overwrite)
+    except FileExistsError:
+        fail(exists, 2)
+    typer.echo(json.dumps(info, indent=2, default=str))

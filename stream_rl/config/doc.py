@@ -1,0 +1,110 @@
+"""The configuration reference (docs/configuration.md) generated from the pydantic models, so it stays true.
+
+Consumes: the root config model. Produces: Markdown with one table per section (field, type, default, meaning).
+Guarantees: every field of every section appears; a test compares the committed document with this output.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel
+
+HEADER = """# Configuration
+
+Every role reads one configuration, resolved in this order (later wins):
+
+1. the defaults below;
+2. a TOML or YAML file: `--config FILE` or `STREAM_RL_CONFIG=FILE`;
+3. environment variables `STREAM_RL_<SECTION>__<FIELD>` (nested sections joined by `__`, e.g.
+   `STREAM_RL_TRAINER__KL__COEF=0.01`), values parsed as YAML scalars;
+4. `--set section.field=value` flags (repeatable) and each command's named flags (`--bootstrap`, `--run`, ...).
+
+An invalid value stops the command with exit code 2 and one line naming the field and where the value came from.
+`--dry-run` (and `stream-rl config`) prints the resolved configuration with secrets masked. Secrets
+(`kafka.sasl_password`) are read from the environment or from a file named in the config
+(`kafka.sasl_password_file`), never printed, and never written into a run directory.
+
+Shipped example: `configs/demo.toml` (the settings `make run` uses).
+
+This reference is generated from the code (`python -m stream_rl.cli.config > docs/configuration.md`);
+a test fails when it is out of date.
+
+## Refused combinations and rules across sections
+
+Checked when the configuration is loaded, so `--dry-run` refuses them with exit code 2; an error that involves two
+fields names both and where each value came from.
+
+| rule | why |
+|---|---|
+| `producer.versions_ahead <= trainer.max_lag` (when `producer.max_groups_per_version` is set: without that backpressure `versions_ahead` does nothing) | producers further ahead generate rollouts the trainer must drop as stale |
+| `trainer.loss.max_len >= producer.max_new_tokens` when `trainer.loss.agg = "seq-mean-token-sum-norm"` | Dr. GRPO's constant normaliser must cover the longest response; `max_len` unset takes `producer.max_new_tokens` |
+| `trainer.kl.kind = "k1"` with `trainer.kl.placement = "loss"` is refused | k1 has zero expected gradient as a loss term (docs/algorithms.md) |
+| `trainer.kl.adaptive = true` needs `trainer.kl.coef > 0` | the controller is multiplicative: from 0 it never moves |
+| `trainer.temperature` is refused | removed: each rollout's logits are divided by its own `Rollout.temperature` (`producer.temperature`) |
+| `scorer.half_precision` is refused | removed: `scorer.dtype` (`bfloat16` for what `half_precision = true` did) |
+| `trainer.schedule` other than `constant` needs `trainer.max_steps` | the decay ends at `max_steps` |
+| `scorer` needs `reward_fn` and/or `reward_model_dir` | a scorer without a reward source has nothing to attach |
+| `alerts.consumer_lag.action` and `alerts.trainer_stalled.action` may not be `pause` | a paused role could never clear them (docs/alerts.md) |
+| `alerts.memory_growth.min_span_s <= alerts.memory_growth.window_s` | the samples could never span enough time |
+| `trainer.lora.enabled` with `trainer.engine = "deepspeed"` is refused | the adapters are trained by the torch engine only |
+
+Allowed, but printed as a one-line `warning:` on stderr by every command:
+
+- `producer.versions_ahead = trainer.max_lag` (> 0): the producers may run a full `max_lag` versions ahead of the
+  weights they hold, so some rollouts reach the trainer `max_lag + 1` versions old and are dropped as stale (the
+  asynchronous benchmark in docs/benchmarks.md runs this way on purpose, to measure the most overlap, and reports
+  the drops); `versions_ahead < max_lag` avoids them.
+- `trainer.loss.kind = "gspo"` with `clip_low` or `clip_high` >= 0.01: a sequence ratio stays within ~1e-3 of 1, so a
+  PPO-sized clip never acts (GSPO's defaults are the paper's 3e-4 / 4e-4).
+
+Defaults that depend on another field are resolved at load time and shown resolved by `--dry-run`:
+`trainer.loss.clip_low` / `clip_high` / `agg` (by `trainer.loss.kind`), `trainer.loss.max_len`
+(`producer.max_new_tokens`), `trainer.kl.kind` (k2 in the loss, k3 in the reward) and `trainer.whiten_advantages`
+(on for `gae`).
+"""
+
+
+def _type_name(annotation: Any) -> str:
+    text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
+    text = text or str(annotation).replace("typing.", "").replace("pathlib.", "")
+    return text.replace("|", "\\|")
+
+
+def _default(field) -> str:
+    if field.default_factory is not None:
+        value = field.default_factory()
+        if isinstance(value, BaseModel):
+            return "(section)"
+    else:
+        value = field.default
+    try:
+        text = json.dumps(value, default=str)
+    except TypeError:
+        text = str(value)
+    return f"`{text}`".replace("|", "\\|")
+
+
+def _section(model: type[BaseModel], path: str, out: list[str]) -> None:
+    subsections = []
+    rows = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            subsections.append((name, ann))
+            continue
+        desc = (field.description or "").replace("|", "\\|").replace("\n", " ")
+        rows.append(f"| `{name}` | {_type_name(ann)} | {_default(field)} | {desc} |")
+    if rows:
+        doc = (model.__doc__ or "").strip().splitlines()[0] if model.__doc__ else ""
+        out += [f"## `{path or '(root)'}`", "", doc, "", "| field | type | default | meaning |",
+                "|---|---|---|---|", *rows, ""]
+    for name, sub in subsections:
+        _section(sub, f"{path}.{name}" if path else name, out)
+
+
+def config_reference(model: type[BaseModel]) -> str:
+    out: list[str] = [HEADER]
+    _section(model, "", out)
+    return "\n".join(out).rstrip() + "\n"

@@ -1,0 +1,145 @@
+"""`stream-rl trace show`: percentiles and the rollout filter on hand-made spans, the missing-file error, and the
+tree shape of spans written by the real transport edge and scorer loop on the real broker (producer send ->
+scorer process -> scored send; a train-step span linking to the scored records)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+
+import pytest
+from support import messages as samples
+from typer.testing import CliRunner
+
+from stream_rl.cli.main import app
+from stream_rl.operator_tools.trace_view import load_spans, overview, percentile, rollout_view, summary
+
+
+def _span(name, span_id, parent=None, trace="t1", start=0, ms=1.0, links=(), **attrs):
+    return {"name": name, "trace_id": trace, "span_id": span_id, "parent_id": parent, "kind": "INTERNAL",
+            "start_ns": start, "end_ns": start + int(ms * 1e6), "attributes": attrs, "service": "svc",
+            "links": [{"trace_id": "tx", "span_id": s} for s in links]}
+
+
+def test_percentiles_and_summary_match_hand_computation():
+    assert percentile([40.0, 10.0, 30.0, 20.0], 50) == 25.0  # halfway between 20 and 30
+    assert percentile([40.0, 10.0, 30.0, 20.0], 95) == pytest.approx(38.5)  # rank 2.85: 30 + 0.85 * 10
+    assert percentile([7.0], 95) == 7.0
+    spans = [_span("a", "1", ms=2.0), _span("a", "2", ms=4.0), _span("b", "3", ms=1.5)]
+    assert summary(spans) == [{"name": "a", "count": 2, "p50_ms": 3.0, "p95_ms": pytest.approx(3.9)},
+                              {"name": "b", "count": 1, "p50_ms": 1.5, "p95_ms": 1.5}]
+
+
+def test_rollout_view_keeps_the_lineage_and_the_linking_step():
+    spans = [_span("process generate", "g", start=1),
+             _span("send rollouts", "s1", "g", start=2, **{"stream_rl.rollout_id": "p:0:0"}),
+             _span("send rollouts", "s2", "g", start=3, **{"stream_rl.rollout_id": "p:0:1"}),
+             _span("process score", "c1", "s1", start=4),
+             _span("send scored", "d1", "c1", start=5, **{"stream_rl.rollout_id": "p:0:0", "stream_rl.reward": 1.0}),
+             _span("process score", "c2", "s2", start=6),
+             _span("process train-step", "ts", trace="t2", start=9, links=("d1", "zz"), **{"stream_rl.step": 3}),
+             _span("process train-step", "other", trace="t3", start=10, links=("zz",))]
+    lines = rollout_view(spans, "p:0:0")
+    assert lines[0] == "trace t1"
+    names = [line.lstrip("│├└─ ").split(" [")[0] for line in lines[1:]]
+    assert names == ["process generate", "send rollouts", "process score", "send scored", "linked from:",
+                     "process train-step"]
+    assert "rollout_id=p:0:0" in lines[2] and "reward=1.0" in lines[4] and "step=3" in lines[6]
+    assert lines[2].startswith("└─ ") and lines[3].startswith("   └─ ") and lines[4].startswith("      └─ ")
+    with pytest.raises(Exception, match="no span carries"):
+        rollout_view(spans, "p:0:9")
+    text = "\n".join(overview(spans, limit=5, max_children=1))
+    assert "8 spans in 3 traces" in text and "... 1 more" in text
+
+
+def test_trace_show_names_the_missing_file_and_the_setting(tmp_path):
+    result = CliRunner().invoke(app, ["trace", "show", str(tmp_path)])
+    assert result.exit_code == 1
+    assert str(tmp_path / "spans.jsonl") in result.output and "tracing.exporter=jsonl" in result.output
+
+
+@pytest.mark.broker
+def test_spans_of_the_real_edge_and_scorer_form_one_tree_per_rollout(make_config, tmp_path):
+    from consumers.scorer.scorer import ScorerDeps, run_scorer
+    from stream_rl.config.sections import TracingConfig
+    from stream_rl.transport.client import Transport
+    from stream_rl.transport.tracing import Tracing
+
+    spans_path = tmp_path / "run" / "spans.jsonl"
+    cfg = make_config(**{"scorer.reward_fn": "stream_rl.demo.task:addition_reward", "scorer.poll_timeout_s": 0.5,
+                         "tracing.exporter": "jsonl", "topics.partitions": {"rollouts": 1, "scored": 1}})
+
+    def tracing(service):
+        return Tracing.from_config(TracingConfig(exporter="jsonl", jsonl_path=spans_path), service)
+
+    producer = Transport(cfg, "producer", tracing=tracing("producer"))
+    producer.ensure_topics()
+    sink = producer.sink()
+    rollouts = [replace(samples.rollout(1, s, version=2), prompt_text="1+1=", response_text="2") for s in range(2)]
+    with producer.tracing.process_span("generate", [[]]):
+        for rollout in rollouts:
+            sink.send(producer.names.rollouts, rollout, key=rollout.group_id)
+    sink.flush()
+    sink.close()
+    scorer_tracing = tracing("scorer")
+    stats = run_scorer(cfg, max_batches=1, deps=ScorerDeps(tracing=scorer_tracing))
+    assert stats.scored == 2
+    trainer = Transport(cfg, "trainer", tracing=tracing("trainer"))
+    tsink = trainer.sink()
+    source = trainer.source([trainer.names.scored], "trace-test-trainer", "scored_rollout", tsink)
+    records, deadline = [], time.monotonic() + 30
+    while len(records) < 2 and time.monotonic() < deadline:
+        records += source.poll(0.5)
+    with source.process_span("train-step", records, {"stream_rl.step": 0}):
+        pass
+    source.close()
+    tsink.close()
+    for t in (producer.tracing, scorer_tracing, trainer.tracing):
+        t.shutdown()
+
+    spans = load_spans(tmp_path / "run")
+    assert "1+1=" not in spans_path.read_text()  # no prompt text in any span
+    rid = rollouts[0].rollout_id
+    lines = rollout_view(spans, rid)
+    names = [line.lstrip("│├└─ ").split(" [")[0] for line in lines]
+    rollouts_topic, scored_topic = producer.names.rollouts, producer.names.scored
+    assert names[1:7] == ["process generate", f"send {rollouts_topic}", "process score", f"send {scored_topic}",
+                          "linked from:", "process score-batch"], lines  # the scorer's batch links to the send
+    assert names[7:] == ["process train-step"], lines
+    assert "[producer]" in lines[2] and "[scorer]" in lines[3] and "[trainer]" in lines[-1]
+    assert f"rollout_id={rid}" in lines[2] and "policy_version.min=2" in lines[2] and "response_tokens=5" in lines[2]
+    assert "reward=1.0" in lines[4]  # the addition verifier: "2" answers "1+1="
+    send = next(s for s in spans if s["name"] == f"send {rollouts_topic}"
+                and s["attributes"]["stream_rl.rollout_id"] == rid)
+    score = next(s for s in spans if s["parent_id"] == send["span_id"])
+    scored_send = next(s for s in spans if s["parent_id"] == score["span_id"])
+    assert (score["name"], scored_send["name"]) == ("process score", f"send {scored_topic}")
+    assert len({send["trace_id"], score["trace_id"], scored_send["trace_id"]}) == 1
+    step = next(s for s in spans if s["name"] == "process train-step")
+    assert scored_send["span_id"] in {link["span_id"] for link in step["links"]} and len(step["links"]) == 2
+    shown = CliRunner().invoke(app, ["trace", "show", str(tmp_path / "run"), "--rollout", rid])
+    assert shown.exit_code == 0 and shown.stdout.strip().splitlines() == lines
+    summary_out = CliRunner().invoke(app, ["trace", "show", str(tmp_path / "run"), "--limit", "1"])
+    assert summary_out.exit_code == 0 and "process train-step" in summary_out.stdout
+    assert {json.loads(line)["service"] for line in spans_path.read_text().splitlines()} == {
+        "producer", "scorer", "trainer"}
+
+
+def test_a_batch_span_keeps_every_link(tmp_path):
+    """A training step links to each of its rollouts: more than the SDK's default of 128 links must survive."""
+    from stream_rl.config.sections import TracingConfig
+    from stream_rl.transport.tracing import Tracing
+
+    tracing = Tracing.from_config(TracingConfig(exporter="jsonl", jsonl_path=tmp_path / "spans.jsonl"), "svc")
+    headers = []
+    for _ in range(300):
+        with tracing.send_span("t", None, []) as sent:
+            headers.append(sent)
+    with tracing.process_span("train-step", headers):
+        pass
+    tracing.shutdown()
+    spans = load_spans(tmp_path)
+    step = next(s for s in spans if s["name"] == "process train-step")
+    assert {link["span_id"] for link in step["links"]} == {s["span_id"] for s in spans if s["name"] == "send t"}
+    assert len(step["links"]) == 300

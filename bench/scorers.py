@@ -185,23 +185,20 @@ class _ScoredReader:
     """Group-less reads of the run's scored topic: the record count, then each record's scorer and stamp."""
 
     def __init__(self, cfg):
-        from stream_rl.transport.client import Transport, partitions_of
+        from stream_rl.transport.client import Transport
 
         self.transport = Transport(cfg, "bench-reader")
-        self.consumer = self.transport.reader()
-        self.tps = partitions_of(self.consumer, self.transport.names.scored)
+        self.reader = self.transport.reader()
+        self.tps = self.reader.partitions(self.transport.names.scored)
 
     def count(self) -> int:
-        from stream_rl.transport.client import highwaters
-
-        return sum(highwaters(self.consumer, self.tps).values())
+        return sum(self.reader.highwaters(self.tps).values())
 
     def _scored(self):
         from schemas import decode
-        from stream_rl.transport.client import read_range
 
         for tp in self.tps:
-            for rec in read_range(self.consumer, tp, 0, None):
+            for rec in self.reader.read_range(tp, 0, None):
                 yield decode(rec.value, "scored_rollout")
 
     def scorers(self) -> set[str]:
@@ -216,7 +213,7 @@ class _ScoredReader:
         return out
 
     def close(self) -> None:
-        self.consumer.close()
+        self.reader.close()
         self.transport.tracing.shutdown()
 
 

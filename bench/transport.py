@@ -198,11 +198,8 @@ class _Paths:
         self.consumer.close(autocommit=False)
         self.producer.close(timeout=10)
         self.sink.close()
-        admin = self.transport.admin()
-        try:  # the memory-store broker frees a deleted topic's records
+        with self.transport.admin() as admin:  # the memory-store broker frees a deleted topic's records
             admin.delete_topics([self.topic, self.raw_topic])
-        finally:
-            admin.close()
         self.transport.tracing.shutdown()
 
 

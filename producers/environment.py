@@ -13,16 +13,13 @@ reference and what is wrong, at start-up, before any prompt is read.
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from schemas import Prompt
-
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+from stream_rl.runtime import references
 
 
 class EnvironmentLoadError(ValueError):
@@ -94,21 +91,5 @@ def load_environment(reference: str) -> Callable[[], Environment]:
 
 
 def _resolve(reference: str) -> Any:
-    if not isinstance(reference, str) or reference.count(":") != 1:
-        raise EnvironmentLoadError(f"producer.environment {reference!r} must look like 'package.module:Name' "
-                                   f"(exactly one ':')")
-    module_name, attr = (part.strip() for part in reference.split(":"))
-    if not (_NAME.match(module_name) and _NAME.match(attr)):
-        raise EnvironmentLoadError(f"producer.environment {reference!r}: {module_name!r} and {attr!r} must be "
-                                   f"dotted Python names")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except Exception as exc:  # not found, or the module's own code raised while importing
-        raise EnvironmentLoadError(f"producer.environment {reference!r}: importing {module_name!r} failed: "
-                                   f"{exc!r}") from exc
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise EnvironmentLoadError(f"producer.environment {reference!r}: {module_name!r} has no attribute "
-                                       f"{attr!r}")
-        obj = getattr(obj, part)
-    return obj
+    return references.resolve_reference(reference, what="producer.environment", error=EnvironmentLoadError,
+                                        attr_label="Name")

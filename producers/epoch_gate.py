@@ -177,17 +177,17 @@ class EpochGate:
 
 def first_load_epoch(reader, decode: Callable[[bytes], object], scan_limit: int = 256
                      ) -> Callable[[object, int], int | None]:
-    """``next_first_load`` for :class:`EpochGate`, reading with a group-less ``reader`` consumer: the epoch of the
-    first decodable record with ``attempt == 0`` at or after ``offset``; None when the partition ends first. When
-    ``scan_limit`` records were all re-queues, the lowest epoch among them (pending: the gate waits for them to be
-    taken, which they always are, rather than look further)."""
-    from stream_rl.transport.client import read_range
+    """``next_first_load`` for :class:`EpochGate`, reading with a group-less ``reader`` (a
+    :class:`~stream_rl.transport.reader.Reader`): the epoch of the first decodable record with ``attempt == 0`` at
+    or after ``offset``; None when the partition ends first. When ``scan_limit`` records were all re-queues, the
+    lowest epoch among them (pending: the gate waits for them to be taken, which they always are, rather than look
+    further)."""
 
     def next_first_load(tp, offset: int) -> int | None:
         lowest, seen = None, 0
-        for rec in read_range(reader, tp, offset, scan_limit):
+        for rec in reader.read_range(tp, offset, scan_limit):
             seen += 1
-            value = getattr(rec, "value", None)
+            value = rec.value
             if value is None:
                 continue  # unreadable or null: whoever consumes it dead-letters it
             try:

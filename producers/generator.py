@@ -1,4 +1,4 @@
-"""``stream-rl produce``: the thin Kafka loop around the producer step.
+"""``stream-rl produce``: the generator role, a thin Kafka loop around the generation step (:mod:`producers.generate`).
 
 Consumes: ``Prompt`` records from the run's prompts topic, in the consumer group ``{prefix}.{run}.producers``
 (so producer processes share the prompts), and weights manifests/payloads through
@@ -342,11 +342,10 @@ def _epoch_gate(transport, source, pcfg: ProducerConfig):
     """The epoch gate on the prompts topic, reading ahead with a group-less reader of its own."""
     from producers.epoch_gate import EpochGate, first_load_epoch
     from schemas import decode
-    from stream_rl.transport.client import partitions_of
 
     reader = transport.reader()
     topic = transport.names.prompts
-    gate = EpochGate(source, lambda: partitions_of(reader, topic),
+    gate = EpochGate(source, lambda: reader.partitions(topic),
                      first_load_epoch(reader, lambda raw: decode(raw, "prompt")), check_every_s=pcfg.epoch_check_s)
     gate.reader = reader
     source.holds = gate.held

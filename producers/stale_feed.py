@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 
 from schemas import SchemaError, decode
-from stream_rl.transport.client import highwaters, partitions_of
 
 log = logging.getLogger(__name__)
 
@@ -30,26 +29,22 @@ class StaleFeed:
         self.invalid = 0
         self._reader = transport.reader()
         try:
-            parts = partitions_of(self._reader, self.topic, timeout_s=START_TIMEOUT_S)
+            parts = self._reader.partitions(self.topic, timeout_s=START_TIMEOUT_S)
         except KeyError:
             self._reader.close()
             raise RuntimeError(f"stale topic {self.topic} does not exist (the producer's backpressure reads it); "
                                f"create the run's topics with `stream-rl topics create`") from None
-        marks = highwaters(self._reader, parts, timeout_s=START_TIMEOUT_S)
-        self._reader.assign(parts)
-        for tp in parts:
-            self._reader.seek(tp, marks[tp])
+        self._reader.follow(self._reader.highwaters(parts, timeout_s=START_TIMEOUT_S))
 
     def poll(self, timeout_s: float = 0.0) -> list[str]:
         """Group ids of the stale records that arrived since the last call (in partition order)."""
         out: list[str] = []
-        for records in self._reader.poll(timeout_ms=int(timeout_s * 1000)).values():
-            for rec in records:
-                try:
-                    out.append(decode(rec.value, "stale_rollout").group_id)
-                except SchemaError as exc:
-                    self.invalid += 1
-                    log.warning("skipping invalid record %s[%d]@%d: %s", rec.topic, rec.partition, rec.offset, exc)
+        for rec in self._reader.poll(timeout_s):
+            try:
+                out.append(decode(rec.value, "stale_rollout").group_id)
+            except SchemaError as exc:
+                self.invalid += 1
+                log.warning("skipping invalid record %s[%d]@%d: %s", rec.topic, rec.partition, rec.offset, exc)
         return out
 
     def close(self) -> None:

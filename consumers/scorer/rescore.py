@@ -259,16 +259,13 @@ def check_and_measure(transport: Transport, plan: RescorePlan) -> dict[int, tupl
 
 def create_target(transport: Transport, plan: RescorePlan) -> None:
     """Every topic of the new run (``--to-run``), else the scored topic and its DLQ (idempotent)."""
-    admin = transport.admin()
-    try:
+    with transport.admin() as admin:
         if plan.target_run is not None:
             ensure_topics(admin, transport.cfg.topics)
         else:
             parts = transport.cfg.topics.partitions
             ensure_topics(admin, transport.cfg.topics, logical=(),
                           extra={plan.scored_topic: parts.get("scored", 1), plan.dlq_topic: parts.get("dlq", 1)})
-    finally:
-        admin.close()
 
 
 def run_rescore(cfg: SharedConfig, plan: RescorePlan, stop_event: threading.Event | None = None, *,

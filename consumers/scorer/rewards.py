@@ -25,19 +25,19 @@ Guarantees:
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import numbers
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from stream_rl.runtime import references
+
 RewardFn = Callable[[str, str, "str | None", dict], Any]
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+WHAT = "reward function reference"
 _DICT_KEYS = frozenset({"reward", "token_rewards"})
 
 
@@ -59,27 +59,13 @@ class RewardOutput:
 
 def parse_reference(reference: str) -> tuple[str, str]:
     """``"pkg.mod:fn"`` -> ``("pkg.mod", "fn")``; raises RewardFnError on a malformed reference."""
-    if not isinstance(reference, str) or reference.count(":") != 1:
-        raise RewardFnError(f"reward function reference {reference!r} must look like 'package.module:function' "
-                            "(exactly one ':')")
-    module, attr = (part.strip() for part in reference.split(":"))
-    for label, part in (("module", module), ("function", attr)):
-        if not _IDENT.match(part):
-            raise RewardFnError(f"reward function reference {reference!r}: {label} part {part!r} is not a dotted "
-                                "Python name")
-    return module, attr
+    return references.parse_reference(reference, what=WHAT, error=RewardFnError, attr_label="function")
 
 
 def load_reward_fn(reference: str) -> RewardFn:
     """Import and return the function named by ``reference``, after checking it can take the 4 arguments."""
-    module_name, attr_path = parse_reference(reference)
-    module = _import(reference, module_name)
-    obj: Any = module
-    for part in attr_path.split("."):
-        if not hasattr(obj, part):
-            raise RewardFnError(f"reward function reference {reference!r}: module {module_name!r} has no "
-                                f"attribute {attr_path!r} ({part!r} not found)")
-        obj = getattr(obj, part)
+    obj = references.resolve_reference(reference, what=WHAT, error=RewardFnError, attr_label="function")
+    attr_path = reference.split(":", 1)[1].strip()
     if not callable(obj):
         raise RewardFnError(f"reward function reference {reference!r}: {attr_path!r} is a "
                             f"{type(obj).__name__}, not callable")
@@ -93,20 +79,6 @@ def load_reward_fn(reference: str) -> RewardFn:
         raise RewardFnError(f"reward function reference {reference!r}: {attr_path}{signature} cannot be called as "
                             f"fn(prompt, response, answer, metadata): {exc}") from None
     return obj
-
-
-def _import(reference: str, module_name: str):
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and (exc.name == module_name or module_name.startswith(exc.name + ".")):
-            raise RewardFnError(f"reward function reference {reference!r}: module {module_name!r} not found "
-                                f"({exc.name!r} is not importable)") from exc
-        raise RewardFnError(f"reward function reference {reference!r}: importing module {module_name!r} "
-                            f"failed: {exc!r}") from exc
-    except Exception as exc:  # the module exists but its own code raised while importing
-        raise RewardFnError(f"reward function reference {reference!r}: importing module {module_name!r} "
-                            f"failed: {exc!r}") from exc
 
 
 def call_reward_fn(fn: RewardFn, *, prompt: str, response: str, answer: str | None,

@@ -148,11 +148,8 @@ def _ensure_run_topics(transport: Transport) -> None:
 
     Topics that exist are left alone and not re-described: partition counts are checked by whoever creates the
     run's topics (``stream-rl run`` / ``stream-rl topics create``)."""
-    admin = transport.admin()
-    try:
-        existing = set(admin.list_topics())
-    finally:
-        admin.close()
+    with transport.admin() as admin:
+        existing = admin.list_topics()
     wanted = {transport.names.rollouts, transport.names.scored, transport.names.dlq}
     if not wanted <= existing:
         transport.ensure_topics()

@@ -123,10 +123,6 @@ class LoraConfig(Section):
         description="names (last path component) of the nn.Linear modules that get an adapter, e.g. q_proj, "
                     "v_proj, up_proj")
 
-    @property
-    def scale(self) -> float:
-        return self.alpha / self.rank
-
 
 class TrainerConfig(Section):
     """The ``stream-rl train`` role: batching, staleness, advantages, KL, loss, optimiser, broadcast, checkpoints."""

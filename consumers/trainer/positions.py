@@ -25,8 +25,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from stream_rl.transport.client import highwaters
-
 log = logging.getLogger(__name__)
 
 Key = tuple[str, int]
@@ -63,7 +61,8 @@ def check_offset(key: Key, offset: int, low: int, high: int, accept_loss: bool) 
 def assign_and_position(source, reader, topic: str, checkpoint: Mapping[Key, int],
                         accept_loss: bool) -> dict[Key, int]:
     """Assign ``source`` every partition of ``topic`` and seek each to where reading continues; returns the
-    start offset of every partition. ``reader`` (group-less) measures the high-water marks."""
+    start offset of every partition. ``reader`` (a group-less :class:`~stream_rl.transport.reader.Reader`) measures
+    the high-water marks."""
     keys = scored_partitions(source, topic)
     lows = source.beginning_offsets(keys)
     stored = {key: checkpoint[key] for key in keys if key in checkpoint}
@@ -71,7 +70,7 @@ def assign_and_position(source, reader, topic: str, checkpoint: Mapping[Key, int
     for key, offset in sorted(checkpoint.items()):  # a partition that is gone: its range is empty
         if key[0] == topic and key not in present:
             check_offset(key, offset, 0, 0, accept_loss)
-    highs = highwaters(reader, list(stored)) if stored else {}
+    highs = reader.highwaters(list(stored)) if stored else {}
     start: dict[Key, int] = {}
     for key in keys:
         low = lows[key]

@@ -99,7 +99,7 @@ def topics_list(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: Bootst
                 as_json: Annotated[bool, typer.Option("--json")] = False, dry_run: DryRunOpt = False) -> None:
     """The run's topics (default: the newest run; --all: every topic) with partition and record counts
     (high-water marks from fetch responses)."""
-    from stream_rl.transport.client import Transport, highwaters, partitions_of
+    from stream_rl.transport.client import Transport
 
     cfg = resolve(config, set_, {"kafka.bootstrap_servers": bootstrap, "topics.run": run})
     if not all_runs or dry_run:
@@ -110,8 +110,8 @@ def topics_list(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: Bootst
     prefix = f"{cfg.topics.prefix}.{cfg.topics.run}."
     rows = []
     for topic in sorted(t for t in reader.topics() if all_runs or t.startswith(prefix)):
-        tps = partitions_of(reader, topic)
-        marks = highwaters(reader, tps)
+        tps = reader.partitions(topic)
+        marks = reader.highwaters(tps)
         rows.append({"topic": topic, "partitions": len(tps), "records": sum(marks.values()),
                      "highwaters": [marks[tp] for tp in tps]})
     reader.close()
@@ -132,7 +132,7 @@ def replay(topic: Annotated[str, typer.Argument(help="logical name (rollouts, sc
     """Print a topic's records of the newest run (or --run) as decoded JSON lines, sample content redacted unless
     --show-content (docs/status-and-traces.md). Never commits."""
     from stream_rl.operator_tools.replay import Redactor, record_to_json, redaction_key
-    from stream_rl.transport.client import Transport, partitions_of, read_range
+    from stream_rl.transport.client import Transport
     from stream_rl.transport.topics import resolve_topic
 
     cfg = select_run(resolve(config, set_, {"kafka.bootstrap_servers": bootstrap, "topics.run": run}), "topics",
@@ -143,15 +143,15 @@ def replay(topic: Annotated[str, typer.Argument(help="logical name (rollouts, sc
     full = resolve_topic(transport.names, topic)
     reader = transport.reader()
     try:
-        tps = partitions_of(reader, full)
+        tps = reader.partitions(full)
     except KeyError as exc:
         fail(str(exc.args[0]))
     if partition is not None:
-        if partition not in {tp.partition for tp in tps}:
+        if partition not in {p for _, p in tps}:
             fail(f"topic {full} has no partition {partition} (it has {len(tps)})")
-        tps = [tp for tp in tps if tp.partition == partition]
+        tps = [(name, p) for name, p in tps if p == partition]
     for tp in tps:
-        for rec in read_range(reader, tp, from_offset, limit):
+        for rec in reader.read_range(tp, from_offset, limit):
             typer.echo(json.dumps(record_to_json(rec, show_content, redactor)))
     reader.close()
 

@@ -293,10 +293,14 @@ def demo_init(directory: Annotated[Path, typer.Argument(help="where to build the
         typer.echo(json.dumps({"directory": str(directory), "seed": seed, "reward_model": reward_model,
                                "overwrite": overwrite, "exists": directory.exists()}, indent=2))
         raise typer.Exit(0)
+    import contextlib
+    import sys
+
     from stream_rl.demo.init import init_demo
 
-    try:
-        info = init_demo(directory, seed=seed, reward_model=reward_model, overwrite=overwrite)
+    try:  # stdout carries the JSON alone: a library that prints while the demo builds (DeepSpeed's logger, loaded
+        with contextlib.redirect_stdout(sys.stderr):  # by transformers where deepspeed is installed) goes to stderr
+            info = init_demo(directory, seed=seed, reward_model=reward_model, overwrite=overwrite)
     except FileExistsError:
         fail(exists, 2)
     typer.echo(json.dumps(info, indent=2, default=str))

@@ -1,11 +1,11 @@
 """Turning records into JSON for humans and scripts (``stream-rl replay``), with sample content redacted.
 
-Consumes: raw Kafka records (value bytes) of any project topic, and a secret key for the id hashes
-(:func:`redaction_key`).
+Consumes: raw records (:class:`~stream_rl.transport.reader.Record`, value bytes) of any project topic, and a
+secret key for the id hashes (:func:`redaction_key`).
 Produces: one JSON-able dict per record: where it came from, its key, and the decoded message in the wire layout
 of docs/wire-format.md (``schemas.to_jsonable``), or the decode error when the record is invalid, or, for a
 record in a batch the client cannot read (a codec it lacks, a corrupt batch), ``unreadable: true`` with the
-reason (the read goes on after it: see :func:`stream_rl.transport.client.read_range`).
+reason (the read goes on after it: see :meth:`stream_rl.transport.reader.Reader.read_range`).
 Guarantees: unless ``show_content`` is set, every field that carries sample content is replaced, per message kind
 (:data:`CONTENT_FIELDS`; docs/status-and-traces.md, "stream-rl replay"):
 
@@ -125,7 +125,7 @@ def scrub_quoted(text: str) -> str:
 
 
 def record_to_json(rec: Any, show_content: bool = False, redactor: Redactor | None = None) -> dict[str, Any]:
-    """A Kafka record as a JSON-able dict: origin, key, and the decoded message or the decode error (redacted
+    """A record as a JSON-able dict: origin, key, and the decoded message or the decode error (redacted
     by ``redactor`` unless ``show_content``)."""
     if isinstance(rec, SkippedRecord):
         return {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset, "unreadable": True,
@@ -134,7 +134,7 @@ def record_to_json(rec: Any, show_content: bool = False, redactor: Redactor | No
         raise ValueError("record_to_json: a Redactor is needed unless show_content is set")
     key = rec.key.decode(errors="replace") if rec.key is not None else None
     out: dict[str, Any] = {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset,
-                           "timestamp_ms": rec.timestamp, "key": key}
+                           "timestamp_ms": rec.timestamp_ms, "key": key}
     try:
         value = to_jsonable(decode(rec.value))
     except SchemaError as exc:

@@ -100,31 +100,25 @@ class StatusReader:
         self.admin.close()
 
     # -- reading --------------------------------------------------------------------------------------------
-    def partitions(self) -> dict[str, list[Any]]:
-        """{logical topic: its TopicPartitions} for the run's topics that exist."""
-        from stream_rl.transport.client import partitions_of
-
-        existing = set(self.reader.topics())
-        return {logical: partitions_of(self.reader, self.names.name(logical)) for logical in LOGICAL_TOPICS
+    def partitions(self) -> dict[str, list[tuple[str, int]]]:
+        """{logical topic: its (topic, partition) pairs} for the run's topics that exist."""
+        existing = self.reader.topics()
+        return {logical: self.reader.partitions(self.names.name(logical)) for logical in LOGICAL_TOPICS
                 if self.names.name(logical) in existing}
 
-    def highwaters(self, parts: dict[str, list[Any]]) -> dict[str, list[int]]:
+    def highwaters(self, parts: dict[str, list[tuple[str, int]]]) -> dict[str, list[int]]:
         """High-water mark of every partition, per logical topic (one fetch round for all of them)."""
-        from stream_rl.transport.client import highwaters
-
         every = [tp for tps in parts.values() for tp in tps]
-        marks = highwaters(self.reader, every) if every else {}
+        marks = self.reader.highwaters(every) if every else {}
         return {logical: [marks[tp] for tp in tps] for logical, tps in parts.items()}
 
-    def tail_messages(self, tps: list[Any], marks: list[int], count: int, kind: str) -> list[Any]:
+    def tail_messages(self, tps: list[tuple[str, int]], marks: list[int], count: int, kind: str) -> list[Any]:
         """The decodable ``kind`` messages among the last ``count`` records of each partition."""
-        from stream_rl.transport.client import read_range
-
         out = []
         for tp, mark in zip(tps, marks, strict=True):
             if mark == 0:
                 continue
-            for rec in read_range(self.reader, tp, max(mark - count, 0), count):
+            for rec in self.reader.read_range(tp, max(mark - count, 0), count):
                 try:
                     out.append(decode(rec.value, kind))
                 except SchemaError:
@@ -133,12 +127,12 @@ class StatusReader:
 
     def committed(self) -> dict[str, dict[int, int | None]]:
         """{group: {partition: committed offset}} on the topic each of the run's groups consumes."""
-        found = self.admin.list_group_offsets(list(self.groups))
+        found = self.admin.group_offsets(self.groups)
         out: dict[str, dict[int, int | None]] = {}
         for group, topic in self.groups.items():
             full = self.names.name(topic)
-            out[group] = {tp.partition: meta.offset for tp, meta in found.get(group, {}).items()
-                          if tp.topic == full and meta.offset >= 0}
+            out[group] = {partition: offset for (name, partition), offset in found.get(group, {}).items()
+                          if name == full}
         return out
 
     def snapshot(self, sample_s: float = 0.0) -> dict[str, Any]:

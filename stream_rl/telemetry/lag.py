@@ -64,19 +64,16 @@ class LagMonitor:
 
     def measure(self) -> tuple[dict[Key, int], dict[Key, int]]:
         """One measurement: (committed lag, position lag) of the watched partitions."""
-        from stream_rl.transport.client import committed_offsets, highwaters, partitions_of
-
         if self._reader is None:
             self._reader, self._admin = self.transport.reader(), self.transport.admin()
         assigned = self.assigned
-        tps = [tp for topic in self.topics for tp in partitions_of(self._reader, topic)
-               if assigned is None or (tp.topic, tp.partition) in assigned]
+        tps = [tp for topic in self.topics for tp in self._reader.partitions(topic)
+               if assigned is None or tp in assigned]
         if not tps:
             return {}, {}
-        committed = committed_offsets(self._admin, self.group)
+        committed = self._admin.committed_offsets(self.group)
         start = {**committed, **self._marks}  # fetch only what was added since the last mark
-        marks = {(tp.topic, tp.partition): int(mark) for tp, mark in highwaters(
-            self._reader, tps, start={tp: start.get((tp.topic, tp.partition)) for tp in tps}).items()}
+        marks = self._reader.highwaters(tps, start={tp: start.get(tp) for tp in tps})
         self._marks = marks
         positions = {**committed, **{k: v for k, v in dict(self.positions).items() if k in marks}}
         return compute_lag(marks, committed), compute_lag(marks, positions)

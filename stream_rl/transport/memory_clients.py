@@ -3,8 +3,8 @@ the contract).
 
 Consumes: a :class:`~stream_rl.transport.memory.Bus`.
 Produces: :class:`MemoryConsumer` (``KafkaConsumer``'s subscribe/assign, poll, seek, position, committed,
-highwater, pause/resume, commit, close) and :class:`MemoryAdmin` (list/create/describe topics and configs, a
-group's committed offsets).
+highwater, topics, pause/resume, commit, close) and :class:`MemoryAdmin` (list/create/describe topics and configs,
+a group's committed offsets).
 Guarantees: a member applies the group's newest assignment at ``poll`` (listener: revoked, then assigned); a commit
 of a partition the group no longer gives this member raises ``CommitFailedError``; ``close`` leaves the group.
 """
@@ -15,7 +15,12 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from kafka.errors import CommitFailedError, IllegalStateError, TopicAlreadyExistsError
+from kafka.errors import (
+    CommitFailedError,
+    IllegalStateError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+)
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 if TYPE_CHECKING:
@@ -112,7 +117,7 @@ class MemoryConsumer:
                 self._apply_rebalance()
                 out = self._fetch(max_records or self.max_poll_records, update_offsets)
                 left = deadline - time.monotonic()
-                if out or left <= 0 or not update_offsets:  # a high-water probe (client.highwaters) never waits
+                if out or left <= 0 or not update_offsets:  # a high-water probe (Reader.highwaters) never waits
                     return out
                 self.bus.cond.wait(left)
 
@@ -159,6 +164,10 @@ class MemoryConsumer:
 
     def beginning_offsets(self, partitions: Iterable[Any]) -> dict[TopicPartition, int]:
         return {_tp(tp): 0 for tp in partitions}  # nothing is ever deleted from a memory log
+
+    def topics(self) -> set[str]:
+        with self.bus.cond:
+            return set(self.bus.logs)
 
     def partitions_for_topic(self, topic: str) -> set[int] | None:
         with self.bus.cond:
@@ -220,11 +229,19 @@ class MemoryAdmin:
                 self.bus.logs[topic.name] = [[] for _ in range(max(1, topic.num_partitions))]
                 self.bus.configs[topic.name] = dict(topic.topic_configs or {})
 
-    def delete_topics(self, topics: Iterable[str], timeout_ms: int | None = None) -> None:
+    def delete_topics(self, topics: Iterable[str], timeout_ms: int | None = None,
+                      raise_errors: bool = True) -> dict[str, Any]:
+        """Kafka's result shape: ``{"topics": [{"name", "error_code", "error_message"}]}`` (3: no such topic)."""
+        out = []
         with self.bus.cond:
             for name in topics:
-                self.bus.logs.pop(name, None)
+                missing = self.bus.logs.pop(name, None) is None
                 self.bus.configs.pop(name, None)
+                if missing and raise_errors:
+                    raise UnknownTopicOrPartitionError(f"topic {name} does not exist")
+                out.append({"name": name, "error_code": 3 if missing else 0,
+                            "error_message": "This server does not host this topic-partition." if missing else None})
+        return {"topics": out}
 
     def describe_topics(self, topics: Iterable[str]) -> list[dict[str, Any]]:
         with self.bus.cond:

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 
 from kafka import TopicPartition
 
-from stream_rl.transport.client import Transport, committed_offsets, highwaters, partitions_of
+from stream_rl.transport.client import Transport
 from stream_rl.transport.edge import Consumed, Sink, Source
 from stream_rl.transport.settings import ClientProbe
 
@@ -42,31 +42,21 @@ class RangeStalled(RangeError):
 
 
 def topic_exists(transport: Transport, topic: str) -> bool:
-    admin = transport.admin()
-    try:
-        return topic in set(admin.list_topics())
-    finally:
-        admin.close()
+    with transport.admin() as admin:
+        return topic in admin.list_topics()
 
 
 def end_offsets(transport: Transport, topic: str) -> dict[int, int]:
     """``{partition: high-water mark}`` of an existing ``topic`` now (from fetch responses, see
-    :func:`~stream_rl.transport.client.highwaters`)."""
-    reader = transport.reader()
-    try:
-        tps = partitions_of(reader, topic)
-        return {tp.partition: mark for tp, mark in highwaters(reader, tps).items()}
-    finally:
-        reader.close()
+    :meth:`~stream_rl.transport.reader.Reader.highwaters`)."""
+    with transport.reader() as reader:
+        return {partition: mark for (_, partition), mark in reader.highwaters(reader.partitions(topic)).items()}
 
 
 def group_commits(transport: Transport, group: str, topic: str) -> dict[int, int]:
     """``{partition: offset}`` that ``group`` committed on ``topic`` (partitions without a commit left out)."""
-    admin = transport.admin()
-    try:
-        found = committed_offsets(admin, group)
-    finally:
-        admin.close()
+    with transport.admin() as admin:
+        found = admin.committed_offsets(group)
     return {partition: offset for (name, partition), offset in found.items() if name == topic}
 
 

@@ -1,6 +1,6 @@
 """Topic naming and creation.
 
-Consumes: a :class:`~stream_rl.config.TopicsConfig` and an admin client.
+Consumes: a :class:`~stream_rl.config.TopicsConfig` and an :class:`~stream_rl.transport.admin.Admin`.
 Produces: full topic names ``{prefix}.{run}.{logical}`` and the topics themselves with their partition counts and
 their ``retention.ms`` topic config (``topics.retention_ms``; the per-version weights chunk topics use the
 ``weights_chunks`` entry).
@@ -13,14 +13,18 @@ reports ``retention.ms`` but does not delete expired records (measured); Apache 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from stream_rl.config.sections import TopicsConfig
+
+if TYPE_CHECKING:
+    from stream_rl.transport.admin import Admin
 
 LOGICAL_TOPICS = ("prompts", "rollouts", "scored", "weights", "dlq", "stale", "status", "alerts")
 
 CONSUMER_GROUPS = {"producers": "prompts", "scorers": "rollouts", "trainer": "scored"}
 """The run's consumer groups ``{prefix}.{run}.<name>`` and the logical topic each consumes: the one place the
-roles (producers/generator.py, consumers/*/loop.py) and ``stream-rl status`` take them from."""
+roles (producers/generator.py, consumers/scorer/scorer.py, consumers/trainer/trainer.py) and ``stream-rl status`` take them from."""
 
 
 class TopicError(RuntimeError):
@@ -85,49 +89,30 @@ def topic_configs(cfg: TopicsConfig, full: str) -> dict[str, str]:
     return {"retention.ms": str(cfg.retention_ms[key])}
 
 
-def describe_retention(admin, topics: list[str]) -> dict[str, int | None]:
+def describe_retention(admin: Admin, topics: list[str]) -> dict[str, int | None]:
     """``retention.ms`` of each topic as the broker reports it (None when it reports none)."""
-    from kafka.admin import ConfigResource, ConfigResourceType
-
-    # config_filter="all": tansu reports topic configs set at creation with source DEFAULT_CONFIG
-    found = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t) for t in topics],
-                                   config_filter="all")
+    found = admin.topic_configs(topics)
     out = {}
     for topic in topics:
-        entry = found.get("topic", {}).get(topic, {}).get("retention.ms")
-        out[topic] = int(entry["value"]) if entry and entry.get("value") is not None else None
+        value = found.get(topic, {}).get("retention.ms")
+        out[topic] = int(value) if value is not None else None
     return out
 
 
-def ensure_topics(admin, cfg: TopicsConfig, logical: tuple[str, ...] = LOGICAL_TOPICS,
+def ensure_topics(admin: Admin, cfg: TopicsConfig, logical: tuple[str, ...] = LOGICAL_TOPICS,
                   extra: dict[str, int] | None = None) -> dict[str, int]:
     """Create the run's topics that do not exist yet; return {full name: partitions}."""
-    from kafka.admin import NewTopic
-
     names = TopicNames.from_config(cfg)
     wanted = {names.name(t): cfg.partitions.get(t, 1) for t in logical}
     wanted.update(extra or {})
-    existing = set(admin.list_topics())
-    missing = [NewTopic(name, count, cfg.replication_factor, topic_configs=topic_configs(cfg, name))
-               for name, count in wanted.items() if name not in existing]
-    if missing:
-        _create(admin, missing)
+    existing = admin.list_topics()
+    for name, count in wanted.items():  # one by one, so a concurrent creator's win is not an error
+        if name not in existing:
+            admin.create_topic(name, count, cfg.replication_factor, topic_configs(cfg, name))
     present = {name: count for name, count in wanted.items() if name in existing}
     if present:
-        for desc in admin.describe_topics(list(present)):
-            name = desc.get("name", desc.get("topic"))  # kafka-python 3 says "name"
-            got = len(desc["partitions"])
+        for name, got in admin.partition_counts(list(present)).items():
             if got != present[name]:
                 raise TopicError(f"topic {name} has {got} partitions, config wants {present[name]}: "
                                  "change topics.partitions or use a new topics.run")
     return wanted
-
-
-def _create(admin, new_topics) -> None:
-    from kafka.errors import TopicAlreadyExistsError
-
-    for topic in new_topics:  # one by one, so a concurrent creator's win is not an error
-        try:
-            admin.create_topics([topic])
-        except TopicAlreadyExistsError:
-            pass

@@ -40,7 +40,8 @@ class Unreadable:
 
 @dataclass(frozen=True)
 class SkippedRecord:
-    """Stands for one offset of an unreadable batch in a group-less read (``stream-rl replay``)."""
+    """Stands for one offset of an unreadable batch in a group-less read (``stream-rl replay``): the fields of a
+    :class:`~stream_rl.transport.reader.Record`, with no key, value or headers, plus the reason."""
 
     topic: str
     partition: int
@@ -49,8 +50,8 @@ class SkippedRecord:
     error_type: str
     key: bytes | None = None
     value: bytes | None = None
-    timestamp: int = -1
     headers: tuple = ()
+    timestamp_ms: int = -1
 
     @classmethod
     def each(cls, where: Unreadable) -> list[SkippedRecord]:

@@ -36,7 +36,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -62,13 +62,14 @@ from stream_rl.weights.payload import (
 if TYPE_CHECKING:
     import torch
 
+    from stream_rl.transport.admin import Admin
+
 log = logging.getLogger(__name__)
 
 CHUNK_ENVELOPE_BYTES = 16 * 1024
 """Room left in a record for the chunk's msgpack envelope, key, trace headers and Kafka record overhead."""
 FLUSH_EVERY_BYTES = 16 << 20
 """Inline sends wait for acks after this many bytes, so the producer's buffer never has to hold a whole model."""
-_UNKNOWN_TOPIC = 3  # Kafka error code UNKNOWN_TOPIC_OR_PARTITION: the topic is already gone
 STORE_FILE = re.compile(r"^v(\d{8})\.safetensors$")
 """A complete store-mode version file (group 1: the version); written by rename, so never partial."""
 STORE_TMP = re.compile(r"^\.v(\d{8})\.(?:safetensors|delta)\.[0-9a-f]+\.tmp$")
@@ -280,14 +281,11 @@ class WeightsPublisher:
         if keep < 1:
             raise ValueError(f"keep_last must be >= 1 (the newest version is in use), got {keep}")
         # every version below the newest snapshot at or below the oldest kept one (delta.doomed_versions)
-        admin = self._transport.admin()
-        try:
+        with self._transport.admin() as admin:
             topics, delta_topics = self._chunk_topics(admin.list_topics())
             files, delta_files = self._store_files(STORE_FILE), self._store_files(DELTA_FILE)
             doomed = doomed_versions(set(topics) | set(files), set(delta_topics) | set(delta_files), keep)
             self._delete_topics(admin, [t[v] for t in (topics, delta_topics) for v in doomed if v in t])
-        finally:
-            admin.close()
         for version in doomed:
             for found in (files, delta_files):
                 if version in found:
@@ -297,7 +295,7 @@ class WeightsPublisher:
             log.info("weights garbage collection removed versions %s", doomed)
         return doomed
 
-    def _chunk_topics(self, topic_names: list[str]) -> tuple[dict[int, str], dict[int, str]]:
+    def _chunk_topics(self, topic_names: Iterable[str]) -> tuple[dict[int, str], dict[int, str]]:
         """The chunk topics on the broker by version: (full payloads, deltas)."""
         head = self._transport.names.weights + ".v"
         full, deltas = {}, {}
@@ -321,15 +319,16 @@ class WeightsPublisher:
                 found[int(match.group(1))] = path
         return found
 
-    def _delete_topics(self, admin, names: list[str]) -> None:
-        if not names:
-            return
-        result = admin.delete_topics(names, raise_errors=False)
-        for item in result.get("topics", []):
-            code = item.get("error_code", 0)
-            if code not in (0, _UNKNOWN_TOPIC):
-                raise RuntimeError(f"deleting weights topic {item.get('name')} failed: error {code} "
-                                   f"{item.get('error_message')}")
+    @staticmethod
+    def _delete_topics(admin: Admin, names: list[str]) -> None:
+        """Delete chunk topics; one already gone is tolerated."""
+        from stream_rl.transport.admin import TopicDeletionError
+
+        try:
+            admin.delete_topics(names, missing_ok=True)
+        except TopicDeletionError as exc:
+            raise RuntimeError(f"deleting weights topic {exc.topic} failed: error {exc.code} "
+                               f"{exc.error_message}") from exc
 
     def _remove_abandoned_tmp(self, newest: int) -> None:
         """Temporary files of versions up to the newest one are left over from crashed writes."""

@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from schemas import SchemaError, WeightsChunk, WeightsManifest, decode
-from stream_rl.transport.client import highwaters, partitions_of
 from stream_rl.weights.config import WeightsConfig
 from stream_rl.weights.delta import apply_delta
 from stream_rl.weights.payload import (
@@ -78,7 +77,7 @@ class WeightsReceiver:
         self.cfg = weights_cfg
         self._topic = transport.names.weights
         self._reader = transport.reader()
-        self._parts: list[Any] = []
+        self._parts: list[tuple[str, int]] = []
         self._latest: WeightsManifest | None = None
         self._recent: dict[int, WeightsManifest] = {}  # version -> its last manifest (bounded, see _take)
         self._held: _Held | None = None  # kept once deltas are in use (snapshot_every > 1, or a delta seen)
@@ -113,17 +112,15 @@ class WeightsReceiver:
         if not self._parts and not self._assign():
             time.sleep(min(remaining, _POLL_S))  # the weights topic does not exist yet
             return
-        batches = self._reader.poll(timeout_ms=int(min(remaining, _POLL_S) * 1000))
-        for records in batches.values():
-            for rec in records:
-                self._take(rec)
+        for rec in self._reader.poll(min(remaining, _POLL_S)):
+            self._take(rec)
 
     def _assign(self) -> bool:
-        if not self._reader.partitions_for_topic(self._topic):
+        try:
+            self._parts = self._reader.partitions(self._topic, timeout_s=0)
+        except KeyError:
             return False
-        self._parts = partitions_of(self._reader, self._topic)
-        self._reader.assign(self._parts)
-        self._reader.seek_to_beginning(*self._parts)
+        self._reader.follow({tp: None for tp in self._parts})  # from the first record
         return True
 
     def _satisfied(self, newer_than: int | None) -> bool:
@@ -131,8 +128,8 @@ class WeightsReceiver:
             return self._latest is not None and self._latest.version > newer_than
         if not self._parts:
             return False
-        marks = [self._reader.highwater(tp) for tp in self._parts]
-        return all(mark is not None and self._reader.position(tp) >= mark for tp, mark in zip(self._parts, marks))
+        marks = [self._reader.highwater(*tp) for tp in self._parts]
+        return all(mark is not None and self._reader.position(*tp) >= mark for tp, mark in zip(self._parts, marks))
 
     def _take(self, rec: Any) -> None:
         try:
@@ -233,7 +230,7 @@ class WeightsReceiver:
         reader = self._transport.reader(bulk=True)  # many chunks per fetch response, not one
         try:
             try:
-                parts = partitions_of(reader, manifest.chunks_topic, timeout_s=min(TOPIC_WAIT_S, _left(deadline)))
+                parts = reader.partitions(manifest.chunks_topic, timeout_s=min(TOPIC_WAIT_S, _left(deadline)))
             except KeyError:
                 raise WeightsError(manifest.version, f"chunk topic {manifest.chunks_topic} does not exist "
                                                      f"(garbage-collected, or never created)") from None
@@ -244,21 +241,21 @@ class WeightsReceiver:
             reader.close()
         return chunks
 
-    def _read_chunks(self, reader, tp, manifest: WeightsManifest, deadline: float) -> list[WeightsChunk]:
+    def _read_chunks(self, reader, tp: tuple[str, int], manifest: WeightsManifest,
+                     deadline: float) -> list[WeightsChunk]:
         """Chunk records of one partition from offset 0 up to the high-water mark known when the read began."""
-        version = manifest.version
+        version, (topic, partition) = manifest.version, tp
         try:
-            end = highwaters(reader, [tp], timeout_s=_left(deadline))[tp]
+            end = reader.highwaters([tp], timeout_s=_left(deadline))[tp]
         except TimeoutError as exc:
-            raise WeightsError(version, f"no fetch response from {tp.topic}: {exc}") from None
-        reader.assign([tp])
-        reader.seek(tp, 0)
+            raise WeightsError(version, f"no fetch response from {topic}: {exc}") from None
+        reader.follow({tp: 0})
         chunks: list[WeightsChunk] = []
-        while reader.position(tp) < end:
+        while reader.position(topic, partition) < end:
             if time.monotonic() >= deadline:
-                raise WeightsError(version, f"gave up after {self.cfg.fetch_timeout_s}s reading {tp.topic}"
-                                            f"[{tp.partition}] at offset {reader.position(tp)} of {end}")
-            for rec in reader.poll(timeout_ms=int(_POLL_S * 1000)).get(tp, []):
+                raise WeightsError(version, f"gave up after {self.cfg.fetch_timeout_s}s reading {topic}"
+                                            f"[{partition}] at offset {reader.position(topic, partition)} of {end}")
+            for rec in reader.poll(_POLL_S):
                 if rec.offset < end:
                     chunks.append(_decode_chunk(version, rec))
         return chunks

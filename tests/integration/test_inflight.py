@@ -9,17 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from support.producers import (  # noqa: F401
+from support.producers import (
     PROMPTS,
     TEMPERATURE,
     FakeEngine,
-    SwapErrors,
-    _full_forward,
-    _logp,
-    _prompt,
-    _what_the_engine_conditions_on,
     build_tiny_model_dir,
     perturbed_state_dict,
+    prompt_record,
     reference_model,
     swap_errors,
 )
@@ -157,7 +153,7 @@ class _SwappingEngine(FakeEngine):
 
 
 def test_step_writes_each_tokens_version_and_reports_the_version_it_ends_with(tokenizer):
-    prompts = [_prompt(0, group_size=2), _prompt(1, group_size=2), _prompt(2, group_size=3)]  # two generate calls
+    prompts = [prompt_record(0, group_size=2), prompt_record(1, group_size=2), prompt_record(2, group_size=3)]  # two generate calls
     result = produce_rollouts(prompts, _SwappingEngine(tokenizer, version=3), producer_id="p", temperature=1.0,
                               max_new_tokens=4, seed=0)
     versions = [r.token_policy_versions.tolist() for r in result.rollouts]
@@ -207,7 +203,7 @@ def test_the_loop_loads_a_version_published_during_a_generation_between_decode_s
     """v1 is published once the producer's first generation has begun (nothing else can load it before the batch
     ends): the hook picks it up at a multiple of inflight_check_every, every rollout of the batch switches from v0
     to v1 at that same token, the books count one in-flight update, and the hook is cleared when the loop ends."""
-    from support.producers import _collect, _send_prompts, _start, _stop
+    from support.producers import collect, send_prompts, start_generator, stop_generator
 
     from stream_rl.transport.client import Transport
     from stream_rl.weights import WeightsConfig
@@ -232,12 +228,12 @@ def test_the_loop_loads_a_version_published_during_a_generation_between_decode_s
     engine, every = PublishingEngine.from_dir(model_dir), 2
     pcfg = ProducerConfig(prompts_per_batch=2, max_new_tokens=24, poll_timeout_s=0.3, weights_startup_wait_s=0.2,
                           inflight_updates=True, inflight_check_every=every)
-    thread, stop, stats, out = _start(cfg, pcfg, engine, weights_cfg=wcfg)
+    thread, stop, stats, out = start_generator(cfg, pcfg, engine, weights_cfg=wcfg)
     try:
-        _send_prompts(transport, [_prompt(1, group_size=4), _prompt(2, group_size=4)])
-        rollouts = [c.value for c in _collect(transport, transport.names.rollouts, 8)]
+        send_prompts(transport, [prompt_record(1, group_size=4), prompt_record(2, group_size=4)])
+        rollouts = [c.value for c in collect(transport, transport.names.rollouts, 8)]
     finally:
-        final = _stop(thread, stop, out)
+        final = stop_generator(thread, stop, out)
     assert len(rollouts) == 8 and engine.published
     assert final.inflight_updates == 1 and final.weight_updates == [1] and final.version == engine.version == 1
     switch = {int(np.argmax(r.token_policy_versions)) for r in rollouts if r.max_policy_version == 1}

@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from support.multiturn import Scripted, _prompt  # noqa: F401
+from support.multiturn import Scripted, episode_prompt
 from support.producers import build_tiny_model_dir, recompute_logprobs
 from support.trainer import trainer_cfg
 
@@ -59,7 +59,7 @@ def _play(engine, replies, *, n=2, max_new_tokens=20, max_turns=3, seed=5):
         envs.append(Scripted(replies))
         return envs[-1]
 
-    out = run_episodes(engine, [_prompt()], [_ids(engine)], n, temperature=TEMPERATURE,
+    out = run_episodes(engine, [episode_prompt()], [_ids(engine)], n, temperature=TEMPERATURE,
                        max_new_tokens=max_new_tokens, seed=seed, make_env=make, max_turns=max_turns)
     return out[0], envs
 
@@ -132,7 +132,7 @@ def test_a_failing_environment_rejects_its_prompt_only(engine):
         def step(self, policy_text):
             raise RuntimeError("no calculator today")
 
-    prompts = [_prompt(), dataclasses.replace(_prompt("23+45=", "68"), prompt_id="add-23-45")]
+    prompts = [episode_prompt(), dataclasses.replace(episode_prompt("23+45=", "68"), prompt_id="add-23-45")]
     calls = iter([Broken([]), Broken([]), Scripted(["5="]), Scripted(["5="])])
     result = produce_rollouts(prompts, engine, producer_id="p-0", temperature=TEMPERATURE, max_new_tokens=16,
                               seed=1, turns=Turns(lambda: next(calls), max_turns=2))
@@ -154,7 +154,7 @@ def test_an_environment_answer_is_an_observation_a_string_or_none(engine):
 # -- the trainer --------------------------------------------------------------------------------------------------
 
 def _multiturn_scored(engine, reward=1.0, sample=0):
-    result = produce_rollouts([_prompt()], engine, producer_id="p-0", temperature=TEMPERATURE, max_new_tokens=20,
+    result = produce_rollouts([episode_prompt()], engine, producer_id="p-0", temperature=TEMPERATURE, max_new_tokens=20,
                               seed=3 + sample, turns=Turns(lambda: Scripted(["5=", "6="]), max_turns=3))
     rollout = result.rollouts[sample]
     assert 0 in rollout.policy_mask, "no environment turn was played: the test proves nothing"
@@ -193,7 +193,7 @@ def test_admission_refuses_multiturn_rollouts_for_token_level_estimators(engine)
 
 def test_retry_addition_hints_after_a_wrong_answer_and_ends_at_a_correct_one():
     env = RetryAddition()
-    env.reset(_prompt())
+    env.reset(episode_prompt())
     assert env.step("45") == "6=" and env.step("46") is None
     assert retry_reward("12+34=", "46", "46", {}) == 1.0
     assert retry_reward("12+34=", "45\n6=\n46", "46", {}) == 0.5
@@ -206,7 +206,7 @@ def test_environment_references_load_or_fail_naming_the_problem():
     assert load_environment("stream_rl.demo.retry:RetryAddition")() is not None
     tool = load_environment("stream_rl.demo.task:answer_for")()
     assert tool.step("12+34=") == Observation("46", done=False, tags={"tool": "answer_for"})
-    for reference, words in [("nocolon", "exactly one ':'"), ("no.such.module:X", "importing 'no.such.module'"),
+    for reference, words in [("nocolon", "exactly one ':'"), ("no.such.module:X", "module 'no.such.module' not found"),
                              ("stream_rl.demo.retry:Nope", "has no attribute 'Nope'"),
                              ("stream_rl.demo.retry:ENVIRONMENT", "neither an environment class nor a tool"),
                              ("stream_rl.demo.task:addition_reward", r"called as fn\(policy_text\)")]:
@@ -224,7 +224,7 @@ def test_multiturn_is_refused_with_token_level_estimators():
 
 @pytest.mark.broker
 def test_the_producer_loop_plays_episodes_and_dead_letters_a_prompt_its_environment_fails_on(make_config, engine):
-    from support.producers import _collect, _send_prompts, _start, _stop
+    from support.producers import collect, send_prompts, start_generator, stop_generator
     from support.topics import read_values
     from support.waiting import wait_for
 
@@ -236,13 +236,14 @@ def test_the_producer_loop_plays_episodes_and_dead_letters_a_prompt_its_environm
     transport.ensure_topics()
     pcfg = ProducerConfig(follow_weights=False, prompts_per_batch=4, max_new_tokens=14, poll_timeout_s=0.5,
                           temperature=TEMPERATURE, environment="stream_rl.demo.retry:RetryAddition", max_turns=2)
-    good = _prompt()
+    good = episode_prompt()
     bad = Prompt(prompt_id="not-addition", epoch=0, text="1=", answer=None, group_size=2)  # reset raises
-    _send_prompts(transport, [good, bad])
-    thread, stop, stats, out = _start(cfg, pcfg, engine)
-    rollouts = [c.value for c in _collect(transport, transport.names.rollouts, want=2)]
-    wait_for(lambda: stats.prompts + stats.rejected_prompts == 2, "the producer's condition", 30.0, watch=[out])
-    _stop(thread, stop, out)
+    send_prompts(transport, [good, bad])
+    thread, stop, stats, out = start_generator(cfg, pcfg, engine)
+    rollouts = [c.value for c in collect(transport, transport.names.rollouts, want=2)]
+    wait_for(lambda: stats.prompts + stats.rejected_prompts == 2,
+             'stats.prompts + stats.rejected_prompts == 2', 30.0, watch=[out])
+    stop_generator(thread, stop, out)
     assert sorted(r.rollout_id for r in rollouts) == ["add-12-34:0:0", "add-12-34:0:1"]
     for r in rollouts:
         roles = [t["role"] for t in r.turns]

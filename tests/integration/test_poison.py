@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 from kafka import KafkaProducer
-from support.scorer import VOCAB, ScorerThread, group_rollouts, llama_config, make_rollout, send_rollouts, trace_id
+from support.messages import rollout_for_scoring
+from support.scorer import VOCAB, ScorerThread, group_rollouts, llama_config, send_rollouts, trace_id
 from support.topics import read_records
 from support.waiting import wait_for
 from transformers import LlamaForCausalLM
@@ -103,7 +104,8 @@ def test_scorer_scores_rollouts_an_outside_client_wrote_in_every_codec(make_conf
     scorer = ScorerThread(cfg, ScorerConfig(reward_fn="consumers.scorer.builtin_rewards:exact_match",
                                             batch_size=8, poll_timeout_s=0.3))
     every = set().union(*sent.values())
-    wait_for(lambda: every <= {s.value.rollout_id for s in read_records(t, t.names.scored, "scored_rollout")}, "every codec's rollouts scored", 40, watch=[scorer])
+    wait_for(lambda: every <= {s.value.rollout_id for s in read_records(t, t.names.scored, "scored_rollout")},
+             "every codec's rollouts scored", 40, watch=[scorer])
     stats = scorer.finish()
     assert stats.scored == 16 and stats.rejected == 0
     assert read_records(t, t.names.dlq) == []
@@ -171,8 +173,8 @@ def test_oversized_null_invalid_and_unscorable_records_are_dead_lettered_and_the
     raw = KafkaProducer(bootstrap_servers=t.bootstrap, max_request_size=4_000_000)
     raw.send(t.names.rollouts, value=big, key=b"big").get(10)                                   # 2
     raw.close()
-    bad_token = make_rollout(7, response_ids=(3, VOCAB))  # a token id equal to the vocabulary size
-    too_long = make_rollout(8, prompt_ids=tuple(range(1, 31)), response_ids=(3, 4, 5))  # > 32 positions
+    bad_token = rollout_for_scoring(7, response_ids=(3, VOCAB))  # a token id equal to the vocabulary size
+    too_long = rollout_for_scoring(8, prompt_ids=tuple(range(1, 31)), response_ids=(3, 4, 5))  # > 32 positions
     send_rollouts(t, [bad_token, too_long] + good)                                              # 3, 4, 5..8
     sink.send_raw(t.names.rollouts, b"\xc1 keyed by its group", key=b"p9:0")                   # 9
     sink.flush()
@@ -182,7 +184,8 @@ def test_oversized_null_invalid_and_unscorable_records_are_dead_lettered_and_the
         deps=ScorerDeps(scoring=reference_scoring()))))
     thread.start()
     try:
-        wait_for(lambda: len(read_records(t, t.names.scored)) >= 7 and len(read_records(t, t.names.dlq)) >= 6, "4 scored, 3 member_rejected and 6 dead letters", 60)
+        wait_for(lambda: len(read_records(t, t.names.scored)) >= 7 and len(read_records(t, t.names.dlq)) >= 6,
+                 "4 scored, 3 member_rejected and 6 dead letters", 60)
     finally:
         stop.set()
         thread.join(30)

@@ -13,13 +13,13 @@ import msgpack
 import pytest
 import torch
 from support.producers import (
-    _collect,
-    _prompt,
-    _send_prompts,
-    _start,
-    _stop,
     build_tiny_model_dir,
+    collect,
     perturbed_state_dict,
+    prompt_record,
+    send_prompts,
+    start_generator,
+    stop_generator,
 )
 from support.topics import heartbeats, read_records, read_values
 from support.waiting import wait_for
@@ -95,7 +95,7 @@ def test_rejected_runs_are_taken_alone_before_anything_after_them_is_generated()
 
 def test_group_sizes_above_the_bound_are_rejected_with_the_reason(model_dir):
     engine = HFEngine.from_dir(model_dir)
-    prompts = [_prompt(0, group_size=5), _prompt(1, group_size=4), _prompt(2, group_size=10**9)]
+    prompts = [prompt_record(0, group_size=5), prompt_record(1, group_size=4), prompt_record(2, group_size=10**9)]
     accepted, rejected = check_prompts(prompts, engine, max_new_tokens=4, max_group_size=4)
     assert [i for i, _, _ in accepted] == [1]
     assert [(r.index, r.reason) for r in rejected] == [
@@ -130,12 +130,13 @@ def test_producer_over_budget_resumes_when_the_trainer_drops_its_groups_as_stale
     transport.ensure_topics()
     pcfg = ProducerConfig(prompts_per_batch=2, max_new_tokens=4, poll_timeout_s=0.3, weights_startup_wait_s=0,
                           max_groups_per_version=2, versions_ahead=0, backpressure_timeout_s=None)
-    first = [_prompt(i, group_size=2) for i in range(2)]
-    _send_prompts(transport, first)
-    thread, stop, stats, out = _start(cfg, pcfg, HFEngine.from_dir(model_dir), weights_cfg=WeightsConfig())
+    first = [prompt_record(i, group_size=2) for i in range(2)]
+    send_prompts(transport, first)
+    thread, stop, stats, out = start_generator(cfg, pcfg, HFEngine.from_dir(model_dir), weights_cfg=WeightsConfig())
     try:
-        wait_for(lambda: stats.groups == 2, "the producer's condition", 30.0, watch=[out])  # its whole budget at v0: no trainer publishes a new version
-        _send_prompts(transport, [_prompt(i, group_size=2) for i in range(2, 4)])
+        wait_for(lambda: stats.groups == 2,
+                 'stats.groups == 2', 30.0, watch=[out])  # its whole budget at v0: no trainer publishes a new version
+        send_prompts(transport, [prompt_record(i, group_size=2) for i in range(2, 4)])
         time.sleep(2.0)
         assert stats.groups == 2, "over budget: must wait"
         sink = transport.sink()  # the trainer resumes and drops both groups as stale
@@ -144,13 +145,13 @@ def test_producer_over_budget_resumes_when_the_trainer_drops_its_groups_as_stale
         sink.flush()
         sink.close()
         started = time.monotonic()
-        wait_for(lambda: stats.groups == 4, "the producer's condition", 15.0, watch=[out])
+        wait_for(lambda: stats.groups == 4, 'stats.groups == 4', 15.0, watch=[out])
         resumed_s = time.monotonic() - started
     finally:
-        final = _stop(thread, stop, out)
+        final = stop_generator(thread, stop, out)
     assert final.groups_returned == 2 and final.budget_resets == 0
     assert resumed_s < 15.0
-    assert sorted({r.value.prompt_id for r in _collect(transport, transport.names.rollouts, 8)}) == [
+    assert sorted({r.value.prompt_id for r in collect(transport, transport.names.rollouts, 8)}) == [
         "p0", "p1", "p2", "p3"]
 
 
@@ -173,12 +174,12 @@ def test_producer_falls_back_to_the_newest_verified_version(make_config, model_d
     engine = HFEngine.from_dir(model_dir)
     pcfg = ProducerConfig(prompts_per_batch=2, max_new_tokens=4, poll_timeout_s=0.3, weights_startup_wait_s=10)
     caplog.set_level(logging.WARNING, logger="producers.generator")
-    thread, stop, stats, out = _start(cfg, pcfg, engine, weights_cfg=wcfg)
+    thread, stop, stats, out = start_generator(cfg, pcfg, engine, weights_cfg=wcfg)
     try:
-        _send_prompts(transport, [_prompt(1, group_size=2)])
-        rollouts = [c.value for c in _collect(transport, transport.names.rollouts, 2)]
+        send_prompts(transport, [prompt_record(1, group_size=2)])
+        rollouts = [c.value for c in collect(transport, transport.names.rollouts, 2)]
     finally:
-        final = _stop(thread, stop, out)
+        final = stop_generator(thread, stop, out)
     assert engine.version == 2 and final.weight_updates == [2] and final.rejected_versions == [3]
     assert {int(v) for r in rollouts for v in r.token_policy_versions} == {2}
     messages = [r.getMessage() for r in caplog.records]
@@ -211,27 +212,27 @@ def test_poison_prompts_are_dead_lettered_once_across_a_crash_and_a_restart(make
     transport.ensure_topics()
     pcfg = ProducerConfig(follow_weights=False, prompts_per_batch=8, max_new_tokens=4, poll_timeout_s=0.3,
                           max_group_size=4)
-    _send_prompts(transport, [_prompt(0, group_size=5), _prompt(1, group_size=2), _prompt(2, group_size=6),
-                              _prompt(3, group_size=2)])  # p0 and p2 above the producer's bound
+    send_prompts(transport, [prompt_record(0, group_size=5), prompt_record(1, group_size=2), prompt_record(2, group_size=6),
+                              prompt_record(3, group_size=2)])  # p0 and p2 above the producer's bound
     engine = HFEngine.from_dir(model_dir)
-    thread, stop, stats, out = _start(cfg, pcfg, _CrashOnce(engine))
+    thread, stop, stats, out = start_generator(cfg, pcfg, _CrashOnce(engine))
     thread.join(30)
     assert isinstance(out.get("error"), RuntimeError)  # died generating p1, after p0 was dead-lettered
     letters = read_values(transport, transport.names.dlq, "dead_letter")
     assert [(d.source_offset, d.error_type) for d in letters] == [(0, "PromptRejected")]
 
-    thread, stop, stats, out = _start(cfg, pcfg, engine)  # the restart goes on from p1
+    thread, stop, stats, out = start_generator(cfg, pcfg, engine)  # the restart goes on from p1
     try:
-        wait_for(lambda: stats.prompts == 2, "the producer's condition", 30.0, watch=[out])
+        wait_for(lambda: stats.prompts == 2, 'stats.prompts == 2', 30.0, watch=[out])
         sink = transport.sink()  # then a prompt asking for 1e9 samples (raw: whichever check rejects it)
-        huge = _prompt(4, group_size=10**9)
+        huge = prompt_record(4, group_size=10**9)
         sink.send_raw(transport.names.prompts, msgpack.packb(message_to_wire(huge), use_bin_type=True), key="p4")
         sink.flush()
         sink.close()
-        _send_prompts(transport, [_prompt(5, group_size=2)])
-        wait_for(lambda: stats.prompts == 3, "the producer's condition", 30.0, watch=[out])
+        send_prompts(transport, [prompt_record(5, group_size=2)])
+        wait_for(lambda: stats.prompts == 3, 'stats.prompts == 3', 30.0, watch=[out])
     finally:
-        final = _stop(thread, stop, out)
+        final = stop_generator(thread, stop, out)
     letters: list[DeadLetter] = read_values(transport, transport.names.dlq, "dead_letter")
     assert sorted(d.source_offset for d in letters) == [0, 2, 4]  # each poison prompt once, across both runs
     assert all("group_size" in d.reason for d in letters), [d.reason for d in letters]

@@ -3,26 +3,25 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from support.producers import (  # noqa: F401
+from support.producers import (
     PROMPTS,
     FakeEngine,
-    _collect,
-    _prompt,
-    _send_prompts,
-    _start,
-    _stop,
     build_tiny_model_dir,
+    collect,
     perturbed_state_dict,
+    prompt_record,
     recompute_logprobs,
     reference_model,
+    send_prompts,
+    start_generator,
+    stop_generator,
 )
-from support.topics import check_role_telemetry, heartbeats, only_export
+from support.topics import caught_up, check_role_telemetry, heartbeats, only_export
 from support.waiting import wait_for
 
 from producers.config import ProducerConfig
@@ -198,7 +197,7 @@ def tokenizer():
 
 def test_step_builds_complete_groups_with_deterministic_ids_and_versions(tokenizer):
     engine = FakeEngine(tokenizer, version=4)
-    prompts = [_prompt(1), _prompt(2, epoch=3, group_size=2)]
+    prompts = [prompt_record(1), prompt_record(2, epoch=3, group_size=2)]
     result = produce_rollouts(prompts, engine, producer_id="producer-a", temperature=0.9, max_new_tokens=4, seed=0,
                               clock=lambda: 1001.0)
     got = [(r.rollout_id, r.group_id, r.sample_index, r.group_size) for r in result.rollouts]
@@ -222,19 +221,19 @@ def test_step_builds_complete_groups_with_deterministic_ids_and_versions(tokeniz
 
 def test_step_group_size_override_and_seed_derivation(tokenizer):
     engine = FakeEngine(tokenizer)
-    prompts = [_prompt(1, group_size=3), _prompt(2, group_size=5)]
+    prompts = [prompt_record(1, group_size=3), prompt_record(2, group_size=5)]
     result = produce_rollouts(prompts, engine, producer_id="p", temperature=1.0, max_new_tokens=4, seed=9,
                               group_size=2)
     assert len(engine.calls) == 1 and engine.calls[0][1] == 2
     assert [r.group_size for r in result.rollouts] == [2] * 4
     assert engine.calls[0][4] == batch_seed(9, prompts)
     assert batch_seed(9, prompts) != batch_seed(10, prompts)
-    assert batch_seed(9, prompts) != batch_seed(9, [_prompt(1, group_size=3, attempt=1), prompts[1]])
+    assert batch_seed(9, prompts) != batch_seed(9, [prompt_record(1, group_size=3, attempt=1), prompts[1]])
 
 
 def test_step_rejects_unusable_prompts_and_keeps_the_rest(tokenizer):
     engine = FakeEngine(tokenizer)
-    prompts = [_prompt(1), _prompt(2, text="hello"), _prompt(3, text="1" * 20), _prompt(4)]
+    prompts = [prompt_record(1), prompt_record(2, text="hello"), prompt_record(3, text="1" * 20), prompt_record(4)]
     result = produce_rollouts(prompts, engine, producer_id="p", temperature=1.0, max_new_tokens=4, seed=0)
     assert [(r.index, "tokenise" in r.reason or "exceeds" in r.reason) for r in result.rejected] == \
         [(1, True), (2, True)]
@@ -243,7 +242,7 @@ def test_step_rejects_unusable_prompts_and_keeps_the_rest(tokenizer):
 
 
 def test_step_with_the_hf_engine_is_reproducible_and_valid(engine):
-    prompts = [_prompt(1), _prompt(23, group_size=2)]
+    prompts = [prompt_record(1), prompt_record(23, group_size=2)]
     kwargs = dict(producer_id="p", temperature=1.0, max_new_tokens=6, seed=4)
     first = produce_rollouts(prompts, engine, **kwargs).rollouts
     second = produce_rollouts(prompts, engine, **kwargs).rollouts
@@ -272,11 +271,12 @@ def test_loop_turns_prompts_into_keyed_groups_and_commits(make_config, engine):
     transport = Transport(cfg, "test")
     transport.ensure_topics()
     pcfg = ProducerConfig(follow_weights=False, prompts_per_batch=3, max_new_tokens=6, poll_timeout_s=0.5)
-    _send_prompts(transport, [_prompt(i, group_size=2) for i in range(5)] + [_prompt(9, text="bad!")])
-    thread, stop, stats, out = _start(cfg, pcfg, engine)
-    first = _collect(transport, transport.names.rollouts, want=10)
-    wait_for(lambda: stats.prompts + stats.rejected_prompts == 6, "the producer's condition", 30.0, watch=[out])
-    assert _stop(thread, stop, out).rollouts == 10
+    send_prompts(transport, [prompt_record(i, group_size=2) for i in range(5)] + [prompt_record(9, text="bad!")])
+    thread, stop, stats, out = start_generator(cfg, pcfg, engine)
+    first = collect(transport, transport.names.rollouts, want=10)
+    wait_for(lambda: stats.prompts + stats.rejected_prompts == 6,
+             'stats.prompts + stats.rejected_prompts == 6', 30.0, watch=[out])
+    assert stop_generator(thread, stop, out).rollouts == 10
     rollouts = [c.value for c in first]
     assert sorted(r.rollout_id for r in rollouts) == sorted(rollout_id_for(f"p{i}", 0, j) for i in range(5)
                                                            for j in range(2))
@@ -292,12 +292,13 @@ def test_loop_turns_prompts_into_keyed_groups_and_commits(make_config, engine):
     assert heartbeats(transport, only_export(cfg.run_dir)[0])[-1].step == stats.batches > 0  # step: batches
 
     # a restart in the same group reads only what is new: nothing of the first run is generated again
-    _send_prompts(transport, [_prompt(7, epoch=1, group_size=2)])
-    thread, stop, stats2, out = _start(cfg, pcfg, engine)
-    wait_for(lambda: stats2.prompts == 1, "the producer's condition", 30.0, watch=[out])
-    time.sleep(1.5)  # a few more polls: nothing else may arrive
-    assert _stop(thread, stop, out).prompts == 1
-    every = [c.value.rollout_id for c in _collect(transport, transport.names.rollouts, want=0)]  # all, stopped
+    send_prompts(transport, [prompt_record(7, epoch=1, group_size=2)])
+    thread, stop, stats2, out = start_generator(cfg, pcfg, engine)
+    wait_for(lambda: stats2.prompts == 1, 'stats2.prompts == 1', 30.0, watch=[out])
+    wait_for(lambda: caught_up(transport, transport.names.group("producers"), transport.names.prompts),
+             "the producers' commits at the end of every prompts partition", 30.0, watch=[out])  # nothing left to read
+    assert stop_generator(thread, stop, out).prompts == 1
+    every = [c.value.rollout_id for c in collect(transport, transport.names.rollouts, want=0)]  # all, stopped
     assert sorted(every) == sorted([r.rollout_id for r in rollouts] + [rollout_id_for("p7", 1, j) for j in range(2)])
 
 
@@ -316,23 +317,23 @@ def test_loop_follows_verified_weights_and_keeps_its_version_on_a_corrupt_one(ma
     v1 = publisher.publish(perturbed_state_dict(model_dir, seed=1), version=1, step=1)
     engine = HFEngine.from_dir(model_dir)
     pcfg = ProducerConfig(prompts_per_batch=4, max_new_tokens=4, poll_timeout_s=0.3, weights_startup_wait_s=10)
-    thread, stop, stats, out = _start(cfg, pcfg, engine, weights_cfg=wcfg)
+    thread, stop, stats, out = start_generator(cfg, pcfg, engine, weights_cfg=wcfg)
     try:
-        _send_prompts(transport, [_prompt(1, group_size=2)])
-        assert {int(v) for c in _collect(transport, transport.names.rollouts, 2)
+        send_prompts(transport, [prompt_record(1, group_size=2)])
+        assert {int(v) for c in collect(transport, transport.names.rollouts, 2)
                 for v in c.value.token_policy_versions} == {1}  # caught up before the first batch
         sink.send(transport.names.weights, dataclasses.replace(v1, version=2, sha256="0" * 64), key="2")
         sink.flush()
-        wait_for(lambda: stats.rejected_versions == [2], "the producer's condition", 30.0, watch=[out])
-        _send_prompts(transport, [_prompt(2, group_size=2)])
-        wait_for(lambda: stats.rollouts == 4, "the producer's condition", 30.0, watch=[out])
+        wait_for(lambda: stats.rejected_versions == [2], 'stats.rejected_versions == [2]', 30.0, watch=[out])
+        send_prompts(transport, [prompt_record(2, group_size=2)])
+        wait_for(lambda: stats.rollouts == 4, 'stats.rollouts == 4', 30.0, watch=[out])
         assert engine.version == 1
         publisher.publish(perturbed_state_dict(model_dir, seed=3), version=3, step=3)
-        wait_for(lambda: engine.version == 3, "the producer's condition", 30.0, watch=[out])
-        _send_prompts(transport, [_prompt(3, group_size=2)])
-        rollouts: list[Rollout] = [c.value for c in _collect(transport, transport.names.rollouts, 6)]
+        wait_for(lambda: engine.version == 3, 'engine.version == 3', 30.0, watch=[out])
+        send_prompts(transport, [prompt_record(3, group_size=2)])
+        rollouts: list[Rollout] = [c.value for c in collect(transport, transport.names.rollouts, 6)]
     finally:
-        final = _stop(thread, stop, out)
+        final = stop_generator(thread, stop, out)
     versions = {r.prompt_id: set(r.token_policy_versions.tolist()) for r in rollouts}
     assert versions == {"p1": {1}, "p2": {1}, "p3": {3}}
     assert final.weight_updates == [1, 3] and final.rejected_versions == [2]
@@ -368,21 +369,22 @@ def test_loop_follows_delta_versions_bit_for_bit_and_rejects_a_corrupt_delta(mak
     assert v2.is_delta and v2.sent_bytes < 0.1 * v2.total_bytes
     engine = HFEngine.from_dir(model_dir)
     pcfg = ProducerConfig(prompts_per_batch=4, max_new_tokens=4, poll_timeout_s=0.3, weights_startup_wait_s=10)
-    thread, stop, stats, out = _start(cfg, pcfg, engine, weights_cfg=wcfg)
+    thread, stop, stats, out = start_generator(cfg, pcfg, engine, weights_cfg=wcfg)
     try:
-        wait_for(lambda: engine.version == 2, "the producer's condition", 30.0, watch=[out])  # v1 full, then v2 rebuilt from it
+        wait_for(lambda: engine.version == 2,
+                 'engine.version == 2', 30.0, watch=[out])  # v1 full, then v2 rebuilt from it
         bad = dataclasses.replace(v2, version=3, delta_base=2, delta_base_sha256=v2.sha256, sha256="0" * 64)
         sink.send(transport.names.weights, bad, key="3")  # v2's delta bytes applied to v2: not what "v3" says
         sink.flush()
-        wait_for(lambda: stats.rejected_versions == [3], "the producer's condition", 30.0, watch=[out])
+        wait_for(lambda: stats.rejected_versions == [3], 'stats.rejected_versions == [3]', 30.0, watch=[out])
         assert engine.version == 2
         v4 = publisher.publish(states[4], version=4, step=4)  # a delta against v2, the last acknowledged version
         assert v4.delta_base == 2
-        wait_for(lambda: engine.version == 4, "the producer's condition", 30.0, watch=[out])
-        _send_prompts(transport, [_prompt(1, group_size=2)])
-        rollouts = [c.value for c in _collect(transport, transport.names.rollouts, 2)]
+        wait_for(lambda: engine.version == 4, 'engine.version == 4', 30.0, watch=[out])
+        send_prompts(transport, [prompt_record(1, group_size=2)])
+        rollouts = [c.value for c in collect(transport, transport.names.rollouts, 2)]
     finally:
-        final = _stop(thread, stop, out)
+        final = stop_generator(thread, stop, out)
     assert {int(v) for r in rollouts for v in r.token_policy_versions} == {4}
     assert final.weight_updates == [2, 4]  # v2 rebuilt from snapshot v1 at start-up, then v4 from the held v2
     assert final.rejected_versions == [3] and v1.delta_base is None

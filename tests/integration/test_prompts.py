@@ -232,16 +232,12 @@ def test_validate_cli_exit_codes_text_and_json(tmp_path):
 
 
 def _published(cfg) -> dict[int, list]:
-    from stream_rl.transport.client import Transport, partitions_of, read_range
+    from stream_rl.transport.client import Transport
 
     transport = Transport(cfg, "test")
-    reader = transport.reader()
-    try:
-        return {tp.partition: [(rec.key.decode(), decode(rec.value, "prompt"))
-                               for rec in read_range(reader, tp, 0, None)]
-                for tp in partitions_of(reader, transport.names.prompts)}
-    finally:
-        reader.close()
+    with transport.reader() as reader:
+        return {p: [(rec.key.decode(), decode(rec.value, "prompt")) for rec in reader.read_range((topic, p), 0, None)]
+                for topic, p in reader.partitions(transport.names.prompts)}
 
 
 def _load_args(path: Path, cfg) -> list[str]:

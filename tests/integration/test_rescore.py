@@ -17,13 +17,12 @@ from pathlib import Path
 import pytest
 from support import messages as samples
 from support.scorer import send_rollouts as send
-from support.topics import committed, read_records
+from support.topics import caught_up, committed, read_records
 from typer.testing import CliRunner
 
 from consumers.scorer.config import ScorerConfig
-from consumers.scorer.rescore import Offsets, RescoreError, parse_offsets, partition_ranges
 from stream_rl.cli.main import app
-from stream_rl.transport.client import Transport, highwaters, partitions_of
+from stream_rl.transport.client import Transport
 
 THIS = __name__  # importable by the reward loader: pytest puts tests/ on sys.path
 
@@ -47,11 +46,8 @@ def run_topics_state(t: Transport) -> dict[str, list[int]]:
         topics = sorted(x for x in admin.list_topics() if t.names.logical(x) is not None)
     finally:
         admin.close()
-    reader = t.reader()
-    try:
-        return {topic: list(highwaters(reader, partitions_of(reader, topic)).values()) for topic in topics}
-    finally:
-        reader.close()
+    with t.reader() as reader:
+        return {topic: list(reader.highwaters(reader.partitions(topic)).values()) for topic in topics}
 
 
 def score_source_run(cfg, t: Transport, count: int) -> None:
@@ -76,7 +72,7 @@ def score_source_run(cfg, t: Transport, count: int) -> None:
     stop.set()
     thread.join(30)
     assert not errors, errors
-    time.sleep(0.5)  # its last commit follows its last flush
+    assert caught_up(t, t.names.group("scorers"), t.names.rollouts)  # it stopped after committing what it scored
 
 
 def rescore(cfg, *args: str):
@@ -86,27 +82,6 @@ def rescore(cfg, *args: str):
 
 def scored_in(t: Transport, topic: str) -> list:
     return read_records(t, topic, "scored_rollout")
-
-
-# ---------------------------------------------------------------- offsets and ranges (no broker)
-
-
-def test_offsets_and_ranges_are_computed_per_partition():
-    assert parse_offsets("earliest", "--from-offset", "earliest") == Offsets()
-    assert parse_offsets("7", "--from-offset", "earliest") == Offsets(7, {})
-    assert parse_offsets("0:3, 2:5,1", "--from-offset", "earliest") == Offsets(1, {0: 3, 2: 5})
-    for bad in ("x", "0:-1", "-2", "0:", "a:1"):
-        with pytest.raises(RescoreError, match="--from-offset"):
-            parse_offsets(bad, "--from-offset", "earliest")
-    ends = {0: 10, 1: 4, 2: 0}
-    # from 0:3 (others earliest), until 1:2 (others the high-water mark); a commit at 6 on partition 0 wins over 3
-    assert partition_ranges(ends, Offsets(None, {0: 3}), Offsets(None, {1: 2}), {}) == {0: (3, 10), 1: (0, 2),
-                                                                                         2: (0, 0)}
-    assert partition_ranges(ends, Offsets(None, {0: 3}), Offsets(), {0: 6, 1: 1}) == {0: (6, 10), 1: (1, 4),
-                                                                                      2: (0, 0)}
-    assert partition_ranges(ends, Offsets(20), Offsets(), {}) == {0: (10, 10), 1: (4, 4), 2: (0, 0)}  # past the end
-    with pytest.raises(RescoreError, match="--until-offset: partition 3 does not exist"):
-        partition_ranges(ends, Offsets(), Offsets(None, {3: 1}), {})
 
 
 # ---------------------------------------------------------------- against the broker

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from support.topics import committed, read_values
-from support.trainer_loop import finish, metric_rows, send_groups, start  # noqa: F401
+from support.trainer_loop import finish, metric_rows, send_groups, start
 from support.waiting import wait_for
 
 from consumers.trainer.ledger import Ledger, split_rollout_id

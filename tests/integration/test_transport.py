@@ -11,7 +11,7 @@ from support import messages as samples
 from support.topics import read_values
 
 from schemas import DeadLetter, encode
-from stream_rl.transport.client import Transport, highwaters, partitions_of
+from stream_rl.transport.client import Transport
 from stream_rl.transport.tracing import Tracing
 
 pytestmark = pytest.mark.broker
@@ -190,10 +190,10 @@ def test_highwaters_count_records_from_fetch_responses(make_config):
     for i in range(7):
         sink.send(t.names.rollouts, samples.rollout(i), key=samples.rollout(i).group_id, partition=i % 3)
     sink.flush()
-    reader = t.reader()
-    tps = partitions_of(reader, t.names.rollouts)
-    marks = highwaters(reader, tps)
-    assert [marks[tp] for tp in tps] == [3, 2, 2]
+    with t.reader() as reader:
+        tps = reader.partitions(t.names.rollouts)
+        marks = reader.highwaters(tps)
+    assert tps == [(t.names.rollouts, p) for p in range(3)] and [marks[tp] for tp in tps] == [3, 2, 2]
 
 
 

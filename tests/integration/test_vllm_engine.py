@@ -284,7 +284,7 @@ def test_vllm_plays_multiturn_episodes_with_the_policys_logprobs_given_the_whole
     included). Last in this file: it loads a version whose stop token is as likely as the most sampled token (a
     random model rarely stops, and a turn has to end for the next one to begin)."""
     from safetensors.torch import load_file
-    from support.multiturn import Scripted, _prompt
+    from support.multiturn import Scripted, episode_prompt
     from support.producers import recompute_logprobs, reference_model
 
     from producers.multiturn import run_episodes
@@ -295,7 +295,7 @@ def test_vllm_plays_multiturn_episodes_with_the_policys_logprobs_given_the_whole
     head = weights["lm_head.weight"]  # [V, H]
     head[engine.eos_token_id] = head[int(np.bincount([t for s in sampled for t in s.token_ids]).argmax())]
     engine.load_weights(weights, engine.version + 1)
-    episodes = run_episodes(engine, [_prompt()], [prompt], 4, temperature=TEMPERATURE, max_new_tokens=20, seed=5,
+    episodes = run_episodes(engine, [episode_prompt()], [prompt], 4, temperature=TEMPERATURE, max_new_tokens=20, seed=5,
                             make_env=lambda: Scripted(["5=", "6="]), max_turns=3)[0]
     assert any(sum(1 for t in ep.turns if t["role"] == "policy") >= 2 for ep in episodes), "no second turn"
     for ep in episodes:

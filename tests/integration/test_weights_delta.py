@@ -9,7 +9,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from support.weights import _chunk_topics, assert_same_tensors, tiny_llama
+from support.weights import assert_same_tensors, chunk_topics, tiny_llama
 
 from schemas import SchemaError, WeightsManifest, decode, encode, validate
 from schemas.validation import message_to_wire
@@ -199,7 +199,7 @@ def test_a_missing_or_corrupted_delta_is_rejected_and_the_held_version_kept(bus,
         admin = transport.admin()
         publisher._delete_topics(admin, [manifests[3].chunks_topic])  # the delta v3 is lost
         admin.close()
-        _chunk_topics(transport, expect=sorted(manifests[v].chunks_topic for v in (1, 2, 4, 5)))
+        chunk_topics(transport, expect=sorted(manifests[v].chunks_topic for v in (1, 2, 4, 5)))
         with pytest.raises(WeightsError, match=r"^weights v3: chunk topic .*weights\.v3\.delta does not exist"):
             receiver.fetch(manifests[4])  # needs v3 from the held v2, then again from snapshot v1
         assert receiver._held.version == 2  # nothing held changed
@@ -250,7 +250,7 @@ def test_garbage_collection_never_removes_what_a_kept_delta_needs(bus, tmp_path)
         ("store", None), ("inline", 1), ("inline", 2), ("store", None), ("inline", 4)]  # snapshots in the store
     assert publisher.collect_garbage() == [1, 2, 3]  # 4 and 5 kept; 5 is a delta of snapshot 4
     assert sorted(p.name for p in (tmp_path / "store").iterdir()) == ["v00000004.safetensors"]
-    assert _chunk_topics(transport, expect=[manifests[5].chunks_topic]) == [manifests[5].chunks_topic]
+    assert chunk_topics(transport, expect=[manifests[5].chunks_topic]) == [manifests[5].chunks_topic]
     with WeightsReceiver(transport, cfg) as late:
         late.poll_latest(timeout_s=10)
         assert_same_tensors(late.fetch(manifests[5]), states[5])

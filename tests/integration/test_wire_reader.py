@@ -19,8 +19,8 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import pytest
+from support.messages import MAKERS, make_dead_letter, make_manifest, make_rollout, make_scored
 from support.paths import REPO_ROOT
-from support.schema_messages import MAKERS, make_dead_letter, make_manifest, make_rollout, make_scored
 
 from schemas import encode, to_jsonable
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from schemas import DeadLetter, Prompt, SchemaError, StaleRollout, decode, rollout_id_for
 from stream_rl.launch.orchestrator import Child, Supervisor, write_run_config
-from stream_rl.transport.client import Transport, highwaters, partitions_of
+from stream_rl.transport.client import Transport
 from support.topics import committed, read_records
 
 LOG_TAIL_CHARS = 2500
@@ -289,11 +289,8 @@ class Pipeline:
 
     def highwaters(self, logical: str) -> dict[int, int]:
         topic = getattr(self.names, logical)
-        reader = self.transport.reader()
-        try:
-            return {tp.partition: mark for tp, mark in highwaters(reader, partitions_of(reader, topic)).items()}
-        finally:
-            reader.close()
+        with self.transport.reader() as reader:
+            return {p: mark for (_, p), mark in reader.highwaters(reader.partitions(topic)).items()}
 
     def committed(self, role_group: str, logical: str) -> dict[int, int]:
         """The consumer group ``{prefix}.{run}.{role_group}``'s committed offsets on one topic (0 if none)."""

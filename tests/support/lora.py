@@ -1,4 +1,5 @@
-"""Test helpers moved from test_lora.py."""
+"""LoRA test helpers: the adapter settings the LoRA tests share (``LORA``), a policy with adapters trained one
+step (``trained_adapters``), and the hf engine and logits readers that compare merged and unmerged policies."""
 
 from __future__ import annotations
 

@@ -1,13 +1,27 @@
-"""Small valid messages of every kind, for tests that need realistic records (not a test module)."""
+"""The tests' message factories, one module: small valid messages of every kind.
+
+- ``prompt(i)``, ``rollout(i, sample)``, ``scored(i, sample)``, ``weights()``, ``dead_letter()``, ``stale()``,
+  ``every_kind()``: records indexed by prompt and sample, for transport and CLI tests.
+- ``make_<kind>()`` and :data:`MAKERS` (one per wire kind), ``rewrite``, ``DROP``: fixed instances and byte-level
+  edits for the schema and wire-format tests.
+- ``rollout_for_scoring(i, sample, prompt_ids=..., response_ids=...)``: a rollout whose tokens a tiny reference
+  model scores (the scorer's tests).
+
+The trainer's scored rollouts with exact logprobs of a tiny policy are :func:`support.trainer.scored`.
+"""
 
 from __future__ import annotations
 
 import hashlib
 
+import msgpack
 import numpy as np
 
 from schemas import (
+    Alert,
     DeadLetter,
+    Heartbeat,
+    MemberRejected,
     Prompt,
     Rollout,
     ScoredRollout,
@@ -15,6 +29,7 @@ from schemas import (
     TensorEntry,
     WeightsChunk,
     WeightsManifest,
+    chunk_count_for,
     group_id_for,
     rollout_id_for,
 )
@@ -69,3 +84,117 @@ def stale() -> StaleRollout:
 def every_kind() -> list:
     manifest, chunk = weights()
     return [prompt(), rollout(), scored(), manifest, chunk, dead_letter(), stale()]
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def make_prompt() -> Prompt:
+    return Prompt(prompt_id="gsm8k/train-17", epoch=2, text="2+2=", answer="4", metadata={"task": "add"},
+                  group_size=4, attempt=1, prompt_token_ids=np.array([5, 6, 7], np.int32), created_at=1.7e9)
+
+
+def make_rollout(**changes) -> Rollout:
+    fields = dict(
+        rollout_id=rollout_id_for("p0", 1, 2), prompt_id="p0", epoch=1, group_id=group_id_for("p0", 1),
+        sample_index=2, group_size=4, prompt_token_ids=np.array([7, 8, 9], np.int32),
+        response_token_ids=np.array([1, 256, 65536, 3], np.int32),
+        behavior_logprobs=np.array([-0.25, -1.5, 0.0, -3.0], np.float32),
+        token_policy_versions=np.array([6, 5, 6, 6], np.int64), finish_reason="stop", producer_id="producer-0",
+        prompt_text="2+2=", response_text="4</s>", answer="4", metadata={"task": "add"}, attempt=0,
+        temperature=0.7, timings={"generate_s": 0.5, "created_at": 1.7e9})
+    return Rollout(**{**fields, **changes})
+
+
+def make_scored() -> ScoredRollout:
+    return ScoredRollout(rollout=make_rollout(), reward=1.25, reward_components={"correct": 1.0, "format": 0.25},
+                         token_rewards=np.array([0, 0, 0, 1.25], np.float32),
+                         ref_logprobs=np.array([-0.5, -1.0, -0.125, -2.0], np.float32), scorer_id="scorer-1",
+                         timings={"score_s": 0.01})
+
+
+ARRAYS = {"embed.weight": np.arange(12, dtype=np.float32).reshape(3, 4),
+          "head.bias": np.array([1, -2, 3], np.float16), "step": np.array([7], np.int64)}
+
+
+SAFETENSORS_NAME = {"float32": "F32", "float16": "F16", "int64": "I64"}
+
+
+def make_manifest(mode: str = "inline", chunk_size: int = 40) -> tuple[bytes, WeightsManifest]:
+    entries, offset = [], 0
+    for name, array in ARRAYS.items():
+        entries.append(TensorEntry(name=name, dtype=SAFETENSORS_NAME[array.dtype.name], shape=list(array.shape),
+                                   offset=offset, nbytes=array.nbytes))
+        offset += array.nbytes
+    payload = b"".join(a.astype(a.dtype.newbyteorder("<")).tobytes() for a in ARRAYS.values())
+    inline = mode == "inline"
+    return payload, WeightsManifest(
+        version=3, step=30, mode=mode, tensors=entries, total_bytes=len(payload), sha256=sha(payload),
+        chunk_size=chunk_size, chunk_count=chunk_count_for(len(payload), chunk_size),
+        chunks_topic="stream-rl.run1.weights.v3" if inline else None,
+        store_uri=None if inline else "file:///tmp/store/v3.safetensors", created_at=1.7e9, trainer_id="trainer-0")
+
+
+def make_chunk() -> WeightsChunk:
+    return WeightsChunk.from_data(version=3, index=1, count=2, data=b"\x00\x01\xff" * 5)
+
+
+def make_dead_letter() -> DeadLetter:
+    return DeadLetter(reason="invalid message: not valid msgpack", error_type="SchemaError",
+                      source_topic="stream-rl.run1.rollouts", source_partition=2, source_offset=41,
+                      raw_value=b"\xc1garbage", raw_key=b"p0:1", consumer_id="scorer-1", created_at=1.7e9)
+
+
+def make_stale() -> StaleRollout:
+    return StaleRollout(rollout_id=rollout_id_for("p0", 1, 3), prompt_id="p0", epoch=1,
+                        group_id=group_id_for("p0", 1), reason="lag 3 > max_lag 2", lag=3, max_lag=2,
+                        trainer_version=9, requeued=True, created_at=1.7e9)
+
+
+def make_member_rejected() -> MemberRejected:
+    return MemberRejected(group_id=group_id_for("p0", 1), rollout_id=rollout_id_for("p0", 1, 2), attempt=1,
+                          reason="reference model cannot score this rollout: token id 99", error_type="ValueError",
+                          source_topic="stream-rl.run1.rollouts", source_partition=2, source_offset=41,
+                          consumer_id="scorer-1", created_at=1.7e9)
+
+
+def make_heartbeat() -> Heartbeat:
+    return Heartbeat(role="trainer", instance_id="trainer-1a2b3c4d", host="node-1", pid=4242, state="ready",
+                     policy_version=7, step=14, rates={"records_in": 12.5, "tokens": 880.0},
+                     metrics={"loss/policy": -0.03, "lag/total": 3.0}, open_alerts=["consumer_lag"],
+                     interval_s=5.0, created_at=1.7e9)
+
+
+def make_alert() -> Alert:
+    return Alert(name="loss_nonfinite", state="firing", action="stop", role="trainer",
+                 instance_id="trainer-1a2b3c4d", message="loss/total is nan", value=None, threshold=None,
+                 created_at=1.7e9)
+
+
+MAKERS = {"prompt": make_prompt, "rollout": make_rollout, "scored_rollout": make_scored,
+          "weights_manifest": lambda: make_manifest()[1], "weights_chunk": make_chunk,
+          "dead_letter": make_dead_letter, "stale_rollout": make_stale, "heartbeat": make_heartbeat,
+          "alert": make_alert, "member_rejected": make_member_rejected}
+
+
+def rewrite(record: bytes, **changes) -> bytes:
+    """``record`` with top-level fields replaced (``DROP`` removes one), written without validation."""
+    raw = msgpack.unpackb(record, raw=False)
+    raw.update(changes)
+    return msgpack.packb({k: v for k, v in raw.items() if v is not DROP}, use_bin_type=True)
+
+
+DROP = object()
+
+
+def rollout_for_scoring(i: int, sample: int = 0, *, prompt_ids=(1, 5, 6), response_ids=(7, 8, 2), temperature=1.0,
+                 response_text="7", answer="7", metadata=None, prompt_text="3+4=") -> Rollout:
+    n = len(response_ids)
+    return Rollout(
+        rollout_id=rollout_id_for(f"q{i}", 0, sample), prompt_id=f"q{i}", epoch=0, group_id=group_id_for(f"q{i}", 0),
+        sample_index=sample, group_size=4, prompt_token_ids=np.array(prompt_ids, dtype=np.int32),
+        response_token_ids=np.array(response_ids, dtype=np.int32),
+        behavior_logprobs=np.full(n, -0.5, dtype=np.float32), token_policy_versions=np.zeros(n, dtype=np.int64),
+        finish_reason="stop", producer_id="producer-0", prompt_text=prompt_text, response_text=response_text,
+        answer=answer, metadata=dict(metadata or {}), temperature=temperature)

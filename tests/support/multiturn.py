@@ -1,4 +1,5 @@
-"""Test helpers moved from test_multiturn.py."""
+"""Multi-turn test helpers: a scripted environment (``Scripted``) whose replies and stops are fixed in advance, and
+the prompt record the multi-turn tests send."""
 
 from __future__ import annotations
 
@@ -19,5 +20,5 @@ class Scripted:
         return self.replies[len(self.seen) - 1] if len(self.seen) <= len(self.replies) else None
 
 
-def _prompt(text="12+34=", answer="46"):
+def episode_prompt(text="12+34=", answer="46"):
     return Prompt(prompt_id="add-12-34", epoch=0, text=text, answer=answer, group_size=2)

@@ -1,4 +1,6 @@
-"""Test helpers moved from test_producers.py."""
+"""Producer (generator) test helpers: tiny model directories, prompt records, a scripted engine (``FakeEngine``),
+the generator role run on a thread (``start_generator``/``stop_generator``) and readers of what it wrote, and the in-flight-update
+analysis (``swap_errors``) shared by the hf and vLLM engine tests."""
 
 from __future__ import annotations
 
@@ -107,12 +109,12 @@ class FakeEngine(GenerationEngine):
         raise NotImplementedError
 
 
-def _prompt(i: int, epoch: int = 0, group_size: int = 3, text: str | None = None, attempt: int = 0) -> Prompt:
+def prompt_record(i: int, epoch: int = 0, group_size: int = 3, text: str | None = None, attempt: int = 0) -> Prompt:
     return Prompt(prompt_id=f"p{i}", epoch=epoch, text=text or f"{i}+1=", answer=str(i + 1), group_size=group_size,
                   metadata={"task": "add"}, attempt=attempt, created_at=1000.0)
 
 
-def _collect(transport, topic: str, want: int, timeout_s: float = 40.0) -> list:
+def collect(transport, topic: str, want: int, timeout_s: float = 40.0) -> list:
     """Every record of ``topic`` (decoded rollouts) once at least ``want`` are there, or at the timeout."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -122,7 +124,7 @@ def _collect(transport, topic: str, want: int, timeout_s: float = 40.0) -> list:
         time.sleep(0.2)
 
 
-def _start(cfg, pcfg, engine, weights_cfg=None):
+def start_generator(cfg, pcfg, engine, weights_cfg=None):
     """run_producer in a thread on ``cfg`` with ``pcfg`` (and ``weights_cfg``) as its sections, reusing ``engine``."""
     from producers.generator import ProducerDeps, ProducerStats, run_producer
 
@@ -140,7 +142,7 @@ def _start(cfg, pcfg, engine, weights_cfg=None):
     return thread, stop, stats, out
 
 
-def _stop(thread, stop, out):
+def stop_generator(thread, stop, out):
     stop.set()
     thread.join(60)
     assert not thread.is_alive()
@@ -149,7 +151,7 @@ def _stop(thread, stop, out):
     return out["stats"]
 
 
-def _send_prompts(transport, prompts: list[Prompt]) -> None:
+def send_prompts(transport, prompts: list[Prompt]) -> None:
     sink = transport.sink()
     for p in prompts:
         sink.send(transport.names.prompts, p, key=p.prompt_id)

@@ -1,31 +1,23 @@
-"""Test helpers moved from test_scorer.py."""
+"""Scorer test helpers: the tiny Llama config of the reference model, the scorer role run on a thread
+(``ScorerThread``), and senders of rollouts keyed by group."""
 
 from __future__ import annotations
 
 import threading
 
-import numpy as np
 from transformers import LlamaConfig
 
+from consumers.scorer.builtin_rewards import exact_match
 from consumers.scorer.config import ScorerConfig
 from consumers.scorer.scorer import ScorerDeps, run_scorer
-from schemas import Rollout, group_id_for, rollout_id_for
+from schemas import Rollout
 from stream_rl.transport.client import Transport
 from stream_rl.transport.tracing import Tracing
+from support.messages import rollout_for_scoring
 
 VOCAB = 32
 
 
-def make_rollout(i: int, sample: int = 0, *, prompt_ids=(1, 5, 6), response_ids=(7, 8, 2), temperature=1.0,
-                 response_text="7", answer="7", metadata=None, prompt_text="3+4=") -> Rollout:
-    n = len(response_ids)
-    return Rollout(
-        rollout_id=rollout_id_for(f"q{i}", 0, sample), prompt_id=f"q{i}", epoch=0, group_id=group_id_for(f"q{i}", 0),
-        sample_index=sample, group_size=4, prompt_token_ids=np.array(prompt_ids, dtype=np.int32),
-        response_token_ids=np.array(response_ids, dtype=np.int32),
-        behavior_logprobs=np.full(n, -0.5, dtype=np.float32), token_policy_versions=np.zeros(n, dtype=np.int64),
-        finish_reason="stop", producer_id="producer-0", prompt_text=prompt_text, response_text=response_text,
-        answer=answer, metadata=dict(metadata or {}), temperature=temperature)
 
 
 def llama_config(**extra) -> LlamaConfig:
@@ -68,9 +60,20 @@ def send_rollouts(t: Transport, rollouts, partition=None) -> list:
 
 
 def group_rollouts(first: int, groups: int, **kwargs) -> list[Rollout]:
-    return [make_rollout(i, s, response_text="7" if s % 2 == 0 else "8", **kwargs)
+    return [rollout_for_scoring(i, s, response_text="7" if s % 2 == 0 else "8", **kwargs)
             for i in range(first, first + groups) for s in range(4)]
 
 
 def trace_id(headers) -> str:
     return dict(headers)["traceparent"].decode().split("-")[1]
+
+
+def poisonable_reward(prompt, response, answer, metadata):
+    """Test reward: NaN or an exception when the metadata asks for it, else exact match."""
+    if metadata.get("poison") == "nan":
+        return float("nan")
+    if metadata.get("poison") == "raise":
+        raise ZeroDivisionError("poisoned")
+    if metadata.get("poison") == "dense":
+        return {"reward": 1.0, "token_rewards": [0.25] * int(metadata["length"])}
+    return exact_match(prompt, response, answer, metadata)

@@ -8,7 +8,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from schemas import Heartbeat, SchemaError, decode, message_kind
-from stream_rl.transport.client import partitions_of, read_range
 
 
 def read_records(transport, topic: str, kind: str | None = None) -> list[SimpleNamespace]:
@@ -16,14 +15,11 @@ def read_records(transport, topic: str, kind: str | None = None) -> list[SimpleN
     ``(partition, offset, key, headers, value)``; ``value`` decoded as ``kind``, or the raw bytes when None.
     With ``kind``, records of another kind that shares the topic (``SHARED``) are left out; any other record
     must decode as ``kind``."""
-    reader = transport.reader()
-    try:
+    with transport.reader() as reader:
         return [SimpleNamespace(partition=rec.partition, offset=rec.offset, key=rec.key, headers=rec.headers,
                                 value=rec.value if kind is None else decode(rec.value, kind))
-                for tp in partitions_of(reader, topic) for rec in read_range(reader, tp, 0, None)
+                for tp in reader.partitions(topic) for rec in reader.read_range(tp, 0, None)
                 if kind is None or _kind_or_none(rec.value) not in SHARED.get(kind, ())]
-    finally:
-        reader.close()
 
 
 SHARED = {"scored_rollout": ("member_rejected",)}
@@ -87,3 +83,21 @@ def check_role_telemetry(cfg, transport, role: str, *, topic_in: str, records_in
     assert total(export, "stream_rl_processing_seconds", "count", stage=stage) == batches
     beats = heartbeats(transport, instance)
     assert beats and {b.role for b in beats} == {role} and beats[-1].state == "stopping"
+
+
+def end_offsets(transport, topic: str) -> dict[tuple[str, int], int]:
+    """``{(topic, partition): offset after its last record}`` of every partition of ``topic`` that holds records."""
+    ends: dict[tuple[str, int], int] = {}
+    for rec in read_records(transport, topic):
+        key = (topic, rec.partition)
+        ends[key] = max(ends.get(key, 0), rec.offset + 1)
+    return ends
+
+
+def caught_up(transport, group: str, topic: str) -> bool:
+    """True when consumer ``group`` has committed every record of ``topic``: its committed offset of each partition
+    is that partition's end. A deterministic "nothing more will arrive" check: a consumer that commits after it
+    handled a batch has handled (or re-read) everything there is once this holds, with no sleep window."""
+    ends = end_offsets(transport, topic)
+    got = committed(transport, group)
+    return bool(ends) and all(got.get(tp) == end for tp, end in ends.items())

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from consumers.trainer.config import TrainerConfig
+from consumers.trainer.tensors import build_batch
 from schemas import Rollout, ScoredRollout, group_id_for, rollout_id_for
 
 VOCAB = 16
@@ -104,3 +105,10 @@ class Rec:
 
 def rec(offset: int, prompt: int = 0, sample: int = 0, partition: int = 0, **kw) -> Rec:
     return Rec(TOPIC, partition, offset, scored(prompt, sample, **kw))
+
+
+def random_batch(model, groups: int = 3, group_size: int = 4, seed: int = 0, temperature: float = 1.0):
+    """A batch of ``groups`` random groups of ``model``'s own samples (exact behaviour logprobs)."""
+    rng = np.random.default_rng(seed)
+    return build_batch([s for p in range(groups)
+                        for s in random_group(model, p, group_size=group_size, rng=rng, temperature=temperature)])

@@ -1,4 +1,5 @@
-"""Test helpers moved from test_trainer_loop.py."""
+"""Trainer-loop test helpers: the trainer role run on a thread (``start``/``finish``), scored groups sent to its
+topic (``send_groups``) and the metrics rows it wrote (``metric_rows``)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,13 @@
-"""Test helpers moved from test_weights.py."""
+"""Weights test helpers: a tiny Llama to publish, tensor equality, and the per-version chunk topics of a run."""
 
 from __future__ import annotations
 
 import time
 
 import torch
+
+from schemas import validate
+from stream_rl.weights.payload import build_manifest
 
 
 def tiny_llama(dtype: torch.dtype = torch.float32):
@@ -26,7 +29,7 @@ def assert_same_tensors(got: dict[str, torch.Tensor], want: dict[str, torch.Tens
         assert torch.equal(got[name], tensor), name
 
 
-def _chunk_topics(transport, expect: list[str] | None = None, timeout_s: float = 10.0) -> list[str]:
+def chunk_topics(transport, expect: list[str] | None = None, timeout_s: float = 10.0) -> list[str]:
     """The run's chunk topics; with ``expect``, polled until they equal it (topic deletion may lag a little)."""
     admin = transport.admin()
     try:
@@ -38,3 +41,13 @@ def _chunk_topics(transport, expect: list[str] | None = None, timeout_s: float =
             time.sleep(0.2)
     finally:
         admin.close()
+
+
+def manifest_for(payload, version: int = 7, chunk_size: int = 40, **where):
+    where = where or {"chunks_topic": f"stream-rl.x.weights.v{version}"}
+    return validate(build_manifest(payload, version=version, step=3, mode="inline" if "chunks_topic" in where
+                                   else "store", chunk_size=chunk_size, trainer_id="trainer-0", **where))
+
+
+def flip_byte(data: bytes, at: int) -> bytes:
+    return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:]

@@ -1,6 +1,7 @@
 """Imports run one way: wire (schemas) <- core (stream_rl, but its CLI) <- roles (producers, consumers) <- CLI
 (stream_rl.cli) <- benchmarks (bench); no role imports another role; the deployment folder (ops/) is imported by
-nobody. Every import counts: module level, inside functions (lazy) and under ``TYPE_CHECKING``.
+nobody; kafka-python is imported by the transport edge alone and OpenTelemetry by the tracing edge and the metrics
+exporter alone. Every import counts: module level, inside functions (lazy) and under ``TYPE_CHECKING``.
 
 The graph is read from the source (ast), so the test needs nothing installed and names each wrong-way import with
 its file and line."""
@@ -8,6 +9,7 @@ its file and line."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -48,6 +50,11 @@ def module_name(path: Path) -> str:
 
 def imports_of(path: Path) -> list[tuple[str, int]]:
     """Every module ``path`` imports (absolute names, relative imports resolved) with the line of the import."""
+    return list(_imports_of(path))
+
+
+@functools.lru_cache(maxsize=None)
+def _imports_of(path: Path) -> tuple[tuple[str, int], ...]:
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = []
@@ -64,7 +71,7 @@ def imports_of(path: Path) -> list[tuple[str, int]]:
             # `from pkg import mod` imports the module pkg.mod when there is one
             found += [(f"{target}.{alias.name}", node.lineno) for alias in node.names
                       if _is_module(f"{target}.{alias.name}")]
-    return found
+    return tuple(found)
 
 
 def _is_module(dotted: str) -> bool:
@@ -92,6 +99,40 @@ def wrong_way_imports() -> list[str]:
 
 def test_imports_run_one_way():
     assert wrong_way_imports() == []
+
+
+EDGES = {
+    "kafka": ("stream_rl.transport",),  # kafka-python: the transport edge alone
+    "opentelemetry": ("stream_rl.transport.tracing", "stream_rl.telemetry.metrics"),  # spans at the edge, metrics
+}
+"""Third-party clients that only their edge module may import (within the product: wire, core, roles, CLI)."""
+
+
+def edge_leaks() -> list[str]:
+    leaks = []
+    for package in ("schemas", "stream_rl", "producers", "consumers"):
+        for path in sorted((REPO_ROOT / package).rglob("*.py")):
+            importer = module_name(path)
+            for target, line in imports_of(path):
+                top = target.split(".")[0]
+                allowed = EDGES.get(top)
+                if allowed and not any(importer == a or importer.startswith(a + ".") for a in allowed):
+                    leaks.append(f"{path.relative_to(REPO_ROOT)}:{line}: {importer} imports {target}; only "
+                                 f"{', '.join(allowed)} may")
+    return leaks
+
+
+def test_kafka_python_and_opentelemetry_stay_at_their_edges():
+    assert edge_leaks() == []
+
+
+def test_an_edge_leak_is_named(monkeypatch):
+    planted = REPO_ROOT / "consumers" / "trainer" / "trainer.py"
+    original = imports_of
+    monkeypatch.setitem(globals(), "imports_of",
+                        lambda path: original(path) + [("kafka.structs", 7)] if path == planted else original(path))
+    assert edge_leaks() == ["consumers/trainer/trainer.py:7: consumers.trainer.trainer imports kafka.structs; only "
+                            "stream_rl.transport may"]
 
 
 @pytest.mark.parametrize(("importer", "target", "why"), [

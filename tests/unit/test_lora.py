@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("peft")
 
-from support.lora import LORA, hf_engine, logits_of, lora_cfg, lora_engine, train_once, trained_adapters  # noqa: F401
+from support.lora import LORA, logits_of, lora_cfg, lora_engine, train_once
 from support.trainer import random_group, tiny_policy, trainer_cfg
 
 from consumers.trainer.config import LoraConfig, TrainerConfig  # noqa: E402
@@ -18,7 +18,10 @@ from consumers.trainer.engines import TorchEngine, TrainModule  # noqa: E402
 from consumers.trainer.lora import is_lora, wrap_policy  # noqa: E402
 from consumers.trainer.tensors import build_batch  # noqa: E402
 from stream_rl.cli.config import StreamRLConfig  # noqa: E402
-from stream_rl.models.lora import adapter_pairs  # noqa: E402
+from stream_rl.models.lora import (
+    adapter_pairs,  # noqa: E402
+    lora_scale,
+)
 from stream_rl.storage.checkpoint import CheckpointError, load_checkpoint, save_checkpoint  # noqa: E402
 
 torch.set_num_threads(1)
@@ -41,7 +44,7 @@ torch.set_num_threads(1)
 
 def test_lora_is_off_by_default_and_bounded():
     assert TrainerConfig().lora.enabled is False
-    assert LoraConfig(rank=4, alpha=8.0).scale == 2.0
+    assert lora_scale(LoraConfig(rank=4, alpha=8.0).rank, 8.0) == 2.0  # the one scale every engine applies
     for bad in ({"rank": 0}, {"alpha": 0.0}, {"dropout": 1.0}, {"target_modules": []}):
         with pytest.raises(ValueError):
             LoraConfig(**bad)

@@ -4,7 +4,9 @@
   the checkpoint's offset, else from the start; an offset the log no longer has is refused unless accepted;
 - the producer's epoch gate (:mod:`producers.epoch_gate`): a partition is held at its first prompt of a closed
   epoch and released, from that very record, once every partition is past the epoch below; a partition of another
-  producer counts from that producer's committed offset.
+  producer counts from that producer's committed offset;
+- the group-less :class:`~stream_rl.transport.reader.Reader` (partitions, high-water marks, ranges, following);
+- the scorer's loop: batches of ``batch_size``, each committed after its outputs.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from consumers.trainer.positions import (
 from producers.epoch_gate import EpochGate, first_load_epoch
 from schemas import decode
 from stream_rl.transport import memory
-from stream_rl.transport.client import Transport, partitions_of
+from stream_rl.transport.client import Transport
 
 
 @pytest.fixture
@@ -94,7 +96,7 @@ def test_the_trainer_refuses_a_checkpoint_offset_past_the_log_unless_the_loss_is
 
 def _gate(t: Transport, source, clock):
     reader = t.reader()
-    return EpochGate(source, lambda: partitions_of(reader, t.names.prompts),
+    return EpochGate(source, lambda: reader.partitions(t.names.prompts),
                      first_load_epoch(reader, lambda raw: decode(raw, "prompt")), check_every_s=1.0, clock=clock)
 
 
@@ -146,3 +148,79 @@ def test_the_epoch_gate_counts_another_producers_partition_from_its_committed_of
     assert gate.held == {} and gate.open_epoch == 1
     other.close()
     mine.close()
+
+
+# -- the group-less reader -----------------------------------------------------------------------------------------
+
+def test_the_reader_lists_measures_and_reads_ranges_in_plain_pairs_and_transport_records(bus_transport):
+    from stream_rl.transport.reader import Record
+
+    t = bus_transport({"prompts": 2})
+    topic = t.names.prompts
+    sink = t.sink()
+    for i in range(5):
+        sink.send_raw(topic, b"v%d" % i, key=b"k%d" % i, headers=[("h", b"%d" % i)], partition=i % 2)
+    sink.flush()
+    with t.reader() as reader:
+        assert topic in reader.topics()
+        parts = reader.partitions(topic)
+        assert parts == [(topic, 0), (topic, 1)]
+        with pytest.raises(KeyError, match=f"topic {topic}.nope does not exist"):
+            reader.partitions(f"{topic}.nope", timeout_s=0)
+        assert reader.highwaters(parts) == {(topic, 0): 3, (topic, 1): 2}
+        assert reader.highwaters(parts, start={(topic, 0): 3}) == {(topic, 0): 3, (topic, 1): 2}
+        records = list(reader.read_range((topic, 0), 1, None))
+        assert all(type(r) is Record for r in records)
+        assert [(r.topic, r.partition, r.offset, r.key, r.value) for r in records] == [
+            (topic, 0, 1, b"k2", b"v2"), (topic, 0, 2, b"k4", b"v4")]
+        assert dict(records[0].headers)["h"] == b"2" and records[0].timestamp_ms > 0
+        assert [r.offset for r in reader.read_range((topic, 1), 0, 1)] == [0]  # at most ``limit`` records
+        assert list(reader.read_range((topic, 1), 2, None)) == []  # from the end: nothing
+
+
+def test_the_reader_follows_partitions_from_given_offsets(bus_transport):
+    t = bus_transport({"prompts": 2})
+    topic = t.names.prompts
+    sink = t.sink()
+    for i in range(4):
+        sink.send_raw(topic, b"v%d" % i, key=b"k", partition=i % 2)
+    sink.flush()
+    with t.reader() as reader:
+        reader.follow({(topic, 0): None, (topic, 1): 1})  # None: from the first record
+        got = reader.poll(0.01)
+        assert sorted((r.partition, r.offset, r.value) for r in got) == [(0, 0, b"v0"), (0, 1, b"v2"), (1, 1, b"v3")]
+        assert (reader.position(topic, 0), reader.highwater(topic, 0)) == (2, 2)
+        sink.send_raw(topic, b"v4", key=b"k", partition=1)
+        sink.flush()
+        assert [(r.partition, r.offset, r.value) for r in reader.poll(0.01)] == [(1, 2, b"v4")]
+        assert reader.poll(0.0) == []
+
+
+# -- the scorer's batching -----------------------------------------------------------------------------------------
+
+def test_the_scorer_scores_in_batches_of_batch_size_and_commits_each(bus_transport):
+    from support.messages import rollout_for_scoring
+
+    from consumers.scorer.config import ScorerConfig
+    from consumers.scorer.scorer import ScorerDeps, run_scorer, scorer_group
+    from stream_rl.transport.client import committed_offsets
+    from stream_rl.transport.tracing import Tracing
+
+    t = bus_transport({"rollouts": 1, "scored": 1})
+    sink = t.sink()
+    rollouts = [rollout_for_scoring(i, s) for i in range(3) for s in range(4)]  # 12 rollouts, 3 groups of 4
+    for r in rollouts:
+        sink.send(t.names.rollouts, r, key=r.group_id)
+    sink.flush()
+    cfg = t.cfg.model_copy(update={"scorer": ScorerConfig(
+        reward_fn="consumers.scorer.builtin_rewards:exact_match", batch_size=5, poll_timeout_s=0.01)})
+    stats = run_scorer(cfg, max_batches=3, deps=ScorerDeps(tracing=Tracing("scorer-unit")))
+    assert (stats.batches, stats.scored, stats.rejected, stats.commits) == (3, 12, 0, 3)  # 5 + 5 + 2
+    with t.reader() as reader:
+        scored = [decode(r.value, "scored_rollout") for r in reader.read_range((t.names.scored, 0), 0, None)]
+    assert sorted(s.rollout.rollout_id for s in scored) == sorted(r.rollout_id for r in rollouts)
+    admin = t.admin()
+    try:
+        assert committed_offsets(admin, scorer_group(cfg)) == {(t.names.rollouts, 0): 12}
+    finally:
+        admin.close()

@@ -9,23 +9,17 @@ import pickle
 import msgpack
 import numpy as np
 import pytest
-from support.schema_messages import (  # noqa: F401
-    ARRAYS,
+from support.messages import (
     DROP,
     MAKERS,
-    SAFETENSORS_NAME,
     make_alert,
-    make_chunk,
     make_dead_letter,
     make_heartbeat,
     make_manifest,
     make_member_rejected,
-    make_prompt,
     make_rollout,
     make_scored,
-    make_stale,
     rewrite,
-    sha,
 )
 
 from schemas import (

@@ -13,7 +13,7 @@ from dataclasses import replace
 import msgpack
 import numpy as np
 import pytest
-from support.schema_messages import make_rollout, make_scored
+from support.messages import make_rollout, make_scored
 
 from schemas import SchemaError, decode, decode_array, encode, encode_array, validate
 from schemas.fields import Array, fields_from_wire, read_fields

@@ -12,7 +12,7 @@ from dataclasses import replace
 import msgpack
 import numpy as np
 import pytest
-from support.schema_messages import (
+from support.messages import (
     DROP,
     make_chunk,
     make_dead_letter,

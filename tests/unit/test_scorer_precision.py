@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 from pydantic import ValidationError
-from support.scorer import llama_config, make_rollout
+from support.messages import rollout_for_scoring
+from support.scorer import llama_config
 from transformers import LlamaForCausalLM, LlamaForSequenceClassification
 
 from consumers.scorer.config import ScorerConfig
@@ -18,10 +19,10 @@ from stream_rl.models import resolve_device
 
 torch.set_num_threads(1)
 
-ROLLOUTS = [make_rollout(0, prompt_ids=(1, 5, 6), response_ids=(7, 8, 9, 10, 2), temperature=1.0),
-            make_rollout(1, prompt_ids=(1, 3, 4, 5, 6, 7, 8), response_ids=(11, 2), temperature=0.7),
-            make_rollout(2, prompt_ids=(1,), response_ids=(4, 4, 9, 12, 13, 2), temperature=1.3),
-            make_rollout(3, prompt_ids=(1, 9, 9, 9, 9), response_ids=(31, 17, 20, 21, 22, 23, 24), temperature=1.0)]
+ROLLOUTS = [rollout_for_scoring(0, prompt_ids=(1, 5, 6), response_ids=(7, 8, 9, 10, 2), temperature=1.0),
+            rollout_for_scoring(1, prompt_ids=(1, 3, 4, 5, 6, 7, 8), response_ids=(11, 2), temperature=0.7),
+            rollout_for_scoring(2, prompt_ids=(1,), response_ids=(4, 4, 9, 12, 13, 2), temperature=1.3),
+            rollout_for_scoring(3, prompt_ids=(1, 9, 9, 9, 9), response_ids=(31, 17, 20, 21, 22, 23, 24), temperature=1.0)]
 
 # Largest |16-bit - float32| over ROLLOUTS' 20 reference log-probs and 4 reward-model scores, measured on CPU
 # (torch 2.13, transformers 5.19) for these seed-0 models: bfloat16 0.0151 (logp) and 0.00079 (score), float16

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.trainer import TOPIC, Rec, rec, scored  # noqa: F401
+from support.trainer import TOPIC, rec, scored
 
 from consumers.trainer.batcher import Batcher
 from schemas import group_id_for, validate

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
-from support.trainer import assert_same_gradients, random_group, scored, tiny_policy, trainer_cfg
+from support.trainer import assert_same_gradients, random_batch, scored, tiny_policy, trainer_cfg
 
 from consumers.trainer.engines import TorchEngine, TrainModule
 from consumers.trainer.forward import evaluate
@@ -26,12 +25,6 @@ def _example():
     """The module docstring's batch: prompt + response lengths 3+2, 1+2, 2+1, 1+1 (P = 3, T = 2)."""
     rows = [([3, 4, 5], [6, 7]), ([8], [9, 10]), ([11, 12], [13]), ([14], [15])]
     return build_batch([scored(0, s, group_size=4, prompt_ids=p, response_ids=r) for s, (p, r) in enumerate(rows)])
-
-
-def _random_batch(model, groups: int = 3, group_size: int = 4, seed: int = 0, temperature: float = 1.0):
-    rng = np.random.default_rng(seed)
-    return build_batch([s for p in range(groups)
-                        for s in random_group(model, p, group_size=group_size, rng=rng, temperature=temperature)])
 
 
 def test_first_fit_decreasing_places_longest_first_into_the_first_row_with_room():
@@ -74,7 +67,7 @@ def test_block_causal_mask_keeps_attention_inside_each_sequence():
 
 @pytest.mark.parametrize("pack_length", [None, 12, 40])
 def test_unpack_of_pack_is_the_padded_layout(pack_length):
-    batch = _random_batch(tiny_policy(seed=0), groups=4, seed=3)
+    batch = random_batch(tiny_policy(seed=0), groups=4, seed=3)
     packing = pack(batch.input_ids, batch.attention_mask, batch.position_ids, pack_length=pack_length)
     valid = batch.attention_mask.bool()
     for packed, padded in ((packing.input_ids, batch.input_ids), (packing.position_ids, batch.position_ids)):
@@ -105,7 +98,7 @@ def _outputs(batch, packing: bool, value_head: bool, attention: str = "sdpa"):
 
 @pytest.mark.parametrize("attention,value_head", [("sdpa", False), ("sdpa", True), ("eager", True)])
 def test_packed_forward_gives_the_padded_logprobs_values_and_gradients(attention, value_head):
-    batch = _random_batch(tiny_policy(seed=0), temperature=0.7)  # each row scored under its own temperature
+    batch = random_batch(tiny_policy(seed=0), temperature=0.7)  # each row scored under its own temperature
     lp, ep, vp, gp = _outputs(batch, False, value_head, attention)
     lk, ek, vk, gk = _outputs(batch, True, value_head, attention)
     mask = batch.response_mask
@@ -122,7 +115,7 @@ def test_a_packed_training_step_matches_the_padded_one(advantage):
     results = []
     for packing in (False, True):
         model = tiny_policy(seed=0)
-        batch = _random_batch(model, groups=2, group_size=3, seed=4)
+        batch = random_batch(model, groups=2, group_size=3, seed=4)
         cfg = trainer_cfg(micro_batch_size=4, share_prompts=False, packing=packing, advantage=advantage)
         module = TrainModule(model, value_head=advantage == "gae", packing=packing)
         metrics = train_step(TorchEngine(module, cfg), batch, cfg, TrainState())
@@ -168,30 +161,6 @@ def test_config_refuses_packing_with_shared_prompts():
     assert not load().trainer.packing and load().trainer.pack_length is None
     with pytest.raises(ValueError, match="alternative forward paths"):
         TrainModule(tiny_policy(seed=0), share_prompts=True, packing=True)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("stage", [2, 3])
-def test_zero_with_packing_trains_as_the_padded_torch_step(stage):
-    """trainer.packing under DeepSpeed ZeRO (stage 3 gathers the output embedding called outside the policy's
-    forward): the same step as the torch engine on padded rows."""
-    pytest.importorskip("deepspeed", reason="deepspeed is not installed (optional extra 'deepspeed')")
-    from consumers.trainer.engines import DeepSpeedEngine
-
-    cfg = trainer_cfg(zero_stage=stage, micro_batch_size=2, lr=1e-2, share_prompts=False)
-    batch = _random_batch(tiny_policy(seed=0), groups=2, group_size=2, seed=0)
-    torch_engine = TorchEngine(TrainModule(tiny_policy(seed=0)), cfg)
-    ds_cfg = cfg.model_copy(update={"engine": "deepspeed", "packing": True})
-    ds_engine = DeepSpeedEngine(TrainModule(tiny_policy(seed=0), packing=True), ds_cfg)
-    mt = train_step(torch_engine, batch, cfg, TrainState())
-    md = train_step(ds_engine, batch, ds_cfg, TrainState())
-    assert md["optim/updates"] == 1.0
-    assert md["optim/grad_norm"] == pytest.approx(mt["optim/grad_norm"], rel=1e-4)
-    assert md["loss/total"] == pytest.approx(mt["loss/total"], rel=1e-4, abs=1e-6)
-    # ZeRO-3's reduce-scatter and the packed rows each sum in another order (each alone moves a weight by up to
-    # ~1e-5 here); a wrong gradient would move weights by ~lr = 1e-2 under Adam
-    sa, sb = torch_engine.state_dict(), ds_engine.state_dict()
-    assert sa.keys() == sb.keys() and all(torch.allclose(sa[k], sb[k], rtol=1e-5, atol=5e-5) for k in sa)
 
 
 def test_the_packing_benchmark_runs_tiny_and_reports_every_figure(tmp_path):

@@ -1,7 +1,7 @@
 """The transport edge's delivery contract (stream_rl/transport/edge.py), checked against both backends.
 
 Every test runs twice: on the in-process bus (``memory://``, milliseconds) and on the real local broker
-(``kafka``). Waits are bounded polls (until a condition or a deadline), and "nothing more arrives" is checked
+(``kafka``). Consumer groups are named after the test's run: a member another test left open never joins them. Waits are bounded polls (until a condition or a deadline), and "nothing more arrives" is checked
 with positions against high-water marks, never with a quiet sleep.
 """
 
@@ -89,7 +89,7 @@ def test_offsets_are_consecutive_and_records_keep_order_key_value_and_headers(ba
     for r, ack in zip(sent, acks):  # placement: murmur2 of the key, as kafka-python and the Java client do
         assert ack.partition == (murmur2(r.group_id.encode()) & 0x7FFFFFFF) % 3
 
-    source = t.source([t.names.rollouts], "g-order", "rollout", sink)
+    source = t.source([t.names.rollouts], f"{t.names.run}.g-order", "rollout", sink)
     got = drain(source, len(sent), backend.wait_s)
     assert len(got) == len(sent)
     for partition, offsets in by_partition.items():
@@ -109,7 +109,7 @@ def test_a_commit_refuses_while_sends_are_unflushed(backend):
     sink = t.sink()
     sink.send(t.names.rollouts, samples.rollout(0), key=samples.rollout(0).group_id)
     sink.flush()
-    source = t.source([t.names.rollouts], "g-flush", "rollout", sink)
+    source = t.source([t.names.rollouts], f"{t.names.run}.g-flush", "rollout", sink)
     assert len(drain(source, 1, backend.wait_s)) == 1
     sink.send(t.names.scored, samples.scored(0), key=samples.scored(0).group_id)
     with pytest.raises(RuntimeError, match="unacknowledged sends: call sink.flush"):
@@ -128,7 +128,7 @@ def test_a_restart_in_the_same_group_resumes_after_the_committed_offset(backend)
     for r in sent:
         sink.send(t.names.rollouts, r, key=r.group_id)
     sink.flush()
-    first = t.source([t.names.rollouts], "g-restart", "rollout", sink)
+    first = t.source([t.names.rollouts], f"{t.names.run}.g-restart", "rollout", sink)
     part1 = drain(first, 5, backend.wait_s, max_records=5)[:5]
     handled: dict[tuple[str, int], int] = {}
     for c in part1:  # one past each partition's last handled record
@@ -136,7 +136,7 @@ def test_a_restart_in_the_same_group_resumes_after_the_committed_offset(backend)
     assert first.commit(handled)
     first.close()  # a crash after the commit: nothing past `handled` was processed
 
-    second = t.source([t.names.rollouts], "g-restart", "rollout", t.sink())
+    second = t.source([t.names.rollouts], f"{t.names.run}.g-restart", "rollout", t.sink())
     part2 = drain(second, len(sent) - len(part1), backend.wait_s)
     ids1, ids2 = [c.value.rollout_id for c in part1], [c.value.rollout_id for c in part2]
     assert not set(ids1) & set(ids2)  # nothing twice
@@ -154,8 +154,8 @@ def test_two_members_split_the_partitions_and_the_survivor_takes_over_when_one_l
     for r in sent:
         sink.send(t.names.rollouts, r, key=r.group_id)
     sink.flush()
-    a = t.source([t.names.rollouts], "g-split", "rollout", sink)
-    b = t.source([t.names.rollouts], "g-split", "rollout", sink)
+    a = t.source([t.names.rollouts], f"{t.names.run}.g-split", "rollout", sink)
+    b = t.source([t.names.rollouts], f"{t.names.run}.g-split", "rollout", sink)
     got: dict[str, list] = {"a": [], "b": []}
     deadline = time.monotonic() + backend.wait_s
     while time.monotonic() < deadline and len(got["a"]) + len(got["b"]) < len(sent):
@@ -166,6 +166,10 @@ def test_two_members_split_the_partitions_and_the_survivor_takes_over_when_one_l
     assert sorted(ids) == sorted(r.rollout_id for r in sent) and len(set(ids)) == len(ids)  # every record once
     parts_a, parts_b = {c.partition for c in got["a"]}, {c.partition for c in got["b"]}
     assert parts_a and parts_b and not parts_a & parts_b
+    by_group: dict[str, set[int]] = {}
+    for c in got["a"] + got["b"]:  # a GRPO group stays on one partition (keyed by group id), so with one member
+        by_group.setdefault(c.value.group_id, set()).add(c.partition)
+    assert all(len(p) == 1 for p in by_group.values())
 
     b.close()  # b leaves: its partitions go to a, which resumes them from b's commits
     more = [samples.rollout(100 + i) for i in range(12)]
@@ -197,7 +201,7 @@ def test_invalid_records_go_to_the_dead_letter_topic_with_reason_and_source_offs
     sink.send(t.names.rollouts, good_b, key=good_b.group_id)
     sink.flush()
 
-    source = t.source([t.names.rollouts], "g-dlq", "rollout", sink)
+    source = t.source([t.names.rollouts], f"{t.names.run}.g-dlq", "rollout", sink)
     got = drain(source, 2, backend.wait_s)
     assert [(c.offset, c.value.rollout_id) for c in got] == [(0, good_a.rollout_id), (4, good_b.rollout_id)]
     assert source.dead_lettered == 3
@@ -205,7 +209,7 @@ def test_invalid_records_go_to_the_dead_letter_topic_with_reason_and_source_offs
     assert source.commit()
     source.close()
 
-    dlq = t.source([t.names.dlq], "g-dlq-reader", "dead_letter", sink)
+    dlq = t.source([t.names.dlq], f"{t.names.run}.g-dlq-reader", "dead_letter", sink)
     letters = {c.value.source_offset: c.value for c in drain(dlq, 3, backend.wait_s)}
     assert set(letters) == {1, 2, 3} and all(isinstance(x, DeadLetter) for x in letters.values())
     assert letters[1].raw_value == b"\xc1garbage\xff" and letters[1].raw_key == b"junk"
@@ -214,7 +218,7 @@ def test_invalid_records_go_to_the_dead_letter_topic_with_reason_and_source_offs
     assert letters[3].error_type == "KeyError" and "group_id" in letters[3].reason
     dlq.close()
 
-    again = t.source([t.names.rollouts], "g-dlq", "rollout", t.sink())  # committed past all five
+    again = t.source([t.names.rollouts], f"{t.names.run}.g-dlq", "rollout", t.sink())  # committed past all five
     assert read_to_end(again, backend.wait_s) == []
     assert again.committed(t.names.rollouts, 0) == 5
     again.close()
@@ -228,7 +232,7 @@ def test_trace_headers_pass_through_and_parent_the_processing_span(backend):
     for i in range(2):
         sink.send(t.names.rollouts, samples.rollout(i), key=samples.rollout(i).group_id)
     sink.flush()
-    source = t.source([t.names.rollouts], "g-trace", "rollout", sink)
+    source = t.source([t.names.rollouts], f"{t.names.run}.g-trace", "rollout", sink)
     got = drain(source, 2, backend.wait_s)
     assert len(got) == 2
     sends = [s for s in exporter.get_finished_spans() if s.name == f"send {t.names.rollouts}"]

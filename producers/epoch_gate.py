@@ -133,7 +133,7 @@ class EpochGate:
         if now - self._finishing_at >= self.check_every_s:
             self._finishing_at = now
             assigned = self.source.assignment()
-            parts = [tuple(tp) for tp in self.partitions()]
+            parts = self.partitions()
             if all(tp in assigned for tp in parts):  # one producer owns them all: nobody else waits
                 self._finishing = False
                 return False

@@ -114,9 +114,3 @@ class Transport:
         if bulk:
             settings["max_partition_fetch_bytes"] = settings["fetch_max_bytes"]
         return KafkaConsumer(**settings)
-
-
-def committed_offsets(admin: Admin, group: str) -> dict[tuple[str, int], int]:
-    """``{(topic, partition): offset}`` the consumer ``group`` committed, as the broker reports them (partitions
-    without a commit are left out); the same as ``admin.committed_offsets(group)``."""
-    return admin.committed_offsets(group)

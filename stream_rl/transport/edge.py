@@ -58,6 +58,7 @@ from typing import Any
 from schemas import DeadLetter, SchemaError, decode
 from stream_rl.transport.keys import KEY_FIELDS, key_problem
 from stream_rl.transport.membership import AssignmentWatch, close_consumer
+from stream_rl.transport.reader import list_partitions, topic_partition
 from stream_rl.transport.rejections import EdgeRejection
 from stream_rl.transport.settings import ClientProbe
 from stream_rl.transport.sink import (
@@ -124,24 +125,22 @@ class Source:
 
     def position(self, topic: str, partition: int) -> int:
         """The offset of the next record ``poll`` hands out from an assigned partition."""
-        return self._consumer.position(_tp(topic, partition))
+        return self._consumer.position(topic_partition((topic, partition)))
 
     def committed(self, topic: str, partition: int, timeout_s: float = 10.0) -> int | None:
         """The group's committed offset of a partition (None: none), asked of the broker."""
-        return self._consumer.committed(_tp(topic, partition), timeout_ms=int(timeout_s * 1000))
+        return self._consumer.committed(topic_partition((topic, partition)), timeout_ms=int(timeout_s * 1000))
 
     def highwater(self, topic: str, partition: int) -> int | None:
         """An assigned partition's high-water mark as of the last fetch (None before one; no request)."""
-        return self._consumer.highwater(_tp(topic, partition))
+        return self._consumer.highwater(topic_partition((topic, partition)))
 
     def seek(self, topic: str, partition: int, offset: int) -> None:
         """Read an assigned partition from ``offset`` at the next ``poll``."""
-        self._consumer.seek(_tp(topic, partition), offset)
+        self._consumer.seek(topic_partition((topic, partition)), offset)
 
     def partitions(self, topic: str, timeout_s: float = 10.0) -> list[tuple[str, int]]:
         """Every partition of ``topic``; KeyError naming it when it does not exist within ``timeout_s``."""
-        from stream_rl.transport.reader import list_partitions
-
         return list_partitions(self._consumer, topic, timeout_s)
 
     def unsubscribe(self) -> None:
@@ -150,13 +149,13 @@ class Source:
 
     def assign(self, offsets: dict[tuple[str, int], int]) -> None:
         """Read exactly these partitions (no group membership), each from its given offset."""
-        self._consumer.assign([_tp(*key) for key in offsets])
+        self._consumer.assign([topic_partition(key) for key in offsets])
         for (topic, partition), offset in offsets.items():
             self.seek(topic, partition, offset)
 
     def beginning_offsets(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """The first offset the broker still holds (low watermark) of each partition."""
-        found = self._consumer.beginning_offsets([_tp(*key) for key in partitions])
+        found = self._consumer.beginning_offsets([topic_partition(key) for key in partitions])
         return {(tp.topic, tp.partition): int(off) for tp, off in found.items()}
 
     def poll(self, timeout_s: float = 1.0, max_records: int | None = None) -> list[Consumed]:
@@ -275,7 +274,8 @@ class Source:
         if not offsets:
             return True
         try:
-            self._consumer.commit({_tp(*tp): OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()})
+            self._consumer.commit({topic_partition(tp): OffsetAndMetadata(off, "", -1)
+                                   for tp, off in offsets.items()})
         except (CommitFailedError, RebalanceInProgressError) as exc:
             log.warning("commit lost to a rebalance (records will be redelivered): %s", exc)
             self._next.clear()
@@ -299,13 +299,6 @@ class Source:
 
     def close(self) -> None:
         close_consumer(self._consumer, leave=self._leave_group)
-
-
-def _tp(topic: str, partition: int):
-    """kafka-python's partition type (a named tuple: equal to, and hashed like, the plain pair)."""
-    from kafka.structs import TopicPartition
-
-    return TopicPartition(topic, partition)
 
 
 def resume(consumer, partitions: Sequence[Any]) -> None:

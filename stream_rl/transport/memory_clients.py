@@ -23,12 +23,10 @@ from kafka.errors import (
 )
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
+from stream_rl.transport.reader import topic_partition
+
 if TYPE_CHECKING:
     from stream_rl.transport.memory import Bus
-
-
-def _tp(tp: Any) -> TopicPartition:
-    return tp if isinstance(tp, TopicPartition) else TopicPartition(*tp)
 
 
 class MemoryConsumer:
@@ -69,7 +67,7 @@ class MemoryConsumer:
     def assign(self, partitions: Iterable[Any]) -> None:
         if self._topics:
             raise IllegalStateError("Subscription to topics, partitions and pattern are mutually exclusive")
-        self._assigned = {_tp(tp) for tp in partitions}
+        self._assigned = {topic_partition(tp) for tp in partitions}
         self._positions = {tp: off for tp, off in self._positions.items() if tp in self._assigned}
         self._paused &= self._assigned
 
@@ -137,7 +135,7 @@ class MemoryConsumer:
         return out
 
     def position(self, tp: Any) -> int:
-        tp = _tp(tp)
+        tp = topic_partition(tp)
         if tp not in self._assigned:
             raise IllegalStateError(f"No current assignment for partition {tp}")
         if tp not in self._positions:
@@ -146,7 +144,7 @@ class MemoryConsumer:
         return self._positions[tp]
 
     def seek(self, tp: Any, offset: int) -> None:
-        tp = _tp(tp)
+        tp = topic_partition(tp)
         if tp not in self._assigned:
             raise IllegalStateError(f"No current assignment for partition {tp}")
         self._positions[tp] = offset
@@ -156,14 +154,14 @@ class MemoryConsumer:
             self.seek(tp, 0)
 
     def highwater(self, tp: Any) -> int | None:
-        tp = _tp(tp)
+        tp = topic_partition(tp)
         if tp not in self._assigned:
             return None
         with self.bus.cond:
             return len(self.bus.partitions(tp.topic)[tp.partition])
 
     def beginning_offsets(self, partitions: Iterable[Any]) -> dict[TopicPartition, int]:
-        return {_tp(tp): 0 for tp in partitions}  # nothing is ever deleted from a memory log
+        return {topic_partition(tp): 0 for tp in partitions}  # nothing is ever deleted from a memory log
 
     def topics(self) -> set[str]:
         with self.bus.cond:
@@ -174,10 +172,10 @@ class MemoryConsumer:
             return set(range(len(self.bus.logs[topic]))) if topic in self.bus.logs else None
 
     def pause(self, *partitions: Any) -> None:
-        self._paused |= {_tp(tp) for tp in partitions if _tp(tp) in self._assigned}
+        self._paused |= {topic_partition(tp) for tp in partitions if topic_partition(tp) in self._assigned}
 
     def resume(self, *partitions: Any) -> None:
-        self._paused -= {_tp(tp) for tp in partitions}
+        self._paused -= {topic_partition(tp) for tp in partitions}
 
     def paused(self) -> set[TopicPartition]:
         return set(self._paused)
@@ -188,14 +186,14 @@ class MemoryConsumer:
         if self.group_id is None:
             return None
         with self.bus.cond:
-            return self.bus.group(self.group_id).committed.get(_tp(tp))
+            return self.bus.group(self.group_id).committed.get(topic_partition(tp))
 
     def commit(self, offsets: dict[Any, Any] | None = None, timeout_ms: int | None = None) -> None:
         with self.bus.cond:
             group = self.bus.group(self._group_required())
             if offsets is None:
                 offsets = {tp: self.position(tp) for tp in self._assigned}
-            offsets = {_tp(tp): getattr(off, "offset", off) for tp, off in offsets.items()}
+            offsets = {topic_partition(tp): getattr(off, "offset", off) for tp, off in offsets.items()}
             if self._topics:
                 lost = [tp for tp in offsets if group.owner.get(tp) is not self]
                 if lost or self._generation != group.generation:

@@ -46,12 +46,21 @@ class Record:
         return cls(rec.topic, rec.partition, rec.offset, rec.key, rec.value, list(rec.headers or ()), rec.timestamp)
 
 
-def _tp(key: Any):
+def topic_partition(key: Any):
     """kafka-python's partition type of a ``(topic, partition)`` pair (a named tuple: equal to, and hashed like,
-    the plain pair)."""
+    the plain pair); the one conversion the transport's clients are handed (the bus's clients take it too)."""
     from kafka.structs import TopicPartition
 
     return key if isinstance(key, TopicPartition) else TopicPartition(*key)
+
+
+def _seek_each(consumer: Any, offsets: Mapping[Any, int | None]) -> None:
+    """Seek each assigned partition to its offset (None or < 0: its first record)."""
+    for key, offset in offsets.items():
+        if offset is None or offset < 0:
+            consumer.seek_to_beginning(topic_partition(key))
+        else:
+            consumer.seek(topic_partition(key), offset)
 
 
 def list_partitions(consumer: Any, topic: str, timeout_s: float = 10.0) -> list[Partition]:
@@ -100,15 +109,10 @@ class Reader:
         repeated measurement moves only the records added since), else from the beginning; nothing is consumed.
         TimeoutError naming the partitions that got no fetch response within ``timeout_s``."""
         consumer = self._consumer
-        tps = [_tp(key) for key in partitions]
-        start = {_tp(key): offset for key, offset in (start or {}).items()}
+        tps = [topic_partition(key) for key in partitions]
+        start = {topic_partition(key): offset for key, offset in (start or {}).items()}
         consumer.assign(list(tps))
-        for tp in tps:
-            offset = start.get(tp)
-            if offset is None or offset < 0:
-                consumer.seek_to_beginning(tp)
-            else:
-                consumer.seek(tp, offset)
+        _seek_each(consumer, {tp: start.get(tp) for tp in tps})
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             consumer.poll(timeout_ms=200, max_records=1, update_offsets=False)
@@ -128,7 +132,7 @@ class Reader:
         A batch the client cannot read (codec, corruption) comes out as one :class:`SkippedRecord` per offset with
         the reason, and the read goes on after it."""
         consumer = self._consumer
-        tp = _tp(partition)
+        tp = topic_partition(partition)
         end = self.highwaters([partition], timeout_s)[(tp.topic, tp.partition)]
         consumer.assign([tp])
         consumer.seek(tp, max(start, 0))
@@ -156,13 +160,8 @@ class Reader:
 
     def follow(self, offsets: Mapping[Partition, int | None]) -> None:
         """Read exactly these partitions from now on, each from its offset (None or < 0: its first record)."""
-        consumer = self._consumer
-        consumer.assign([_tp(key) for key in offsets])
-        for key, offset in offsets.items():
-            if offset is None or offset < 0:
-                consumer.seek_to_beginning(_tp(key))
-            else:
-                consumer.seek(_tp(key), offset)
+        self._consumer.assign([topic_partition(key) for key in offsets])
+        _seek_each(self._consumer, offsets)
 
     def poll(self, timeout_s: float = 0.0, max_records: int | None = None) -> list[Record]:
         """The next records of the followed partitions (waits at most ``timeout_s`` for some), partition by
@@ -172,11 +171,11 @@ class Reader:
 
     def position(self, topic: str, partition: int) -> int:
         """The offset of the next record :meth:`poll` hands out from a followed partition."""
-        return self._consumer.position(_tp((topic, partition)))
+        return self._consumer.position(topic_partition((topic, partition)))
 
     def highwater(self, topic: str, partition: int) -> int | None:
         """A followed partition's high-water mark as of the last fetch (None before one; no request)."""
-        mark = self._consumer.highwater(_tp((topic, partition)))
+        mark = self._consumer.highwater(topic_partition((topic, partition)))
         return None if mark is None else int(mark)
 
     def close(self) -> None:

@@ -1,5 +1,5 @@
-"""The alert engine (transitions once, action precedence, config switches), the open-alerts fold, and the monitor
-publishing to a real alerts topic with its log lines."""
+"""The alert monitor publishing transitions to a real alerts topic with its log lines. The engine's transitions,
+action precedence and config switches: tests/unit/test_alerts_transitions.py."""
 
 from __future__ import annotations
 

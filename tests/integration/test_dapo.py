@@ -1,5 +1,5 @@
-"""DAPO's options: dynamic sampling (uniform groups go to the stale topic), the soft overlong penalty and overlong
-filtering; the formulas against hand-computed values, the batcher, the targets, the step and the config rules."""
+"""DAPO's dynamic sampling through the real trainer loop: uniform groups go to the stale topic, the others train.
+The formulas, batcher, targets, step and config rules: tests/unit/test_dapo_options.py."""
 
 from __future__ import annotations
 

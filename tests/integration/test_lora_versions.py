@@ -1,6 +1,6 @@
-"""LoRA versions on the wire and in producers: the merge math, adapter manifests, the hf engine applying versions
-(no accumulation, all or nothing), the producer loop's dispatch, the broker path, the trainer loop end to end, and
-the bench's byte counts."""
+"""LoRA versions on the real broker: adapter versions as snapshot then delta, a LoRA trainer publishing versions a
+producer applies, and the bench's byte counts. The merge math, manifests and the hf engine:
+tests/unit/test_lora_adapter_versions.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""The scorer: reward references, reference log-probs, reward model, the pure step, and the loop on the real broker."""
+"""The scorer loop on the real broker: keyed outputs, traces continued, restarts that re-read nothing, poisoned
+rewards dead-lettered, two scorers sharing a group, batch counting. The pure step, reward references and models:
+tests/unit/test_scoring_step.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""`stream-rl trace show`: percentiles and the rollout filter on hand-made spans, the missing-file error, and the
-tree shape of spans written by the real transport edge and scorer loop on the real broker (producer send ->
-scorer process -> scored send; a train-step span linking to the scored records)."""
+"""`stream-rl trace show` on spans written by the real transport edge and scorer loop on the real broker: one tree
+per rollout (producer send -> scorer process -> scored send; a train-step span linking to the scored records).
+Percentiles, the rollout filter and the missing-file error: tests/unit/test_trace_summary.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Data-parallel trainer ranks on CPU (gloo): the lockstep plan, and N ranks computing the one-rank step.
+"""Data-parallel trainer ranks on CPU (gloo): N ranks computing the one-rank step, `stream-rl run` with two ranks,
+and two "machines" forming one trainer. The lockstep plan and the launcher's messages:
+tests/unit/test_trainer_rank_plan.py.
 
 The 2-rank runs go through torch's own launcher (``python -m torch.distributed.run``), as users run them.
 """

@@ -1,4 +1,5 @@
-"""Versioned weight broadcast: pure payload functions without Kafka, then publish/fetch on the real local broker."""
+"""Versioned weight broadcast on the real local broker: inline and store round trips, mode switching, corrupt or
+missing chunks, late joiners and garbage collection. The pure payload functions: tests/unit/test_weights_payload.py."""
 
 from __future__ import annotations
 

@@ -42,20 +42,16 @@ def tiny_policy_dir(path: Path, seed: int = 0) -> Path:
     """A random-weight LlamaForCausalLM (hidden 64, 2 layers, 2 heads of dim 32) with the demo's char tokenizer,
     saved with ``stream_rl.models.save_model``: it can write every addition prompt, and loads fast."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     from stream_rl.demo.tokenizer import build_tokenizer
     from stream_rl.models import save_model
+    from support.producers import tiny_llama_config
 
     torch.set_num_threads(1)  # the roles run as their own processes; the test process only builds the model
     tokenizer = build_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=2, head_dim=32, intermediate_size=128, max_position_embeddings=64,
-        tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(seed)
-    return save_model(LlamaForCausalLM(config), tokenizer, path)
+    return save_model(LlamaForCausalLM(tiny_llama_config(tokenizer)), tokenizer, path)
 
 
 def demo_prompts(tmp_path: Path, n_prompts: int, epochs: int, group_size: int, seed: int = 0) -> list[Prompt]:

@@ -1,6 +1,6 @@
 """Producer (generator) test helpers: tiny model directories, prompt records, a scripted engine (``FakeEngine``),
-the generator role run on a thread (``start_generator``/``stop_generator``) and readers of what it wrote, and the in-flight-update
-analysis (``swap_errors``) shared by the hf and vLLM engine tests."""
+the generator role run on a thread (``start_generator``/``stop_generator``) and readers of what it wrote, and the
+in-flight-update analysis (``swap_errors``) shared by the hf and vLLM engine tests."""
 
 from __future__ import annotations
 
@@ -17,20 +17,26 @@ from schemas import Prompt
 from support.topics import read_records
 
 
-def build_tiny_model_dir(path: Path, seed: int = 0) -> Path:
-    """A tiny LlamaForCausalLM (hidden 64, 2 layers, 2 heads of dim 32) + the demo char tokenizer, saved."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def tiny_llama_config(tokenizer):
+    """The tests' tiny LlamaForCausalLM shape for the demo char tokenizer: hidden 64, 2 layers, 2 heads of dim 32."""
+    from transformers import LlamaConfig
 
-    from stream_rl.demo.tokenizer import build_tokenizer
-
-    tokenizer = build_tokenizer()
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
         num_key_value_heads=2, head_dim=32, intermediate_size=128, max_position_embeddings=64,
         tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id)
+
+
+def build_tiny_model_dir(path: Path, seed: int = 0) -> Path:
+    """A tiny LlamaForCausalLM (:func:`tiny_llama_config`) + the demo char tokenizer, saved."""
+    from transformers import LlamaForCausalLM
+
+    from stream_rl.demo.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer()
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(tiny_llama_config(tokenizer))
     with torch.no_grad():  # a sharper output head than the default init, so samples are far from uniform
         model.lm_head.weight.mul_(8.0)
     model.save_pretrained(path)

@@ -41,13 +41,8 @@ def read_values(transport, topic: str, kind: str) -> list:
 
 def committed(transport, group: str) -> dict[tuple[str, int], int]:
     """``{(topic, partition): offset}`` the consumer ``group`` has committed (the roles' own reader of it)."""
-    from stream_rl.transport.client import committed_offsets
-
-    admin = transport.admin()
-    try:
-        return committed_offsets(admin, group)
-    finally:
-        admin.close()
+    with transport.admin() as admin:
+        return admin.committed_offsets(group)
 
 
 def heartbeats(transport, instance_id: str) -> list[Heartbeat]:

@@ -203,7 +203,6 @@ def test_the_scorer_scores_in_batches_of_batch_size_and_commits_each(bus_transpo
 
     from consumers.scorer.config import ScorerConfig
     from consumers.scorer.scorer import ScorerDeps, run_scorer, scorer_group
-    from stream_rl.transport.client import committed_offsets
     from stream_rl.transport.tracing import Tracing
 
     t = bus_transport({"rollouts": 1, "scored": 1})
@@ -221,6 +220,6 @@ def test_the_scorer_scores_in_batches_of_batch_size_and_commits_each(bus_transpo
     assert sorted(s.rollout.rollout_id for s in scored) == sorted(r.rollout_id for r in rollouts)
     admin = t.admin()
     try:
-        assert committed_offsets(admin, scorer_group(cfg)) == {(t.names.rollouts, 0): 12}
+        assert admin.committed_offsets(scorer_group(cfg)) == {(t.names.rollouts, 0): 12}
     finally:
         admin.close()

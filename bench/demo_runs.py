@@ -149,7 +149,7 @@ class Stages:
             self._next = (self._next + self.per_step) % (len(self.prompts) - self.per_step)
             t0 = time.perf_counter()
             result = produce_rollouts(batch, self.generator, producer_id="bench-producer",
-                                      temperature=pcfg.temperature, max_new_tokens=pcfg.max_new_tokens,
+                                      sampling=pcfg.sampling(), max_new_tokens=pcfg.max_new_tokens,
                                       seed=pcfg.seed, group_size=pcfg.group_size)
             seconds += time.perf_counter() - t0
             rollouts.append(result.rollouts)

@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from producers.engines.base import Sampling
+
 MIN_REPEATS = 3
 SHAPES = {  # Llama-shaped, random init
     "full": dict(hidden_size=2048, num_hidden_layers=12, intermediate_size=5632, num_attention_heads=16,
@@ -95,7 +97,8 @@ def measure_generation(engine, sizes: dict[str, int], vocab: int, device: str, r
     def one() -> dict[str, float]:
         sync(device)
         start = time.perf_counter()
-        groups = engine.generate(prompts, n=1, temperature=1.0, max_new_tokens=sizes["gen_new"], seed=next(calls))
+        groups = engine.generate(prompts, n=1, sampling=Sampling(1.0),
+                                 max_new_tokens=sizes["gen_new"], seed=next(calls))
         sync(device)
         seconds = time.perf_counter() - start
         tokens = sum(len(s.token_ids) for group in groups for s in group)

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from producers.engines.base import Sampling
+
 VARIANTS = ("decoupled", "uncorrected", "ppo_mu")
 REWARD_FUNCTION = "stream_rl.demo.task:addition_reward"
 
@@ -147,7 +149,7 @@ class DemoLoop:
         from producers.generate import produce_rollouts
 
         rollouts = produce_rollouts(prompts, self.producer, producer_id="bench-offpolicy",
-                                    temperature=self.spec.temperature, max_new_tokens=self.spec.max_new_tokens,
+                                    sampling=Sampling(self.spec.temperature), max_new_tokens=self.spec.max_new_tokens,
                                     seed=seed).rollouts
         scored = score_rollouts(rollouts, self.scoring)
         bad = [s for s in scored if isinstance(s, Rejected)]

@@ -69,6 +69,9 @@ BENCHMARKS: tuple[BenchSpec, ...] = (
               "The trainer's response tokens/s on padded rows, on packed rows (`trainer.packing`) and with shared "
               "prompts (the default), one `train_step` of each per round on the same batch of variable-length "
               "responses (8-64 tokens)."),
+    BenchSpec("rewards", 11, "Reward calls", "bench.reward_calls",
+              "One scorer's rollouts/s against a reward server answering in 100 ms, at `scorer.reward_concurrency` "
+              "1, 4 and 16 (one request per rollout): speed-up against 1 and its efficiency."),
 )
 NAMED_ONLY: tuple[BenchSpec, ...] = (
     BenchSpec("trl", 9, "Against TRL", "bench.trl_peer",

@@ -55,7 +55,7 @@ def base_rollouts(cfg, demo: Path, count: int) -> list:
         with dr.one_thread():
             return [r for i in range(0, len(prompts), per_batch)
                     for r in produce_rollouts(prompts[i:i + per_batch], engine, producer_id="bench-producer",
-                                              temperature=cfg.producer.temperature,
+                                              sampling=cfg.producer.sampling(),
                                               max_new_tokens=cfg.producer.max_new_tokens, seed=i).rollouts]
     finally:
         engine.close()

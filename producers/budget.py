@@ -8,8 +8,22 @@ Produces: ``over(version, now)``, and counters for :class:`producers.generator.P
 The budget bounds the groups in flight, i.e. generated and not yet trained or dropped by the trainer::
 
     in_flight  = generated - returned                      (since the budget began at version v0)
-    allowed(v) = (v - v0 + 1 + versions_ahead) * share     share = producer.max_groups_per_version
+    allowed(v) = (v - skipped - v0 + 1 + versions_ahead) * share     share = producer.max_groups_per_version
     over       = in_flight >= allowed(v)
+
+``skipped`` counts the versions that are no trained step (:meth:`Budget.held`, from each held version's trainer
+step): a resumed trainer republishes its checkpoint's weights under a new number (``versions.reconcile``), e.g.
+102 -> 107 after a crash past checkpoint 102 with 103..106 published. The resumed trainer re-reads the records it
+had trained since the checkpoint, so its line is back at 102, not on at 107; counting 107 as 5 more versions of
+allowance kept about 5 versions' worth of groups more in flight for the rest of the run, trained at lag up to
+``max_lag`` + 5, i.e. a permanent tail of stale drops (issue 35.3). With ``k`` trainer steps per version (learned
+from two consecutive versions, ``trainer.broadcast_every``), the versions trained between two held ones are
+``(step' - step) // k``, negative across a resume (the line went back)::
+
+    held:     v105 s105   v106 s106   v107 s102 (republished checkpoint)   v108 s103
+    trained:       +1          +1          -4                                   +1
+    skipped:        0           0           5                                    5
+    allowed:  (105-v0+1+a)s  (106..)s   (102-v0+1+a)s                       (103-v0+1+a)s
 
 Guarantees:
 - A group the trainer dropped as stale is returned to the budget once per drop (the first stale record of the
@@ -53,8 +67,12 @@ class Budget:
     generated: int = 0
     returned: int = 0
     resets: int = 0
+    skipped: int = 0
+    """Versions held that were no trained step (a resume's republished checkpoint, see :meth:`held`)."""
     _groups: OrderedDict[str, _Tracked] = field(default_factory=OrderedDict, repr=False)
     _waiting: tuple[int, float] | None = field(default=None, repr=False)  # (version, since) while over budget
+    _held: tuple[int, int] | None = field(default=None, repr=False)  # (version, trainer step) of the weights held
+    _per_version: int | None = field(default=None, repr=False)  # trainer steps per version, from v -> v + 1
 
     @property
     def in_flight(self) -> int:
@@ -64,7 +82,28 @@ class Budget:
         """Groups that may be in flight while holding ``version`` (unbounded without a share)."""
         if self.share is None:
             return 1 << 62
-        return max(0, version - self.start_version + 1 + self.versions_ahead) * self.share
+        return max(0, version - self.skipped - self.start_version + 1 + self.versions_ahead) * self.share
+
+    def held(self, version: int, step: int) -> None:
+        """The producer now holds ``version``, whose weights the trainer took after its step ``step`` (the
+        manifest's): the versions since the one held before that were no trained step are ``skipped`` (module
+        docstring). Without a learned steps-per-version, a step that went back skips the new versions only."""
+        if self._held is None or version <= self._held[0]:
+            self._held = (version, step) if self._held is None else self._held
+            return
+        dv, ds = version - self._held[0], step - self._held[1]
+        if dv == 1 and ds > 0:
+            self._per_version = ds
+        if self._per_version is not None:
+            trained = min(dv, ds // self._per_version)
+        else:
+            trained = min(dv, max(ds, 0))
+        if trained < dv:
+            log.warning("backpressure: v%d (step %d) after v%d (step %d) is %d trained version(s), not %d (a "
+                        "resumed trainer republished its checkpoint): the budget counts %d", version, step,
+                        self._held[0], self._held[1], trained, dv, trained)
+        self.skipped += dv - trained
+        self._held = (version, step)
 
     def over(self, version: int, now: float) -> bool:
         """True while the producer must wait for newer weights; re-derives the budget after a stall."""
@@ -111,7 +150,7 @@ class Budget:
 
     def rebase(self, version: int) -> None:
         """Start over at ``version`` with nothing in flight (what a restarted producer does)."""
-        self.start_version = version
+        self.start_version = version - self.skipped
         self.generated = self.returned = 0
         self._groups.clear()
         self._waiting = None

@@ -11,7 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from producers.engines.base import Sampling
 
 from schemas import ID_PATTERN
 from stream_rl.config.base import DEVICE_PATTERN, Section
@@ -53,8 +55,31 @@ class ProducerConfig(Section):
                     "dead-lettered with the reason instead of exhausting the engine")
     temperature: float = Field(
         1.0, ge=0.01, le=100.0,
-        description="sampling temperature; behaviour logprobs are log softmax(logits / temperature), and the "
-                    "trainer divides by the same value (no top-k/top-p)")
+        description="sampling temperature, applied first (then min_p, top_k, top_p, as vLLM applies them); the "
+                    "trainer divides its logits by the same value. Behaviour logprobs are those of the distribution "
+                    "sampled from: log softmax(logits / temperature), truncated and renormalised when top_k, top_p "
+                    "or min_p are set (docs/algorithms.md, Sampling controls)")
+    top_k: int = Field(
+        0, ge=-1, le=1_000_000,
+        description="keep the top_k most likely tokens (ties with the k-th kept), after temperature and min_p; 0 "
+                    "or -1: off")
+    top_p: float = Field(
+        1.0, gt=0.0, le=1.0,
+        description="nucleus sampling: keep the most likely tokens whose cumulative probability (over what min_p "
+                    "and top_k kept, renormalised) first reaches top_p; 1: off")
+    min_p: float = Field(
+        0.0, ge=0.0, lt=1.0,
+        description="drop tokens whose probability (after temperature) is below min_p times the most likely "
+                    "token's; 0: off")
+    stop: list[str] = Field(
+        default_factory=list, max_length=64,
+        description="stop strings: a sample ends (finish_reason stop) at the token that completes one in the "
+                    "decoded response; that token stays in the response. Each must be non-empty and writable by "
+                    "the tokenizer (checked when the engine is built)")
+    stop_token_ids: list[int] = Field(
+        default_factory=list, max_length=64,
+        description="token ids that end a sample like the eos token (kept as its last token); each must lie in "
+                    "the vocabulary (checked when the engine is built)")
     max_new_tokens: int = Field(
         32, ge=1, description="response token budget; prompts with P + max_new_tokens > the model's length "
                               "limit are dead-lettered")
@@ -112,6 +137,27 @@ class ProducerConfig(Section):
         5.0, ge=0.0,
         description="at start-up, wait up to this long for the newest complete version (late joiners catch up)")
     vllm: VLLMSettings = Field(default_factory=VLLMSettings, description="settings of the vllm engine")
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings_not_empty(cls, stop: list[str]) -> list[str]:
+        for i, text in enumerate(stop):
+            if not text:
+                raise ValueError(f"stop string {i} is empty: an empty stop string would end every sample at once")
+        return stop
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_ids_not_negative(cls, ids: list[int]) -> list[int]:
+        for i, token in enumerate(ids):
+            if token < 0:
+                raise ValueError(f"stop token id {i} is {token}: token ids are >= 0")
+        return ids
+
+    def sampling(self) -> Sampling:
+        """The engines' :class:`~producers.engines.base.Sampling` of this section."""
+        return Sampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+                        stop=tuple(self.stop), stop_token_ids=tuple(self.stop_token_ids))
 
     @model_validator(mode="after")
     def _group_size_within_bound(self) -> ProducerConfig:

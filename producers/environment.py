@@ -32,11 +32,18 @@ class Observation:
 
     ``text`` is appended to the rollout as environment tokens (tokenised without special tokens; they are attended
     by the next turn but get no loss); ``done`` ends the episode (``text`` is then not appended); ``tags`` are
-    string metadata of this environment turn, written into ``Rollout.turns`` beside ``role = "env"``."""
+    string metadata of this environment turn, written into ``Rollout.turns`` beside ``role = "env"``; ``role`` is the
+    chat role the reply takes in a conversational prompt's conversation (``user``, or ``tool`` for a tool's
+    result), rendered by the chat template (:mod:`producers.chat_turns`)."""
 
     text: str
     done: bool = False
     tags: dict[str, str] = field(default_factory=dict)
+    role: str = "user"
+
+    def __post_init__(self) -> None:
+        if self.role not in ("user", "tool"):
+            raise ValueError(f"Observation.role must be 'user' or 'tool', got {self.role!r}")
 
 
 class Environment(Protocol):
@@ -63,7 +70,7 @@ class ToolEnvironment:
         reply = self.tool(policy_text)
         if reply is not None and not isinstance(reply, str):
             raise TypeError(f"tool {self.name} returned {type(reply).__name__}, expected str or None")
-        return Observation(reply or "", done=not reply, tags={"tool": self.name})
+        return Observation(reply or "", done=not reply, tags={"tool": self.name}, role="tool")
 
 
 def load_environment(reference: str) -> Callable[[], Environment]:

@@ -12,7 +12,8 @@ Guarantees:
 - ``token_policy_versions`` is, per token, the version that produced it: the sample's ``token_versions`` when the
   engine changed weights during the generation (in-flight updates), else the engine's version when the step began
   for every token. ``behavior_logprobs`` are the engine's sampled-distribution logprobs (``log softmax(logits /
-  T)``) under those same weights. ``producer/policy_version`` is the version held when the step ends.
+  T)``, truncated and renormalised under top-k/top-p/min-p: :class:`~producers.engines.base.Sampling`) under those
+  same weights. ``producer/policy_version`` is the version held when the step ends.
 - The sampling seed of a batch is derived from ``seed`` and the batch's (group id, attempt) pairs: the same
   prompts and weights give the same rollouts, a re-queued attempt gets fresh randomness.
 - Multi-turn (``turns``): each sample is an episode of policy and environment turns (:mod:`producers.multiturn`);
@@ -35,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from producers.engines.base import SEED_MODULUS, GenerationEngine, Sample
+from producers.chat_turns import ChatTurns
+from producers.engines.base import SEED_MODULUS, GenerationEngine, Sample, Sampling
 from producers.environment import Environment
 from producers.multiturn import Episode, run_episodes
 from schemas import Prompt, Rollout, group_id_for, rollout_id_for
@@ -109,14 +111,25 @@ def check_prompts(prompts: Sequence[Prompt], engine: GenerationEngine, *, max_ne
 
 @dataclass(frozen=True)
 class Turns:
-    """Multi-turn settings: a factory of fresh environments (one per rollout) and the policy turns at most."""
+    """Multi-turn settings: a factory of fresh environments (one per rollout), the policy turns at most, and the
+    chat template that renders replies to conversational prompts (``data.chat_template``: None takes the
+    tokenizer's own; :mod:`producers.chat_turns`)."""
 
     make_env: Callable[[], Environment]
     max_turns: int
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    use_chat: bool = True  # False: data.chat_template = "none", replies are plain text tokens
+
+    def chat(self, tokenizer: Any) -> ChatTurns | None:
+        """The reply renderer for ``tokenizer``; None when it has no chat template and none is given."""
+        if not self.use_chat or (self.chat_template is None and not getattr(tokenizer, "chat_template", None)):
+            return None
+        return ChatTurns(tokenizer, self.chat_template, dict(self.chat_template_kwargs))
 
 
 def produce_rollouts(prompts: Sequence[Prompt], engine: GenerationEngine, *, producer_id: str,
-                     temperature: float, max_new_tokens: int, seed: int, group_size: int | None = None,
+                     sampling: Sampling, max_new_tokens: int, seed: int, group_size: int | None = None,
                      max_group_size: int | None = None, clock: Callable[[], float] = time.time,
                      turns: Turns | None = None) -> StepResult:
     """Sample one group per prompt with ``engine`` (multi-turn episodes with ``turns``: :mod:`producers.multiturn`)
@@ -134,11 +147,12 @@ def produce_rollouts(prompts: Sequence[Prompt], engine: GenerationEngine, *, pro
         t0 = time.perf_counter()
         sampling_seed = batch_seed(seed, [p for _, p, _ in items])
         if turns is None:
-            generated = engine.generate([ids for _, _, ids in items], n, temperature, max_new_tokens, sampling_seed)
+            generated = engine.generate([ids for _, _, ids in items], n, sampling, max_new_tokens, sampling_seed)
         else:
             generated = run_episodes(engine, [p for _, p, _ in items], [ids for _, _, ids in items], n,
-                                     temperature=temperature, max_new_tokens=max_new_tokens, seed=sampling_seed,
-                                     make_env=turns.make_env, max_turns=turns.max_turns)
+                                     sampling=sampling, max_new_tokens=max_new_tokens, seed=sampling_seed,
+                                     make_env=turns.make_env, max_turns=turns.max_turns,
+                                     chat=turns.chat(engine.tokenizer))
         generate_s += time.perf_counter() - t0
         for (index, _, _), group in zip(items, generated, strict=True):
             if isinstance(group, str):  # its environment failed: dead-lettered with the reason
@@ -149,7 +163,7 @@ def produce_rollouts(prompts: Sequence[Prompt], engine: GenerationEngine, *, pro
     created_at = clock()
     rollouts = [
         _rollout(prompt, ids, sample_index, sample, group_size=len(groups[index]), version=version,
-                 producer_id=producer_id, temperature=temperature, tokenizer=engine.tokenizer,
+                 producer_id=producer_id, temperature=sampling.temperature, tokenizer=engine.tokenizer,
                  timings={"generate_s": generate_s, "queue_wait_s": max(0.0, started - prompt.created_at),
                           "created_at": created_at})
         for index, prompt, ids in accepted

@@ -65,6 +65,7 @@ from producers.config import ProducerConfig
 from producers.engines.base import GenerationEngine, WeightsHook, WeightsMismatch
 from producers.generate import StepResult, Turns, check_prompts, plan_batch, produce_rollouts
 from producers.stale_feed import StaleFeed
+from schemas import group_id_for
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,7 @@ class _WeightsFollower:
         self.stats = stats
         self._rejected: set[tuple[int, str]] = set()  # (version, sha256): a re-published fix is tried again
         self.newest_seen = -1  # newest manifest version seen (staleness of the weights this producer holds)
+        self.held_step: int | None = None  # the trainer step of the version loaded last (the budget's clock)
 
     def update(self, timeout_s: float = 0.0, wait_for_newer: bool = False) -> None:
         """Load the newest verified version; with ``wait_for_newer``, wait up to ``timeout_s`` for a version above
@@ -137,6 +139,7 @@ class _WeightsFollower:
                       manifest.version, type(exc).__name__, exc, old)
             return False
         self.stats.weight_updates.append(manifest.version)
+        self.held_step = manifest.step
         log.info("weights v%d -> v%d (step %d)", old, manifest.version, manifest.step)
         return True
 
@@ -155,18 +158,21 @@ def run_producer(cfg, stop_event: threading.Event | None = None, max_batches: in
                  deps: ProducerDeps | None = None) -> ProducerStats:
     """Generate rollouts for prompts until ``stop_event`` is set or ``max_batches`` batches were produced.
 
-    ``cfg`` is the root config: the role reads ``cfg.producer`` and ``cfg.weights``."""
+    ``cfg`` is the root config: the role reads ``cfg.producer``, ``cfg.weights`` and ``cfg.data`` (the chat template
+    of multi-turn replies)."""
     from producers.engines import build_engine
     from stream_rl.telemetry.role import RoleTelemetry
     from stream_rl.transport.client import Transport
 
     deps = deps if deps is not None else ProducerDeps()
     pcfg = cfg.producer
-    turns = _turns(pcfg)  # a bad producer.environment fails here, before the engine loads or a prompt is read
+    turns = _turns(pcfg, cfg.data)  # a bad producer.environment fails here, before the engine loads or a prompt is read
     stop_event = stop_event or threading.Event()
     transport = Transport(cfg, "producer")
     transport.ensure_topics()
     engine = deps.engine if deps.engine is not None else build_engine(pcfg)
+    if deps.engine is not None:  # build_engine checked its own
+        engine.check_sampling(pcfg.sampling())  # producer.stop / stop_token_ids the model cannot produce: refused
     stats = deps.stats if deps.stats is not None else ProducerStats()
     stats.version = engine.version
     sink = transport.sink()
@@ -211,6 +217,8 @@ def _iterate(batch: _Batcher, follower: _WeightsFollower | None, budget: Budget,
     if follower is not None and stats.batches % pcfg.weights_check_every_batches == 0:
         follower.update()
         telemetry.set_version(engine.version)
+    if follower is not None and follower.held_step is not None:  # also after an update in flight or a wait
+        budget.held(engine.version, follower.held_step)
     if stale is not None:
         stats.groups_returned += budget.returned_stale(stale.poll())
     if budget.over(engine.version, time.monotonic()) and not (batch.gate and batch.gate.finishing()):
@@ -363,23 +371,39 @@ def _backpressure(transport, pcfg: ProducerConfig, follower: _WeightsFollower | 
 def _generate(records, engine: GenerationEngine, pcfg: ProducerConfig, producer_id: str,
               turns: Turns | None = None) -> StepResult:
     return produce_rollouts([r.value for r in records], engine, producer_id=producer_id,
-                            temperature=pcfg.temperature, max_new_tokens=pcfg.max_new_tokens, seed=pcfg.seed,
+                            sampling=pcfg.sampling(), max_new_tokens=pcfg.max_new_tokens, seed=pcfg.seed,
                             group_size=pcfg.group_size, max_group_size=pcfg.max_group_size, turns=turns)
 
 
-def _turns(pcfg: ProducerConfig) -> Turns | None:
-    """Multi-turn settings from ``producer.environment`` (None: single-turn rollouts)."""
+def _turns(pcfg: ProducerConfig, data) -> Turns | None:
+    """Multi-turn settings from ``producer.environment`` and the ``data`` section's chat template (None:
+    single-turn rollouts)."""
     if pcfg.environment is None:
         return None
     from producers.environment import load_environment
+    from stream_rl.prompts.templates import template_override
 
-    return Turns(load_environment(pcfg.environment), pcfg.max_turns)
+    mode = data.chat_template
+    return Turns(load_environment(pcfg.environment), pcfg.max_turns, chat_template=template_override(mode),
+                 chat_template_kwargs=dict(data.chat_template_kwargs), use_chat=mode != "none")
 
 
 def _publish(result: StepResult, records, source, sink, topic: str) -> None:
-    """Send the rollouts keyed by group and dead-letter rejected prompts; wait for the broker's acks."""
+    """Send the rollouts keyed by group and dead-letter rejected prompts; wait for the broker's acks. A group with
+    a rollout that cannot fit ``kafka.max_request_size`` is not sent at all: its prompt is dead-lettered
+    (``RecordTooLarge``, both sizes), so no incomplete group ever reaches the scorers."""
+    too_large: dict = {}  # group_id -> the RecordTooLarge of its first member that cannot fit, else None
     for rollout in result.rollouts:
-        sink.send(topic, rollout, key=rollout.group_id)
+        if too_large.get(rollout.group_id) is None:
+            too_large[rollout.group_id] = sink.oversize(topic, rollout, rollout.group_id)
+    for record in records:
+        problem = too_large.get(group_id_for(record.value.prompt_id, record.value.epoch))
+        if problem is not None:
+            source.dead_letter(record.topic, record.partition, record.offset, record.key, record.raw_value,
+                               f"{problem} (a rollout of its group)", "RecordTooLarge", headers=record.headers)
+    for rollout in result.rollouts:
+        if too_large[rollout.group_id] is None:
+            sink.send(topic, rollout, key=rollout.group_id)
     for rejected in result.rejected:  # none after check_prompts; kept so no prompt is ever silently dropped
         _dead_letter(source, records[rejected.index], rejected.reason)
     sink.flush()

@@ -32,7 +32,8 @@ import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from producers.engines.base import SEED_MODULUS, GenerationEngine, Sample
+from producers.chat_turns import ChatTurns, TemplateDriftError
+from producers.engines.base import SEED_MODULUS, GenerationEngine, Sample, Sampling
 from producers.environment import Environment, Observation
 from schemas import Prompt
 
@@ -68,6 +69,8 @@ class _Live:
     texts: list[str] = field(default_factory=list)
     finish: str = "stop"
     done: bool = False
+    messages: list[dict[str, str]] | None = None  # the conversation so far (conversational prompts on a template)
+    ended_turn: bool = False  # the last policy turn ended with the end-of-turn (eos) token
 
     def episode(self) -> Episode:
         return Episode(token_ids=self.tokens, logprobs=self.logprobs, finish_reason=self.finish,
@@ -83,9 +86,12 @@ def turn_seed(seed: int, turn: int) -> int:
 
 
 def run_episodes(engine: GenerationEngine, prompts: Sequence[Prompt], prompt_ids: Sequence[list[int]], n: int, *,
-                 temperature: float, max_new_tokens: int, seed: int, make_env: Callable[[], Environment],
-                 max_turns: int) -> list[list[Episode] | str]:
-    """Play ``n`` episodes per prompt (see the module guarantees); per prompt its episodes or a failure reason."""
+                 sampling: Sampling, max_new_tokens: int, seed: int, make_env: Callable[[], Environment],
+                 max_turns: int, chat: ChatTurns | None = None) -> list[list[Episode] | str]:
+    """Play ``n`` episodes per prompt (see the module guarantees); per prompt its episodes or a failure reason.
+
+    ``chat``: for a conversational prompt (``Prompt.messages``), replies are chat messages rendered by the template
+    (:mod:`producers.chat_turns`); plain text prompts get the reply's text tokens as they are."""
     failed: dict[int, str] = {}
     lives: list[list[_Live]] = []
     for index, prompt in enumerate(prompts):
@@ -94,23 +100,24 @@ def run_episodes(engine: GenerationEngine, prompts: Sequence[Prompt], prompt_ids
             env = make_env()
             if index not in failed:
                 failed.update(_guard(index, lambda: env.reset(prompt)))
-            group.append(_Live(list(prompt_ids[index]), env))
+            messages = [dict(m) for m in prompt.messages] if chat is not None and prompt.messages else None
+            group.append(_Live(list(prompt_ids[index]), env, messages=messages))
         lives.append(group)
     version = engine.version
-    first = engine.generate([list(ids) for ids in prompt_ids], n, temperature, max_new_tokens, seed)
+    first = engine.generate([list(ids) for ids in prompt_ids], n, sampling, max_new_tokens, seed)
     for group, samples in zip(lives, first, strict=True):
         for live, sample in zip(group, samples, strict=True):
             _policy_turn(live, sample, version, engine, max_new_tokens)
     for turn in range(1, max_turns):
         for index, group in enumerate(lives):
             if index not in failed:
-                failed.update(_guard(index, lambda: [_env_turn(live, engine, max_new_tokens) for live in group
-                                                     if not live.done]))
+                failed.update(_guard(index, lambda: [_env_turn(live, engine, max_new_tokens, chat)
+                                                     for live in group if not live.done]))
         active = [live for index, group in enumerate(lives) if index not in failed for live in group
                   if not live.done]
         if not active:
             break
-        _continue(active, engine, temperature, max_new_tokens, turn_seed(seed, turn))
+        _continue(active, engine, sampling, max_new_tokens, turn_seed(seed, turn))
     return [failed[i] if i in failed else [live.episode() for live in group] for i, group in enumerate(lives)]
 
 
@@ -129,6 +136,8 @@ def _guard(index: int, call: Callable[[], object]) -> dict[int, str]:
     """Run an environment call; ``{index: reason}`` when it raised (the prompt fails, nothing else does)."""
     try:
         call()
+    except TemplateDriftError as exc:  # the chat template cannot continue this conversation without drift
+        return {index: f"chat template: {exc}"}
     except Exception as exc:  # a user environment: any failure is that prompt's, reported with its reason
         return {index: f"environment failed: {type(exc).__name__}: {exc}"}
     return {}
@@ -142,18 +151,20 @@ def _policy_turn(live: _Live, sample: Sample, version: int, engine: GenerationEn
     live.mask += [1] * len(sample.token_ids)
     live.turns.append({"role": "policy", "finish_reason": sample.finish_reason})
     live.texts.append(engine.tokenizer.decode(sample.token_ids, skip_special_tokens=True))
+    eos = getattr(engine.tokenizer, "eos_token_id", None)
+    live.ended_turn = bool(sample.token_ids) and eos is not None and sample.token_ids[-1] == eos
     live.finish = sample.finish_reason
     if sample.finish_reason == "length" or len(live.tokens) >= max_new_tokens:
         live.done, live.finish = True, "length"
 
 
-def _env_turn(live: _Live, engine: GenerationEngine, max_new_tokens: int) -> None:
+def _env_turn(live: _Live, engine: GenerationEngine, max_new_tokens: int, chat: ChatTurns | None = None) -> None:
     """Ask the environment about the last policy turn; append its reply or end the episode."""
     obs = as_observation(live.env.step(live.texts[-1]))
     if obs.done or not obs.text:
         live.done = True
         return
-    reply = list(engine.tokenizer(obs.text, add_special_tokens=False)["input_ids"])
+    reply = _reply_tokens(live, obs, engine, chat)
     if not reply:
         live.done = True
         return
@@ -166,9 +177,19 @@ def _env_turn(live: _Live, engine: GenerationEngine, max_new_tokens: int) -> Non
     live.mask += [0] * len(reply)
     live.turns.append({**obs.tags, "role": "env"})
     live.texts.append(obs.text)
+    if live.messages is not None:
+        live.messages += [{"role": "assistant", "content": live.texts[-2]}, {"role": obs.role, "content": obs.text}]
 
 
-def _continue(active: list[_Live], engine: GenerationEngine, temperature: float, max_new_tokens: int,
+def _reply_tokens(live: _Live, obs: Observation, engine: GenerationEngine, chat: ChatTurns | None) -> list[int]:
+    """The reply's ids: as a chat message on the template (conversational prompts), else its text's tokens."""
+    if live.messages is None or chat is None:
+        return list(engine.tokenizer(obs.text, add_special_tokens=False)["input_ids"])
+    return chat.reply_tokens(live.messages, live.texts[-1], live.ended_turn,
+                             {"role": obs.role, "content": obs.text})
+
+
+def _continue(active: list[_Live], engine: GenerationEngine, sampling: Sampling, max_new_tokens: int,
               seed: int) -> None:
     """One more policy turn for every live episode: one ``generate`` call per remaining budget."""
     by_budget: dict[int, list[_Live]] = {}
@@ -176,6 +197,6 @@ def _continue(active: list[_Live], engine: GenerationEngine, temperature: float,
         by_budget.setdefault(max_new_tokens - len(live.tokens), []).append(live)
     for budget, lives in sorted(by_budget.items()):
         version = engine.version
-        samples = engine.generate([live.prompt_ids + live.tokens for live in lives], 1, temperature, budget, seed)
+        samples = engine.generate([live.prompt_ids + live.tokens for live in lives], 1, sampling, budget, seed)
         for live, (sample,) in zip(lives, samples, strict=True):
             _policy_turn(live, sample, version, engine, max_new_tokens)

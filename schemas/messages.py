@@ -18,7 +18,8 @@ Flow (see docs/architecture.md): ``Prompt`` -> producers -> ``Rollout`` -> score
 ``MemberRejected`` for each rollout a scorer dead-letters) -> trainer, which publishes ``WeightsManifest``
 (+ ``WeightsChunk`` records in inline mode) and ``StaleRollout`` records;
 any consumer writes ``DeadLetter`` records for input it cannot decode or validate; every role process publishes
-``Heartbeat`` records (status topic) and ``Alert`` transitions (alerts topic).
+``Heartbeat`` records (status topic) and ``Alert`` transitions (alerts topic); the evaluator publishes
+``Evaluation`` records (evals topic).
 """
 
 from __future__ import annotations
@@ -75,7 +76,9 @@ class Prompt(Message):
     epoch: int
     """Pass over the prompt set this record belongs to (>= 0)."""
     text: str
-    """The prompt text given to the policy, chat template already applied by the loader."""
+    """The prompt exactly as the policy reads it: a plain ``text`` prompt as written in the prompt file, or, for a
+    conversational prompt, its ``messages`` rendered by the policy tokenizer's chat template when the prompts were
+    loaded (``stream-rl prompts load`` / ``run``; ``prompt_token_ids`` then holds the rendered ids)."""
     answer: str | None = None
     """Reference answer for verifiable tasks, read by rule-based rewards; ``None`` when there is none."""
     metadata: dict[str, str] = field(default_factory=dict)
@@ -89,6 +92,10 @@ class Prompt(Message):
     """Optional pre-tokenised prompt, int32 ``[P]``, ``P >= 1``, ids >= 0; ``None``: the producer tokenises."""
     created_at: float = field(default_factory=_now)
     """Unix time (seconds) the record was created."""
+    messages: list[dict[str, str]] | None = None
+    """The conversation as loaded (OpenAI format: ``role`` in system/user/assistant/tool, ``content``), for a
+    conversational prompt; ``None`` for a plain ``text`` prompt. Multi-turn environments continue it on the chat
+    template; ``text`` and ``prompt_token_ids`` are its rendering."""
 
     @property
     def group_id(self) -> str:
@@ -122,8 +129,10 @@ class Rollout(Message):
     response_token_ids: np.ndarray
     """Sampled tokens, int32 ``[R]``, ``R >= 1``, ids >= 0 (including the stop token when one was sampled)."""
     behavior_logprobs: np.ndarray
-    """log mu(token) under the distribution actually sampled (temperature applied), float32 ``[R]``, finite,
-    <= 0 (exactly 0.0 allowed: float32 rounding of log 1)."""
+    """log mu(token) under the distribution actually sampled, float32 ``[R]``, finite, <= 0 (exactly 0.0 allowed:
+    float32 rounding of log 1): ``log softmax(logits / temperature)`` truncated by the producer's min-p, top-k and
+    top-p and renormalised over the kept tokens (the full tempered softmax when none is set; docs/algorithms.md,
+    "Sampling controls")."""
     token_policy_versions: np.ndarray
     """Policy (weights) version that produced each token, int64 ``[R]``, >= 0."""
     finish_reason: str
@@ -515,9 +524,34 @@ class Alert(Message):
     """Unix time of the transition."""
 
 
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Evaluation(Message):
+    """One held-out evaluation of one policy version (``stream-rl evaluate``, the evaluator role). The run's evals
+    topic, key ``str(version)``: a version is evaluated at most once, and a restarted evaluator reads the topic to
+    learn which versions are done."""
+
+    KIND: ClassVar[str] = "evaluation"
+
+    version: int
+    """Policy version evaluated (>= 0; 0 = the initial weights)."""
+    step: int
+    """Trainer step that produced the version (the manifest's ``step``; 0 for the initial weights)."""
+    sets: list[str]
+    """Names of the evaluated prompt sets (``eval.sets`` keys), in config order (non-empty)."""
+    metrics: dict[str, float]
+    """``<set>/<metric>`` and ``<set>/<source>/<metric>`` values (finite), e.g. ``heldout/pass@8``,
+    ``heldout/greedy/accuracy`` (names: docs/evaluation.md)."""
+    evaluator_id: str
+    """The evaluator process's id (``ID_PATTERN``)."""
+    elapsed_s: float = 0.0
+    """Seconds the evaluation took (generation and scoring, >= 0)."""
+    created_at: float = field(default_factory=_now)
+    """Unix time the record was created."""
+
+
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.KIND: cls
     for cls in (Prompt, Rollout, ScoredRollout, MemberRejected, WeightsManifest, WeightsChunk, DeadLetter,
-                StaleRollout, Heartbeat, Alert)
+                StaleRollout, Heartbeat, Alert, Evaluation)
 }
 """Registry: wire ``kind`` -> message class."""

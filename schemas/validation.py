@@ -35,7 +35,7 @@ from schemas.ids import (
 )
 from schemas.messages import (
     ALERT_ACTIONS, ALERT_STATES, MAX_GROUP_SIZE, MESSAGE_TYPES, ROLE_STATES, ROLES, SAFETENSORS_ITEMSIZE, Alert, DeadLetter,
-    Heartbeat, MemberRejected, Message, Prompt, Rollout, ScoredRollout, StaleRollout, TensorEntry, WeightsChunk, WeightsManifest,
+    Evaluation, Heartbeat, MemberRejected, Message, Prompt, Rollout, ScoredRollout, StaleRollout, TensorEntry, WeightsChunk, WeightsManifest,
     chunk_count_for,
 )
 
@@ -168,6 +168,7 @@ SPECS: dict[type[Message], Spec] = {
         ("prompt_id", _PROMPT_ID), ("epoch", _COUNT), ("text", Str()), ("answer", Optional(Str())),
         ("metadata", _METADATA), ("group_size", Int(1, MAX_GROUP_SIZE)), ("attempt", _COUNT),
         ("prompt_token_ids", Optional(_PROMPT_TOKENS)), ("created_at", _TIME),
+        ("messages", Added(Optional(MapList(StrMap(Str()))), None)),
     ),
     Rollout: (
         ("rollout_id", _ID), ("prompt_id", _PROMPT_ID), ("epoch", _COUNT), ("group_id", _ID),
@@ -224,6 +225,10 @@ SPECS: dict[type[Message], Spec] = {
         ("name", Str(nonempty=True)), ("state", Enum(ALERT_STATES)), ("action", Enum(ALERT_ACTIONS)),
         ("role", Enum(ROLES)), ("instance_id", _ID), ("message", Str(nonempty=True)),
         ("value", Optional(Float())), ("threshold", Optional(Float())), ("created_at", _TIME),
+    ),
+    Evaluation: (
+        ("version", _COUNT), ("step", _COUNT), ("sets", StrList()), ("metrics", StrMap(Float())),
+        ("evaluator_id", _ID), ("elapsed_s", Float()), ("created_at", _TIME),
     ),
 }
 """Field specs by message class, in dataclass field order (= wire order after ``kind``, ``schema_version``)."""
@@ -379,6 +384,13 @@ def _dead_letter_rule(msg: DeadLetter) -> None:
         raise SchemaError("raw_sha256", "does not match raw_value")
 
 
+def _evaluation_rule(msg: Evaluation) -> None:
+    if not msg.sets:
+        raise SchemaError("sets", "must name at least one evaluated set")
+    if msg.elapsed_s < 0:
+        raise SchemaError("elapsed_s", f"must be >= 0, got {msg.elapsed_s}")
+
+
 def _no_rule(msg: Message) -> None:
     del msg
 
@@ -386,6 +398,6 @@ def _no_rule(msg: Message) -> None:
 RULES: dict[type[Message], Callable[[Any], None]] = {
     Prompt: _no_rule, Rollout: _rollout_rule, ScoredRollout: _scored_rule, WeightsManifest: _manifest_rule,
     WeightsChunk: _chunk_rule, DeadLetter: _dead_letter_rule, StaleRollout: _stale_rule, Heartbeat: _no_rule,
-    Alert: _no_rule, MemberRejected: _member_rejected_rule,
+    Alert: _no_rule, MemberRejected: _member_rejected_rule, Evaluation: _evaluation_rule,
 }
 """Cross-field rule by message class, run after every field passed its own checks."""

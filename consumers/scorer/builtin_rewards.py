@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import re
 
-_TRAILING_MARKERS = re.compile(r"(?:<eos>|</s>|<\|endoftext\|>|<\|im_end\|>|<pad>|\s)+$")
+from stream_rl.rewards.verifiers import strip_response
+
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
 
 REWARDS = ("exact_match", "contains_answer", "last_number_match")
-"""The rewards of this module, by the short names ``stream-rl rescore --reward`` accepts."""
+"""The rewards of this module, by the short names ``stream-rl rescore --reward`` accepts. The verifiers that
+``scorer.rewards`` names by short name (gsm8k, math_boxed, multiple_choice) are in :mod:`stream_rl.rewards.verifiers`;
+``strip_response`` is theirs, re-exported here."""
 
-
-def strip_response(response: str) -> str:
-    """``response`` without trailing end/padding markers and surrounding whitespace."""
-    return _TRAILING_MARKERS.sub("", response).strip()
+__all__ = ["REWARDS", "contains_answer", "exact_match", "last_number_match", "strip_response"]
 
 
 def _require_answer(answer: str | None) -> str:

@@ -14,12 +14,19 @@ How the reward is combined (one rule, no options to get wrong)::
     reward_components = {"reward_fn": reward_fn_weight * r_fn, "reward_model": reward_model_weight * r_rm}
 
 so the components always sum to the reward; a source that is not configured contributes no component.
+
+Routed rewards (``scorer.rewards``, see docs/rewards.md) replace the single ``reward_fn``: each rollout's
+``metadata[rewards.by]`` picks a list of ``{fn, weight}`` (``rewards.routes``, else ``rewards.default``), and the
+rule-based part becomes ``sum_i weight_i * r_i`` with one component per function, named by its ``fn``. Setting
+both ``rewards`` and ``reward_fn`` is refused (one of the two decides the rule-based reward); with ``rewards`` set
+and ``reward_fn`` left out, ``reward_fn`` is None and ``reward_fn_weight`` is unused. A reward model still adds
+``reward_model_weight * r_rm``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -30,6 +37,85 @@ DEFAULT_REWARD_FN = "stream_rl.demo.task:addition_reward"
 """The built-in demo's verifier: exact answer of a two-digit addition, reward in [0, 1]."""
 
 
+class RewardTermConfig(Section):
+    """One reward function of a route and its weight."""
+
+    fn: str = Field(min_length=1, max_length=300,
+                    description="a built-in verifier (gsm8k, math_boxed, multiple_choice) or 'package.module:function'")
+    weight: float = Field(1.0, allow_inf_nan=False, ge=-1e6, le=1e6,
+                          description="weight of this function's reward in the sum; non-zero")
+
+    @field_validator("fn")
+    @classmethod
+    def _known_fn(cls, value: str) -> str:
+        from stream_rl.rewards.routing import check_fn_name
+
+        return check_fn_name(value)  # RewardFnError (a ValueError) names what is wrong
+
+    @field_validator("weight")
+    @classmethod
+    def _non_zero(cls, value: float) -> float:
+        if value == 0:
+            raise ValueError("weight 0 adds nothing: remove the entry instead")
+        return value
+
+
+class RewardsConfig(Section):
+    """Rewards routed by a metadata value: ``routes[value]`` else ``default``; no match: dead-lettered."""
+
+    by: str = Field("data_source", min_length=1, max_length=128,
+                    description="the prompt metadata key whose value picks the route (e.g. data_source)")
+    routes: dict[str, Annotated[list[RewardTermConfig], Field(min_length=1)]] = Field(
+        default_factory=dict, max_length=10_000,
+        description="metadata value -> [{fn, weight}, ...]; each list non-empty, no function twice")
+    default: list[RewardTermConfig] | None = Field(
+        None, min_length=1, description="[{fn, weight}, ...] for a value with no route (or no such key); None: "
+                                        "such a rollout is dead-lettered with the key and value")
+
+    @model_validator(mode="after")
+    def _routes_are_usable(self) -> RewardsConfig:
+        self.to_routes()  # ValueError naming the route: empty list, a function twice, nothing routed
+        return self
+
+    def to_routes(self) -> Any:
+        """The core's :class:`stream_rl.rewards.routing.RewardRoutes` of this section."""
+        from stream_rl.rewards.routing import RewardRoutes, RewardTerm
+
+        def terms(items: list[RewardTermConfig]) -> tuple[RewardTerm, ...]:
+            return tuple(RewardTerm(t.fn, t.weight) for t in items)
+
+        return RewardRoutes(by=self.by, routes={v: terms(items) for v, items in self.routes.items()},
+                            default=None if self.default is None else terms(self.default))
+
+
+class JudgeConfig(Section):
+    """An LLM judge behind an OpenAI-compatible chat-completions endpoint (stream_rl.rewards.judge)."""
+
+    base_url: str = Field(min_length=8, max_length=2000, pattern=r"^https?://",
+                          description="the server's OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
+    model: str = Field(min_length=1, max_length=300, description="model name sent in every request")
+    template: str = Field(min_length=1, max_length=100_000,
+                          description="user message; may use {prompt}, {response}, {reference} ({{ }} for braces)")
+    system: str | None = Field(None, max_length=100_000, description="system message; None: none")
+    score_pattern: str = Field(r"(?i)score\s*[:=]?\s*(-?\d+(?:\.\d+)?)", min_length=3, max_length=1000,
+                               description="regex with one group: the last match's group is the score")
+    parser: str | None = Field(None, max_length=300, description="'package.module:function' text -> float "
+                                                                 "(ValueError on nonsense); replaces score_pattern")
+    api_key_env: str | None = Field(None, max_length=200, description="environment variable holding the API key "
+                                                                      "(sent as a Bearer token, never logged)")
+    max_tokens: int = Field(256, ge=1, le=32_768, description="largest judge answer in tokens")
+    temperature: float = Field(0.0, ge=0, le=2, description="judge sampling temperature")
+    show_text: bool = Field(False, description="keep the judge's text in dead-letter reasons (default: redacted)")
+    weight: float = Field(1.0, allow_inf_nan=False, ge=-1e6, le=1e6, description="weight of the judge's score")
+
+    @field_validator("template")
+    @classmethod
+    def _template_fields(cls, value: str) -> str:
+        from stream_rl.rewards.judge import check_template
+
+        return check_template(value)
+
+
 class ScorerConfig(Section):
     """``stream-rl score``: rewards and reference log-probabilities for every rollout."""
 
@@ -37,6 +123,9 @@ class ScorerConfig(Section):
         DEFAULT_REWARD_FN,
         description="rule-based reward as 'package.module:function', called as fn(prompt, response, answer, "
                     "metadata) -> float | {'reward': float, 'token_rewards': [R floats]}; None: no rule-based reward")
+    rewards: RewardsConfig | None = Field(
+        None, description="rewards routed by a metadata value (replaces reward_fn, which must then be left out); "
+                          "None: reward_fn for every rollout")
     reward_fn_weight: float = Field(
         1.0, allow_inf_nan=False, description="weight of the rule-based reward in the sum")
     reward_model_dir: Path | None = Field(
@@ -66,6 +155,30 @@ class ScorerConfig(Section):
         "float32", description="weights and compute dtype of the reference and reward models (frozen: no fp32 "
                                "master copy); ref_logprobs and reward scores are float32 either way")
 
+    reward_url: str | None = Field(
+        None, max_length=2000, pattern=r"^https?://",
+        description="an HTTP reward server (stream-rl reward-server or any server of docs/reward-services.md's "
+                    "protocol); its reward is the 'reward_server' component; None: none")
+    reward_url_weight: float = Field(1.0, allow_inf_nan=False, ge=-1e6, le=1e6,
+                                     description="weight of the reward server's reward in the sum")
+    reward_url_batch_size: int | None = Field(
+        None, ge=1, le=4096, description="rollouts per request to the reward server (requests run side by side "
+                                         "up to reward_concurrency); None: the whole polled batch in one request")
+    reward_headers_env: dict[str, str] = Field(
+        default_factory=dict, max_length=64,
+        description="HTTP header -> name of the environment variable holding its value (values never logged)")
+    judge: JudgeConfig | None = Field(None, description="an LLM judge; its score is the 'judge' component")
+    reward_timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="deadline of one reward call attempt; past it the rollout fails")
+    reward_concurrency: int = Field(8, ge=1, le=1024, description="reward calls in flight at once, per reward")
+    reward_max_retries: int = Field(
+        2, ge=0, le=20, description="retries of a call that failed with an error marked retriable")
+    reward_backoff_s: float = Field(0.5, ge=0, le=60, description="wait before the first retry (doubles after)")
+    reward_max_backoff_s: float = Field(8.0, ge=0, le=600, description="longest wait between retries")
+    on_reward_error: Literal["dead_letter", "zero"] = Field(
+        "dead_letter", description="a reward call that times out or fails for good: 'dead_letter' the rollout "
+                                   "with the reason, or 'zero' (that reward counts 0; counted in the metrics)")
+
     @field_validator("reward_fn")
     @classmethod
     def _reference_syntax(cls, value: str | None) -> str | None:
@@ -75,8 +188,22 @@ class ScorerConfig(Section):
             parse_reference(value)  # raises RewardFnError (a ValueError) naming what is wrong
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _rewards_replace_reward_fn(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("rewards") is not None:
+            if data.get("reward_fn") is not None:
+                raise ValueError("set scorer.rewards or scorer.reward_fn, not both (routes replace the single "
+                                 "reward function: route it as scorer.rewards.default = [{fn = ..., weight = 1.0}])")
+            data = {**data, "reward_fn": None}
+        return data
+
     @model_validator(mode="after")
     def _some_reward_source(self) -> ScorerConfig:
-        if self.reward_fn is None and self.reward_model_dir is None:
-            raise ValueError("the scorer needs a reward source: set reward_fn and/or reward_model_dir")
+        if self.reward_fn is None and self.rewards is None and self.reward_model_dir is None \
+                and self.reward_url is None and self.judge is None:
+            raise ValueError("the scorer needs a reward source: set reward_fn, rewards, reward_model_dir, "
+                             "reward_url and/or judge")
+        if self.reward_max_backoff_s < self.reward_backoff_s:
+            raise ValueError("scorer.reward_max_backoff_s must be >= scorer.reward_backoff_s")
         return self

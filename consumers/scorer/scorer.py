@@ -22,10 +22,17 @@ Guarantees:
   equally good).
 - A dead-lettered rollout carries its reason, source topic/partition/offset, key and original record bytes, and
   continues the rollout's trace. A rollout whose token ids are outside the reference or reward model's
-  vocabulary, or longer than its context, is dead-lettered with that reason before any forward pass. A record
+  vocabulary, or longer than its context, is dead-lettered with that reason before any forward pass. A scored
+  record that would exceed ``kafka.max_request_size`` is never sent: its rollout is dead-lettered
+  (``RecordTooLarge``, both sizes in the reason) and its group rejected, and the scorer goes on. A record
   batch the client cannot read is dead-lettered by the transport, which seeks past it (no crash loop).
 - ``max_batches`` counts every poll that returned records, also one whose records were all dead-lettered by the
   transport (undecodable, invalid): ``stream-rl score --max-batches N`` ends on a topic of dead letters too.
+- Reward calls run with a deadline, bounded concurrency and bounded retries (:mod:`consumers.scorer.services`):
+  a batch takes at most about ``(reward_max_retries + 1) * reward_timeout_s`` plus backoffs, liveness ticks
+  while it waits, and a rollout whose reward timed out or failed is dead-lettered with the reason (or counted
+  as ``zeroed`` with ``scorer.on_reward_error = "zero"``); the commit still follows every output of the batch.
+  Per-reward, per-data-source call metrics (latency p50/p99, timeouts, retries, errors) join the batch's log.
 - Heartbeats report the batches done in ``step``. A broker that stays unreachable for
   ``kafka.broker_timeout_s`` stops the scorer with ``BrokerUnreachable`` naming it (exit non-zero).
 - Tracing: the batch's compute runs in a ``process score-batch`` span linked to every rollout's trace; each
@@ -41,7 +48,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +56,7 @@ from consumers.scorer.scoring import Rejected, Scoring, batch_metrics, load_scor
 from schemas import MemberRejected
 from stream_rl.config.shared import SharedConfig
 from stream_rl.telemetry.role import RoleTelemetry
-from stream_rl.transport import Consumed, Sink, Source
+from stream_rl.transport import Consumed, RecordTooLarge, Sink, Source
 from stream_rl.transport.client import Transport
 from stream_rl.transport.rejections import member_rejected, notice_of
 from stream_rl.transport.topics import TopicNames
@@ -118,7 +125,10 @@ def run_scorer(cfg: Any, stop_event: threading.Event | None = None, max_batches:
             send_notices(source, sink, transport.names.scored, transport.instance_id)
             if records:
                 started = time.monotonic()
-                score_and_send(records, source, sink, transport.names.scored, scoring, stats, transport.instance_id)
+                calls = score_and_send(records, source, sink, transport.names.scored, scoring, stats,
+                                       transport.instance_id, on_wait=telemetry.tick)  # liveness while calls run
+                if calls:
+                    telemetry.step_metrics = calls  # heartbeats carry the last batch's reward-call metrics
                 telemetry.observe_seconds("score", time.monotonic() - started)
                 telemetry.tokens(sum(r.value.response_length for r in records))
             if records or source.dead_lettered > dead_before:  # a batch of dead letters only is a batch too
@@ -138,6 +148,8 @@ def run_scorer(cfg: Any, stop_event: threading.Event | None = None, max_batches:
         telemetry.close()
         source.close()
         sink.close()
+        if deps.scoring is None and scoring.services is not None:
+            scoring.services.close()
         if deps.tracing is None:
             transport.tracing.shutdown()
     return stats
@@ -156,23 +168,30 @@ def _ensure_run_topics(transport: Transport) -> None:
 
 
 def score_and_send(records: Sequence[Consumed], source: Source, sink: Sink, scored_topic: str,
-                   scoring: Scoring, stats: ScorerStats, consumer_id: str) -> None:
+                   scoring: Scoring, stats: ScorerStats, consumer_id: str,
+                   on_wait: Callable[[], None] | None = None) -> dict[str, float]:
     """Score one polled batch and send each result: a ScoredRollout on ``scored_topic`` (key ``group_id``), or
-    a dead letter plus its group's MemberRejected; counts go to ``stats`` (also used by ``stream-rl rescore``)."""
+    a dead letter plus its group's MemberRejected; counts go to ``stats`` (also used by ``stream-rl rescore``).
+    Returns the batch's reward-call metrics (``rewards/<reward>/<data_source>/...``)."""
     with source.process_span("score-batch", records, {"stream_rl.batch_size": len(records)}):
-        outputs = score_rollouts([record.value for record in records], scoring)
+        outputs = score_rollouts([record.value for record in records], scoring, on_wait=on_wait)
     for record, result in zip(records, outputs, strict=True):
         with source.process_span("score", [record]):  # child of this rollout's trace
-            if isinstance(result, Rejected):
-                source.dead_letter_record(record, result.reason, result.error_type)
-                _send_notice(sink, scored_topic, member_rejected(
-                    record.value, record.key, topic=record.topic, partition=record.partition, offset=record.offset,
-                    reason=result.reason, error_type=result.error_type, consumer_id=consumer_id))
-                stats.rejected += 1
-            else:
-                sink.send(scored_topic, result, key=result.group_id)
-                stats.scored += 1
-    log.info("scorer batch %s", json.dumps(batch_metrics(outputs), sort_keys=True))
+            if not isinstance(result, Rejected):
+                try:
+                    sink.send(scored_topic, result, key=result.group_id)
+                    stats.scored += 1
+                    continue
+                except RecordTooLarge as exc:  # never sent: dead-lettered with both sizes, its group dropped
+                    result = Rejected(record.value, str(exc), "RecordTooLarge")
+            source.dead_letter_record(record, result.reason, result.error_type)
+            _send_notice(sink, scored_topic, member_rejected(
+                record.value, record.key, topic=record.topic, partition=record.partition, offset=record.offset,
+                reason=result.reason, error_type=result.error_type, consumer_id=consumer_id))
+            stats.rejected += 1
+    calls = scoring.services.stats.drain() if scoring.services is not None else {}
+    log.info("scorer batch %s", json.dumps({**batch_metrics(outputs), **calls}, sort_keys=True))
+    return calls
 
 
 def send_notices(source: Source, sink: Sink, scored_topic: str, consumer_id: str) -> None:

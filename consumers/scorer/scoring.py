@@ -1,13 +1,14 @@
 """The scorer's pure step: rollouts in, scored rollouts (or rejections with a reason) out. No Kafka here.
 
-Consumes: a batch of :class:`~schemas.Rollout` and a :class:`Scoring` (reward function, reward model, reference
-model, weights; built once per process by :func:`load_scoring`).
+Consumes: a batch of :class:`~schemas.Rollout` and a :class:`Scoring` (reward function or reward routes, reward
+model, reference model, weights; built once per process by :func:`load_scoring`).
 Produces: one item per rollout, in input order: a validated :class:`~schemas.ScoredRollout`, or a
 :class:`Rejected` ``(rollout, reason, error_type)`` that the loop sends to the dead-letter topic.
 
 Stages (each batched over the rollouts still alive; a rejected rollout skips the later, costlier stages)::
 
-    rule-based reward fn (per rollout)  ->  reward model (batched)  ->  reference log-probs (batched)  ->  assemble
+    rule-based reward fn or routed rewards (per rollout)  ->  reward model (batched)  ->  reference log-probs
+    (batched)  ->  assemble
 
 Combination rule (the only one, see :mod:`consumers.scorer.config`)::
 
@@ -15,6 +16,16 @@ Combination rule (the only one, see :mod:`consumers.scorer.config`)::
     reward_components = {"reward_fn": reward_fn_weight * r_fn, "reward_model": reward_model_weight * r_rm}
     token_rewards     = reward_fn_weight * fn_token_rewards (or r_fn on the last token)
                         + reward_model_weight * r_rm on the last token       (only with token_level_rewards)
+
+With routed rewards (``scoring.router``, :mod:`stream_rl.rewards.routing`) the rule-based part is the route's
+``sum_i w_i * r_i`` with one component per function (named by its ``fn``) in place of ``reward_fn``; a rollout
+whose metadata value has no route and no default is rejected with the reason naming the key and value
+(``error_type`` ``UnroutedError``).
+
+Reward calls (``scoring.services``, :mod:`consumers.scorer.services`): the rule-based rewards, the reward server
+(``reward_server`` component) and the LLM judge (``judge`` component) run side by side with a deadline, bounded
+concurrency and bounded retries; a call that times out or fails for good rejects the rollout with the reason
+(``error_type`` ``Timeout`` or the exception's type) unless ``scorer.on_reward_error = "zero"``.
 
 Guarantees: a rollout is rejected, never scored with a made-up value, when the reward function raises or returns a
 non-finite/malformed value, a model cannot take its tokens, the reward model's score or a reference log-prob is
@@ -34,8 +45,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from consumers.scorer.config import ScorerConfig
-from consumers.scorer.rewards import RewardFn, RewardOutput, RewardValueError, call_reward_fn, load_reward_fn
+from consumers.scorer.rewards import RewardFn, load_reward_fn
 from schemas import ID_PATTERN, Rollout, SchemaError, ScoredRollout, validate
+from consumers.scorer.services import RewardServices, build_services, service_rewards
+from stream_rl.rewards.routing import RewardRouter, RoutedReward
 
 if TYPE_CHECKING:
     from consumers.scorer.reference import ReferenceLogprobs
@@ -61,10 +74,19 @@ class Scoring:
     reward_model_weight: float = 1.0
     reference: ReferenceLogprobs | None = None
     token_level_rewards: bool = False
+    router: RewardRouter | None = None
+    services: RewardServices | None = None
+    """The reward calls (consumers.scorer.services); None: built here from reward_fn / router, default policy."""
 
     def __post_init__(self) -> None:
-        if self.reward_fn is None and self.reward_model is None:
-            raise ValueError("Scoring needs a reward function and/or a reward model")
+        if self.services is None and (self.reward_fn is not None or self.router is not None):
+            object.__setattr__(self, "services", build_services(None, reward_fn=self.reward_fn, router=self.router,
+                                                                reward_fn_weight=self.reward_fn_weight))
+        if self.services is None and self.reward_model is None:
+            raise ValueError("Scoring needs a reward function, reward routes, a reward service and/or a reward "
+                             "model")
+        if self.reward_fn is not None and self.router is not None:
+            raise ValueError("Scoring takes a reward function or reward routes, not both")
         if not ID_PATTERN.match(self.scorer_id):
             raise ValueError(f"scorer_id {self.scorer_id!r} does not match {ID_PATTERN.pattern}")
         for name in ("reward_fn_weight", "reward_model_weight"):
@@ -91,16 +113,20 @@ def load_scoring(cfg: ScorerConfig, scorer_id: str) -> Scoring:
 
         reference = ReferenceLogprobs.from_dir(cfg.reference_model_dir, dtype=cfg.dtype, batch_size=cfg.batch_size,
                                                device=device)
+    reward_fn = load_reward_fn(cfg.reward_fn) if cfg.reward_fn else None
+    router = RewardRouter.load(cfg.rewards.to_routes()) if cfg.rewards is not None else None
     return Scoring(
-        scorer_id=scorer_id, reward_fn=load_reward_fn(cfg.reward_fn) if cfg.reward_fn else None,
-        reward_fn_weight=cfg.reward_fn_weight, reward_model=reward_model,
+        scorer_id=scorer_id, reward_fn=reward_fn, reward_fn_weight=cfg.reward_fn_weight, reward_model=reward_model,
         reward_model_weight=cfg.reward_model_weight, reference=reference,
-        token_level_rewards=cfg.token_level_rewards)
+        token_level_rewards=cfg.token_level_rewards, router=router,
+        services=build_services(cfg, reward_fn=reward_fn, router=router, reward_fn_weight=cfg.reward_fn_weight))
 
 
 def score_rollouts(rollouts: Sequence[Rollout], scoring: Scoring, *,
-                   clock: Callable[[], float] = time.perf_counter) -> list[ScoredRollout | Rejected]:
-    """Score ``rollouts``; one ScoredRollout or Rejected per input, in input order."""
+                   clock: Callable[[], float] = time.perf_counter,
+                   on_wait: Callable[[], None] | None = None) -> list[ScoredRollout | Rejected]:
+    """Score ``rollouts``; one ScoredRollout or Rejected per input, in input order (``on_wait``: called about
+    once a second while reward calls are in flight)."""
     rejected: dict[int, Rejected] = {}
     stage_s: dict[str, float] = {}
 
@@ -110,7 +136,12 @@ def score_rollouts(rollouts: Sequence[Rollout], scoring: Scoring, *,
         stage_s[name] = clock() - start
         return result
 
-    rule = timed("reward_fn_s", _rule_rewards) if scoring.reward_fn is not None else {}
+    def rule_stage(rollouts_, scoring_, rejected_) -> dict[int, RoutedReward]:
+        rewards, failures = service_rewards(rollouts_, scoring_.services, rejected_, on_wait)
+        rejected_.update({i: Rejected(rollouts_[i], reason, kind) for i, (reason, kind) in failures.items()})
+        return rewards
+
+    rule = timed("reward_fn_s", rule_stage) if scoring.services is not None else {}
     model = timed("reward_model_s", _model_rewards) if scoring.reward_model is not None else {}
     ref = timed("ref_logprobs_s", _reference_logprobs) if scoring.reference is not None else {}
     share = {name: seconds / max(len(rollouts), 1) for name, seconds in stage_s.items()}
@@ -124,19 +155,6 @@ def score_rollouts(rollouts: Sequence[Rollout], scoring: Scoring, *,
             out.append(validate(_assemble(rollout, scoring, rule.get(i), model.get(i), ref.get(i), share)))
         except SchemaError as exc:
             out.append(Rejected(rollout, f"scored rollout is invalid: {exc}", "SchemaError"))
-    return out
-
-
-def _rule_rewards(rollouts: Sequence[Rollout], scoring: Scoring,
-                  rejected: dict[int, Rejected]) -> dict[int, RewardOutput]:
-    out = {}
-    for i, r in enumerate(rollouts):
-        try:
-            out[i] = call_reward_fn(scoring.reward_fn, prompt=r.prompt_text, response=r.response_text,
-                                    answer=r.answer, metadata=r.metadata, response_length=r.response_length)
-        except RewardValueError as exc:
-            cause = exc.__cause__
-            rejected[i] = Rejected(r, str(exc), type(cause).__name__ if cause is not None else "RewardValueError")
     return out
 
 
@@ -184,11 +202,11 @@ def _reference_logprobs(rollouts: Sequence[Rollout], scoring: Scoring,
     return out
 
 
-def _assemble(rollout: Rollout, scoring: Scoring, rule: RewardOutput | None, model: float | None,
+def _assemble(rollout: Rollout, scoring: Scoring, rule: RoutedReward | None, model: float | None,
               ref: np.ndarray | None, share: dict[str, float]) -> ScoredRollout:
     components: dict[str, float] = {}
     if rule is not None:
-        components["reward_fn"] = scoring.reward_fn_weight * rule.reward
+        components.update(rule.components)  # already weighted
     if model is not None:
         components["reward_model"] = scoring.reward_model_weight * model
     token_rewards = None
@@ -196,9 +214,9 @@ def _assemble(rollout: Rollout, scoring: Scoring, rule: RewardOutput | None, mod
         dense = np.zeros(rollout.response_length, dtype=np.float64)  # [R]
         if rule is not None:
             if rule.token_rewards is not None:
-                dense += scoring.reward_fn_weight * rule.token_rewards.astype(np.float64)
+                dense += rule.token_rewards.astype(np.float64)  # already weighted
             else:
-                dense[-1] += components["reward_fn"]
+                dense[-1] += rule.reward
         if model is not None:
             dense[-1] += components["reward_model"]
         token_rewards = dense.astype(np.float32)

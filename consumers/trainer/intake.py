@@ -12,6 +12,9 @@ Guarantees:
   once (stale + re-queue), so it never pins its partition's safe offset. So is a group a scorer's
   ``MemberRejected`` names, or one named by a record the edge dead-lettered (decoded, or keyed by a group id); an
   edge rejection that names no group still counts as seen, so safe offsets move past it.
+- A scored rollout generated with a policy version above the trainer's own raises
+  :class:`~consumers.trainer.versions.ForeignRunError` naming it: no trainer of this run published that version
+  (a resume continues the numbering above every published one), so it is another run's data, never "stale".
 - Drops are sent in a span continuing the trace of what caused them (the record, or the step); re-queued prompts
   are flushed (acknowledged by the broker) before they are logged, so a logged re-queue is on the broker and a
   resumed trainer never sends it again.
@@ -25,6 +28,7 @@ from pathlib import Path
 from consumers.trainer.admit import ModelLimits, check_scored
 from consumers.trainer.batcher import Batcher, StaleDrop
 from consumers.trainer.history import log_requeues
+from consumers.trainer.versions import foreign_run
 from schemas import MemberRejected
 from stream_rl.transport.rejections import group_of
 from stream_rl.transport.topics import TopicNames
@@ -50,6 +54,10 @@ class Intake:
             return self.batcher.reject_member(
                 notice.group_id, notice.attempt, f"{notice.rollout_id or 'a rollout'} by {notice.consumer_id} "
                 f"({notice.error_type}): {notice.reason}", version, at=record)
+        if record.value.rollout.max_policy_version > version:  # never "stale": data of another run's trainer
+            raise foreign_run(self.names.run, f"scored rollout {record.value.rollout_id} at {record.topic}"
+                              f"[{record.partition}]@{record.offset} (policy version "
+                              f"{record.value.rollout.max_policy_version})", version)
         rejection = check_scored(record.value, self.limits)
         if rejection is None:
             return self.batcher.add(record, version)

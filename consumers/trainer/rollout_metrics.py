@@ -1,8 +1,8 @@
 """Metrics read off the scored records of a step (no tensors, no model): rewards, lengths, staleness, stage times.
 
 Consumes: the ``ScoredRollout`` records of one trainer step and the trainer's current policy version.
-Produces: a flat dict of namespaced floats (``reward/*``, ``response/*``, ``staleness/*``, ``time/*``,
-``throughput/*``) that the trainer loop logs with the step's training metrics.
+Produces: a flat dict of namespaced floats (``reward/*``, ``accuracy/*``, ``response/*``, ``staleness/*``,
+``time/*``, ``throughput/*``) that the trainer loop logs with the step's training metrics.
 Guarantees: pure; every value is computed from the records themselves (producer and scorer timings included).
 """
 
@@ -14,6 +14,10 @@ from collections.abc import Sequence
 import torch
 
 from schemas import ScoredRollout
+from stream_rl.rewards.verifiers import VERIFIERS
+
+SOURCE_KEY = "data_source"
+"""The prompt metadata key the per-source metrics group by (whatever key ``scorer.rewards`` routes on)."""
 
 
 def rollout_metrics(scored: Sequence[ScoredRollout], current_version: int, success_threshold: float,
@@ -49,11 +53,37 @@ def rollout_metrics(scored: Sequence[ScoredRollout], current_version: int, succe
     for name in names:
         values = [s.reward_components[name] for s in scored if name in s.reward_components]
         out[f"reward/{name}"] = sum(values) / len(values)
+    out.update(source_metrics(scored))
     out.update(_generate_metrics(scored))
     out.update(_stage_metrics("score", score_s, lengths))
     created = [s.rollout.timings["created_at"] for s in scored if "created_at" in s.rollout.timings]
     if now is not None and created:
         out["time/rollout_age_s_mean"] = now - sum(created) / len(created)
+    return out
+
+
+def source_metrics(scored: Sequence[ScoredRollout]) -> dict[str, float]:
+    """Reward and accuracy per data source (``rollout.metadata["data_source"]``; rollouts without it are left out)::
+
+        reward/source/<src>   = mean of reward over the source's rollouts
+        accuracy/source/<src> = #{b : every built-in verifier component of b is non-zero} / #{b : b has one}
+
+    A built-in verifier (``gsm8k``, ``math_boxed``, ``multiple_choice``) scores 1.0 or 0.0 and its component is
+    ``weight * score`` with a non-zero weight, so a non-zero component means a correct answer, whatever the weight
+    and whatever other functions (format bonuses) add. Accuracy is reported only for a source whose rollouts carry
+    a verifier component (a source scored by user functions or a reward model alone has no accuracy)."""
+    rewards: dict[str, list[float]] = {}
+    correct: dict[str, list[bool]] = {}
+    for s in scored:
+        source = s.rollout.metadata.get(SOURCE_KEY)
+        if source is None:
+            continue
+        rewards.setdefault(source, []).append(s.reward)
+        verdicts = [value != 0 for name, value in s.reward_components.items() if name in VERIFIERS]
+        if verdicts:
+            correct.setdefault(source, []).append(all(verdicts))
+    out = {f"reward/source/{src}": sum(values) / len(values) for src, values in sorted(rewards.items())}
+    out.update({f"accuracy/source/{src}": sum(values) / len(values) for src, values in sorted(correct.items())})
     return out
 
 

@@ -11,7 +11,9 @@ one JSON line of metrics per step in ``run_dir/metrics.jsonl``; one line per ste
 naming the rollouts it trained (``{"step", "version", "rollout_ids"}``, ``version`` = the policy version the
 batch was trained at; a step that applied no update has ``rollout_ids: []``, ``skipped_ids`` and ``skipped``,
 the reason); ``run_dir/requeued.jsonl`` (:mod:`~consumers.trainer.history`); checkpoints in
-``trainer.checkpoint_dir`` (default ``run_dir/checkpoints``).
+``trainer.checkpoint_dir`` (default ``run_dir/checkpoints``); with ``telemetry.trackers``, each metrics row (and
+the rows of ``run_dir/evals.jsonl``) to the experiment trackers, queued, never blocking a step
+(:mod:`stream_rl.telemetry.trackers.fanout`).
 
 One iteration::
 
@@ -83,11 +85,12 @@ from consumers.trainer.rollout_metrics import rollout_metrics
 from consumers.trainer.telemetry_names import exported_metrics, step_alert_values
 from consumers.trainer.tensors import build_batch
 from consumers.trainer.train_step import TrainState, skip_reason, train_step
-from consumers.trainer.versions import PolicyVersions
+from consumers.trainer.versions import PolicyVersions, check_fresh
 from stream_rl.alerts.monitor import AlertStop
 from stream_rl.runtime import failpoints
 from stream_rl.storage.checkpoint import prune_checkpoints, save_checkpoint
 from stream_rl.telemetry.role import RoleTelemetry
+from stream_rl.telemetry.trackers.fanout import Trackers
 from stream_rl.transport.topics import TopicNames
 
 log = logging.getLogger(__name__)
@@ -131,6 +134,8 @@ class Trainer:
         _seed_everything(self.tcfg.seed)
         self.transport = Transport(cfg, "trainer")
         self.transport.ensure_topics()
+        if not resume:  # a fresh trainer (version 0) continues a run another trainer wrote only on purpose
+            check_fresh(self.transport, cfg.weights, 0)
         self.names = self.transport.names
         self.telemetry = RoleTelemetry(cfg, "trainer", self.transport, group=trainer_group(cfg),
                                        topics=[self.names.scored])
@@ -164,6 +169,8 @@ class Trainer:
         self.start = self._position(ckpt.offsets if ckpt else {})
         self.telemetry.attach(self.source, self.sink)
         self.telemetry.set_ready(model_loaded=True, version=self.state.version)
+        # experiment trackers (telemetry.trackers): a resumed run continues its tracker runs after the checkpoint
+        self.trackers = Trackers.open(cfg, (ckpt.step if ckpt else 0) if resume else None)
 
     def _restore_state(self, ckpt, resume: bool) -> None:
         """State, batcher (ledger + every re-queue already sent) and, on resume, the surviving history files."""
@@ -307,7 +314,7 @@ class Trainer:
         run.metrics.update({"time/wait_s": run.wait_s, "time/broadcast_s": run.broadcast_s,
                             "weights/sent_bytes": run.sent_bytes, "time/checkpoint_s": self.checkpoint_s,
                             "time/step_s": time.monotonic() - run.started})
-        self._write_metrics(run.metrics)
+        self._write_metrics(run.metrics, run.scored)
         for stage, seconds in (("train", run.train_s), ("broadcast", run.broadcast_s), ("wait", run.wait_s),
                                ("step", run.metrics["time/step_s"])):
             self.telemetry.observe_seconds(stage, seconds)
@@ -322,9 +329,10 @@ class Trainer:
 
     # -- outputs ------------------------------------------------------------------------------------------------
 
-    def _write_metrics(self, metrics: dict[str, float]) -> None:
+    def _write_metrics(self, metrics: dict[str, float], scored: list = ()) -> None:
         row = metrics_row(self.state.step, self.state.version, metrics, self.batcher)
         append_line(self.metrics_path, row)
+        self.trackers.log_step(row, scored)  # queued: a tracker never blocks the step
         self.telemetry.set_version(self.state.version)
         self.telemetry.row_written(row, exported_metrics(row))
 
@@ -363,6 +371,7 @@ class Trainer:
         self.ranks.close()
         self.source.close()
         self.sink.close()
+        self.trackers.close()
         self.telemetry.close()
         self.transport.tracing.shutdown()
 

@@ -11,6 +11,10 @@ Guarantees:
   if it is newer than the checkpoint (weights published after the last checkpoint were lost), the checkpoint's
   weights are republished as the next version (``state.lineage`` records the jump, so staleness is measured
   through the checkpoint's version), and if the checkpoint's version was never published it is.
+- A trainer started without ``--resume`` on a run whose weights topic already holds a version above its own
+  raises :class:`ForeignRunError` (:func:`check_fresh`): another trainer wrote that run (a run name
+  used twice), and training on would mix the two runs' data and versions; :func:`foreign_run` words the diagnosis
+  and the three ways on, for rollouts ahead of the trainer too (:mod:`consumers.trainer.intake`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,38 @@ from consumers.trainer.train_step import TrainState
 from schemas import WeightsManifest
 
 log = logging.getLogger(__name__)
+
+
+class ForeignRunError(RuntimeError):
+    """Records on the run's topics that this trainer's line of versions cannot have produced (exit 2)."""
+
+
+def foreign_run(run: str, what: str, own: int) -> ForeignRunError:
+    """The error for ``what`` (a manifest or rollout, with its version) ahead of this trainer's version ``own``."""
+    return ForeignRunError(
+        f"{what} is ahead of this trainer's policy version {own}: another trainer wrote run {run} (a run name used "
+        f"twice?). Continue that run with `stream-rl train --resume` (or `stream-rl run --resume --run {run}`), "
+        f"choose another name with --run NAME, or delete its topics with `stream-rl topics delete --run {run}`")
+
+
+def newest_manifest(transport, weights_cfg) -> WeightsManifest | None:
+    """The newest manifest on the run's weights topic (None: none); reads up to the topic's end, at most 10 s."""
+    from stream_rl.weights import WeightsReceiver
+
+    receiver = WeightsReceiver(transport, weights_cfg)
+    try:
+        return receiver.poll_latest(timeout_s=10.0)
+    finally:
+        receiver.close()
+
+
+def check_fresh(transport, weights_cfg, version: int) -> None:
+    """A trainer started without ``--resume`` (at ``version``): refuse a run whose weights topic already holds a
+    newer version (:class:`ForeignRunError`)."""
+    latest = newest_manifest(transport, weights_cfg)
+    if latest is not None and latest.version > version:
+        raise foreign_run(transport.names.run, f"weights manifest v{latest.version} (trainer step {latest.step}) "
+                          f"on {transport.names.weights}", version)
 
 
 class PolicyVersions:
@@ -51,15 +87,12 @@ class PolicyVersions:
             self.publisher.collect_garbage(keep)
         return sent
 
+    def _latest(self) -> WeightsManifest | None:
+        return newest_manifest(self.transport, self.cfg.weights)
+
     def reconcile(self, state: TrainState) -> None:
         """On resume: continue the numbering after the newest published version (module docstring)."""
-        from stream_rl.weights import WeightsReceiver
-
-        receiver = WeightsReceiver(self.transport, self.cfg.weights)
-        try:
-            latest = receiver.poll_latest(timeout_s=10.0)
-        finally:
-            receiver.close()
+        latest = self._latest()
         published = latest.version if latest is not None else -1
         if published == state.version:
             return

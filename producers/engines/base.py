@@ -3,12 +3,17 @@
 Consumes: prompts as token-id lists, sampling settings, and state dicts of new policy weights.
 Produces: for each prompt, ``n`` :class:`Sample` objects (token ids, behaviour logprobs, finish reason).
 
-Guarantees every engine gives (and ``tests/integration/test_producers.py`` / ``tests/integration/test_vllm_engine.py`` check):
-- ``Sample.logprobs[i] = log softmax(logits_i / temperature)[token_ids[i]]``, the log-probability of the token
-  under the exact distribution it was sampled from: temperature only, full softmax, no top-k/top-p/penalties.
-  That is the distribution the trainer recomputes (``stream_rl.algorithms.logprobs_from_logits``).
-- A sample ends at the first stop token, which is kept (``finish_reason="stop"``), or after ``max_new_tokens``
-  tokens (``"length"``); it has at least one token.
+Guarantees every engine gives (``tests/integration/test_producers.py``, ``test_sampling_hf.py`` and
+``test_vllm_engine.py`` check them):
+- ``Sample.logprobs[i]`` is the log-probability of ``token_ids[i]`` under the exact distribution it was sampled
+  from (:class:`Sampling`, :func:`producers.engines.truncation.truncated_logprobs`): ``log softmax(logits_i / T)``
+  restricted to the tokens min-p, top-k and top-p keep (in vLLM's order) and renormalised over them. Without
+  truncation (the defaults) that is the full tempered softmax the trainer recomputes
+  (``stream_rl.algorithms.logprobs_from_logits``); with it, the truncated distribution importance sampling needs.
+- A sample ends at the first stop token (the eos token or one of ``Sampling.stop_token_ids``), at the first token
+  that completes a stop string (``Sampling.stop``, matched on the decoded response text as vLLM matches it), both
+  kept in the response (``finish_reason="stop"``), or after ``max_new_tokens`` tokens (``"length"``); it has at
+  least one token.
 - The same weights, prompts, settings and ``seed`` give the same samples. Prompt ``i`` of a batch samples with
   :func:`prompt_seed` ``(seed, i)``, so prompts of one batch never share random streams.
 - ``load_weights`` either replaces every weight and moves ``version`` to the new value, or raises
@@ -66,6 +71,59 @@ class Sample:
     token_versions: list[int] | None = None
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How each token is drawn (``producer.temperature``, ``top_k``, ``top_p``, ``min_p``, ``stop``,
+    ``stop_token_ids``), with vLLM's meanings: ``top_k`` 0 or -1 is off, ``top_p`` 1 is off, ``min_p`` 0 is off.
+
+    Stop strings and stop token ids end a sample with ``finish_reason="stop"``; the tokens that complete them stay
+    in the response (their behaviour logprobs are real, the trainer trains on them)."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+
+    @property
+    def truncates(self) -> bool:
+        """Whether min-p, top-k or top-p can remove a token (else the full tempered softmax is sampled)."""
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+
+    def check(self, vocab_size: int | None = None) -> None:
+        """Raise :class:`EngineError` naming the first bad setting (token ids against ``vocab_size`` if given)."""
+        if not self.temperature > 0.0:
+            raise EngineError(f"temperature must be > 0, got {self.temperature}")
+        if self.top_k < -1:
+            raise EngineError(f"producer.top_k must be 0 or -1 (off) or >= 1, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise EngineError(f"producer.top_p must lie in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p < 1.0:
+            raise EngineError(f"producer.min_p must lie in [0, 1), got {self.min_p}")
+        if any(not s for s in self.stop):
+            raise EngineError("producer.stop: an empty stop string would end every sample at once")
+        for token in self.stop_token_ids:
+            if token < 0 or (vocab_size is not None and token >= vocab_size):
+                raise EngineError(f"producer.stop_token_ids: {token} is outside the vocabulary [0, {vocab_size})")
+
+
+def check_stop_strings(stop: Sequence[str], tokenizer: Any) -> None:
+    """Raise :class:`EngineError` naming ``producer.stop`` and the string when the tokenizer cannot write a stop
+    string (encoding raises, yields nothing or an unknown token, or does not decode back to it): such a string could
+    never appear in a decoded response."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    for text in stop:
+        try:
+            ids = list(tokenizer.encode(text, add_special_tokens=False))
+        except Exception as exc:  # noqa: BLE001 - tokenizers raise plain Exception for characters outside the vocab
+            raise EngineError(f"producer.stop: the tokenizer cannot encode {text!r} ({exc})") from exc
+        decoded = tokenizer.decode(ids, skip_special_tokens=True) if ids else ""
+        if not ids or (unk is not None and unk in ids) or text.strip() not in decoded:
+            raise EngineError(f"producer.stop: the tokenizer cannot encode {text!r} (it encodes to {ids}, which "
+                              f"decodes to {decoded!r})")
+
+
 class GenerationEngine(ABC):
     """Samples groups of responses from a policy whose weights can be replaced between calls."""
 
@@ -100,9 +158,16 @@ class GenerationEngine(ABC):
         """Number of rows of the output head: token ids must be below it."""
 
     @abstractmethod
-    def generate(self, prompt_token_ids: list[list[int]], n: int, temperature: float, max_new_tokens: int,
+    def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: Sampling, max_new_tokens: int,
                  seed: int) -> list[list[Sample]]:
-        """``n`` samples for each prompt, in prompt order then sample order (see the module guarantees)."""
+        """``n`` samples for each prompt drawn as ``sampling`` says, in prompt order then sample order (see the
+        module guarantees)."""
+
+    def check_sampling(self, sampling: Sampling) -> None:
+        """Raise :class:`EngineError` naming the field when this engine cannot sample as ``sampling`` says (bad
+        values, a stop token id outside the vocabulary, a stop string the tokenizer cannot write)."""
+        sampling.check(self.vocab_size)
+        check_stop_strings(sampling.stop, self.tokenizer)
 
     @abstractmethod
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
@@ -126,13 +191,14 @@ class GenerationEngine(ABC):
         """Release the engine's resources (default: nothing to do)."""
 
 
-def check_generate_args(prompt_token_ids: Sequence[Sequence[int]], n: int, temperature: float,
+def check_generate_args(prompt_token_ids: Sequence[Sequence[int]], n: int, sampling: Sampling,
                         max_new_tokens: int, max_model_len: int, vocab_size: int) -> None:
     """Raise :class:`EngineError` naming the first bad argument of a ``generate`` call."""
     if n < 1:
         raise EngineError(f"n must be >= 1, got {n}")
-    if not temperature > 0.0:
-        raise EngineError(f"temperature must be > 0, got {temperature}")
+    if not isinstance(sampling, Sampling):
+        raise EngineError(f"sampling must be a producers.engines.base.Sampling, got {type(sampling).__name__}")
+    sampling.check(vocab_size)
     if max_new_tokens < 1:
         raise EngineError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     for i, ids in enumerate(prompt_token_ids):
@@ -152,15 +218,19 @@ def prompt_seed(seed: int, index: int) -> int:
 
 
 def cut_at_stop(token_ids: Sequence[int], logprobs: Sequence[float], stop_ids: frozenset[int],
-                versions: Sequence[int] | None = None) -> Sample:
-    """The sample made of the tokens up to and including the first stop token (``"stop"``), else all of them
-    (``"length"``); ``versions`` (one per token, or None) is cut the same way."""
+                versions: Sequence[int] | None = None, string_end: int | None = None) -> Sample:
+    """The sample made of the tokens up to and including the first stop token or, when ``string_end`` is given,
+    the token that completed a stop string (token ``string_end - 1``), whichever comes first (``"stop"``); else
+    all of them (``"length"``). ``versions`` (one per token, or None) is cut the same way."""
     end = next((i + 1 for i, token in enumerate(token_ids) if token in stop_ids), len(token_ids))
+    stopped = end < len(token_ids) or (end > 0 and token_ids[end - 1] in stop_ids)
+    if string_end is not None and string_end <= end:
+        end, stopped = string_end, True
     if end == 0:
         raise EngineError("the engine returned an empty response")
     kept = None if versions is None else [int(v) for v in versions[:end]]
     return Sample([int(t) for t in token_ids[:end]], [float(x) for x in logprobs[:end]],
-                  "stop" if end < len(token_ids) or token_ids[end - 1] in stop_ids else "length", kept)
+                  "stop" if stopped else "length", kept)
 
 
 def check_state_dict(expected: Mapping[str, tuple[int, ...]], state_dict: Mapping[str, Any]) -> None:

@@ -9,10 +9,14 @@ B prompts instead of B*n rows is what ``generate(num_return_sequences=n)`` does 
 the prefill was half of the generation time.
 
 How the behaviour logprobs are exact: at each step the last-position logits ``[B*n, V]`` become
-``log softmax(logits / T)``, the token is drawn from ``softmax`` of exactly that, and that row's logprob of the
-drawn token is kept. Memory stays O(B*n*V), never O(B*n*T*V). A row that has produced the eos token gets the pad
-token afterwards (cut off by :func:`~producers.engines.base.cut_at_stop`); the loop ends when every row has
-stopped or after ``max_new_tokens`` steps.
+:func:`~producers.engines.truncation.truncated_logprobs` (``log softmax(logits / T)`` after min-p, top-k and
+top-p, in vLLM's order; ``-inf`` outside the kept set), the token is drawn from ``softmax`` of exactly that, and
+that row's logprob of the drawn token is kept. Memory stays O(B*n*V), never O(B*n*T*V). A row that has produced a
+stop token (eos or ``Sampling.stop_token_ids``) or completed a stop string
+(:class:`~producers.engines.stops.StopStrings`) gets the pad token afterwards (cut off by
+:func:`~producers.engines.base.cut_at_stop`); the loop ends when every row has stopped or after ``max_new_tokens``
+steps. :func:`score_tokens` computes the same logprobs for given
+tokens (teacher forcing), to compare engines on the same tokens.
 
 Randomness: each call forks torch's RNG and seeds it with ``prompt_seed(seed, 0)``, so the same seed gives the
 same samples and the caller's RNG is left untouched; the whole batch is drawn from one stream, one
@@ -39,9 +43,11 @@ from dataclasses import dataclass
 import torch
 
 from producers.engines.base import (
-    EngineError, GenerationEngine, Sample, WeightsHook, WeightsMismatch, check_generate_args, cut_at_stop,
+    EngineError, GenerationEngine, Sample, Sampling, WeightsHook, WeightsMismatch, check_generate_args, cut_at_stop,
     prompt_seed,
 )
+from producers.engines.stops import StopStrings
+from producers.engines.truncation import truncated_logprobs
 
 
 @dataclass(frozen=True)
@@ -55,13 +61,23 @@ class Inflight:
     version: int
 
 
+@dataclass(frozen=True)
+class Stops:
+    """What ends a row: any of the token ids ``ids`` [K] (kept), or a stop string (``strings``: None when there are
+    none)."""
+
+    ids: torch.Tensor
+    strings: StopStrings | None = None
+
+
 @torch.inference_mode()
-def sample_groups(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int, temperature: float,
-                  max_new_tokens: int, eos: int, pad: int,
+def sample_groups(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int, sampling: Sampling,
+                  max_new_tokens: int, stops: Stops, pad: int,
                   inflight: Inflight | None = None) -> tuple[torch.Tensor, torch.Tensor, list[int] | None]:
     """Tokens ``[B*n, S]``, their behaviour logprobs ``[B*n, S]`` (S <= ``max_new_tokens``; row ``b*n + i`` is
     sample i of prompt b) from left-padded prompts ``input_ids``/``attention_mask`` ``[B, P]``, and with
-    ``inflight`` the version that produced each step's tokens ``[S]`` (else None)."""
+    ``inflight`` the version that produced each step's tokens ``[S]`` (else None). ``stops.strings`` (rows in the
+    same order) records where stop strings ended rows."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
@@ -78,11 +94,14 @@ def sample_groups(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     version = inflight.version if inflight is not None else None
     for step in range(max_new_tokens):
         versions.append(version)  # the weights that computed `logits`
-        logp = torch.log_softmax(logits / temperature, dim=-1)  # [B*n, V]
+        logp = truncated_logprobs(logits, sampling)  # [B*n, V], -inf outside the kept set
         drawn = torch.multinomial(torch.softmax(logp, dim=-1), num_samples=1).squeeze(1)  # [B*n]
         logprobs.append(logp.gather(-1, drawn[:, None]).squeeze(1))
         tokens.append(torch.where(running, drawn, pad))
-        running &= drawn != eos
+        if stops.strings is not None:
+            for row in stops.strings.step(drawn.tolist(), running.tolist()):
+                running[row] = False  # its stop string is complete: the token stays, pads follow
+        running &= ~torch.isin(drawn, stops.ids)
         if step == max_new_tokens - 1 or not bool(running.any()):
             break
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)  # [B*n, P + step + 1]
@@ -93,6 +112,19 @@ def sample_groups(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
                     past_key_values=cache, use_cache=True)
         logits = out.logits[:, -1].float()  # [B*n, V]
     return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1), versions if inflight is not None else None
+
+
+@torch.inference_mode()
+def score_tokens(model, prompt: list[int], response: list[int], sampling: Sampling) -> list[float]:
+    """The behaviour logprobs ``[R]`` the engine would report for ``response`` sampled after ``prompt``: one forward
+    over both (teacher forcing), each response position's logits through
+    :func:`~producers.engines.truncation.truncated_logprobs`, read at the given token (``-inf``: outside the kept
+    set, a token this sampling could not have drawn)."""
+    ids = torch.tensor([list(prompt) + list(response[:-1])], dtype=torch.long, device=model.device)  # [1, P+R-1]
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1:].float()  # [R, V]
+    logp = truncated_logprobs(logits, sampling)  # [R, V]
+    targets = torch.tensor(list(response), dtype=torch.long, device=logp.device)[:, None]  # [R, 1]
+    return logp.gather(-1, targets).squeeze(1).tolist()
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,25 +178,35 @@ class HFEngine(GenerationEngine):
     def vocab_size(self) -> int:
         return int(self.model.config.vocab_size)
 
-    def generate(self, prompt_token_ids: list[list[int]], n: int, temperature: float, max_new_tokens: int,
+    def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: Sampling, max_new_tokens: int,
                  seed: int) -> list[list[Sample]]:
-        check_generate_args(prompt_token_ids, n, temperature, max_new_tokens, self.max_model_len, self.vocab_size)
+        check_generate_args(prompt_token_ids, n, sampling, max_new_tokens, self.max_model_len, self.vocab_size)
         if not prompt_token_ids:
             return []
         device = self.model.device
         input_ids, attention_mask = left_pad(prompt_token_ids, self._pad)  # (B, P)
+        stop_ids, stops = self._stops(sampling, prompt_token_ids, n)
         devices = [device] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(prompt_seed(seed, 0))
             if devices:
                 torch.cuda.manual_seed(prompt_seed(seed, 0))
             new_tokens, logprobs, versions = sample_groups(
-                self.model, input_ids.to(device), attention_mask.to(device), n, temperature, max_new_tokens,
-                self._eos, self._pad, self._inflight())  # (B*n, S), versions (S) or None
-        stops = frozenset({self._eos})
-        flat = [cut_at_stop(toks, lps, stops, versions)
-                for toks, lps in zip(new_tokens.cpu().tolist(), logprobs.cpu().tolist(), strict=True)]
+                self.model, input_ids.to(device), attention_mask.to(device), n, sampling, max_new_tokens,
+                stops, self._pad, self._inflight())  # (B*n, S), versions (S) or None
+        ends = stops.strings.ends if stops.strings is not None else [None] * new_tokens.shape[0]
+        flat = [cut_at_stop(toks, lps, stop_ids, versions, end)
+                for toks, lps, end in zip(new_tokens.cpu().tolist(), logprobs.cpu().tolist(), ends, strict=True)]
         return [flat[i * n:(i + 1) * n] for i in range(len(prompt_token_ids))]
+
+    def _stops(self, sampling: Sampling, prompt_token_ids: list[list[int]], n: int) -> tuple[frozenset[int], Stops]:
+        """The stop token ids and the loop's :class:`Stops` (rows: each prompt repeated ``n`` times)."""
+        stop_ids = frozenset({self._eos, *sampling.stop_token_ids})
+        strings = None
+        if sampling.stop:
+            strings = StopStrings(self._tokenizer, sampling.stop, [p for p in prompt_token_ids for _ in range(n)])
+        ids = torch.tensor(sorted(stop_ids), dtype=torch.long, device=self.model.device)
+        return stop_ids, Stops(ids, strings)
 
     def set_weights_hook(self, hook: WeightsHook | None, every: int) -> None:
         if hook is not None and every < 1:

@@ -6,9 +6,19 @@ Produces: :class:`~producers.engines.base.Sample` groups (see the guarantees in 
 Which logprobs vLLM returns (checked in vLLM 0.32's ``v1/sample/sampler.py``): with the default
 ``logprobs_mode="raw_logprobs"`` they are ``log softmax(logits)`` BEFORE temperature, i.e. not the sampled
 distribution when ``T != 1``. ``"processed_logprobs"`` returns ``log softmax`` of the logits after every
-processor, temperature and top-k/top-p included, which with no top-k/top-p/penalties is exactly
-``log softmax(logits / T)``: the engine uses that mode and asks for ``logprobs=0`` (the sampled token's logprob
-only). ``tests/integration/test_vllm_engine.py`` checks the values against a trainer-style recomputation at ``T != 1``.
+processor: temperature, min-p, then top-k/top-p (``-inf`` outside the kept set; ``TopKTopPSampler.forward_cpu`` /
+``forward_native``; on CUDA this mode also keeps vLLM off FlashInfer's sampler, which cannot return them), i.e.
+the truncated, renormalised distribution actually sampled from
+(:func:`~producers.engines.truncation.truncated_logprobs`); without truncation exactly ``log softmax(logits / T)``.
+The engine uses that mode and asks for ``logprobs=0`` (the sampled token's logprob only). On CUDA vLLM applies
+top-k/top-p with a Triton kernel (``apply_top_k_top_p_triton``) instead, meant to apply the same rule; only the
+CPU path is checked here. ``tests/integration/test_vllm_engine.py`` checks the values against a trainer-style
+recomputation at ``T != 1`` and against the ``hf`` engine's on the same tokens under top-k/top-p/min-p.
+
+Stops (``Sampling.stop`` / ``stop_token_ids``): passed to vLLM as ``stop`` / ``stop_token_ids`` with
+``include_stop_str_in_output=True`` and detokenisation on only when there are stop strings (vLLM matches them on
+the text it decodes). vLLM keeps the token that completes a stop string, and a stop token, in the token ids; the
+``hf`` engine does the same (:mod:`producers.engines.stops`).
 
 Engine set-up: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` runs the engine core in this process (faster start-up, and
 ``collective_rpc`` passes tensors without serialising them); ``VLLM_CPU_KVCACHE_SPACE`` bounds the CPU KV cache;
@@ -60,6 +70,7 @@ from producers.engines.base import (
     EngineError,
     GenerationEngine,
     Sample,
+    Sampling,
     WeightsHook,
     WeightsMismatch,
     check_generate_args,
@@ -109,6 +120,18 @@ class _Decoded:
         self.finish_reason = completion.finish_reason
 
 
+def vllm_params(sampling: Sampling, n: int, max_new_tokens: int, seed: int):
+    """vLLM's ``SamplingParams`` for one prompt: ``sampling`` with vLLM's meanings (``top_k`` 0: off), the sampled
+    token's processed logprob, stop strings kept in the output, detokenisation only for stop strings."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        n=n, temperature=sampling.temperature, top_k=max(sampling.top_k, 0), top_p=sampling.top_p,
+        min_p=sampling.min_p, stop=list(sampling.stop), stop_token_ids=list(sampling.stop_token_ids),
+        include_stop_str_in_output=True, max_tokens=max_new_tokens, logprobs=0, seed=seed,
+        detokenize=bool(sampling.stop))
+
+
 class VLLMEngine(GenerationEngine):
     """Generation with an in-process ``vllm.LLM``; weights reloaded in place by ``load_weights`` and, merged into
     the checkpoint's weights, by ``load_adapter``."""
@@ -152,30 +175,28 @@ class VLLMEngine(GenerationEngine):
     def vocab_size(self) -> int:
         return self._vocab_size
 
-    def generate(self, prompt_token_ids: list[list[int]], n: int, temperature: float, max_new_tokens: int,
+    def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: Sampling, max_new_tokens: int,
                  seed: int) -> list[list[Sample]]:
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        check_generate_args(prompt_token_ids, n, temperature, max_new_tokens, self.max_model_len, self.vocab_size)
+        check_generate_args(prompt_token_ids, n, sampling, max_new_tokens, self.max_model_len, self.vocab_size)
         if not prompt_token_ids:
             return []
-        params = [SamplingParams(n=n, temperature=temperature, top_k=0, top_p=1.0, min_p=0.0,
-                                 max_tokens=max_new_tokens, logprobs=0, seed=prompt_seed(seed, i), detokenize=False)
-                  for i in range(len(prompt_token_ids))]
+        params = [vllm_params(sampling, n, max_new_tokens, prompt_seed(seed, i)) for i in range(len(prompt_token_ids))]
+        stop_ids = frozenset({self._eos, *sampling.stop_token_ids})
         prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_token_ids]
         self._drop_stale_prefix()
         if self._hook is not None:
-            return self._generate_stepwise(prompts, params, n)
+            return self._generate_stepwise(prompts, params, n, stop_ids)
         outputs = self._llm.generate(prompts, params, use_tqdm=False)
-        return [self._samples([_Decoded.of(c) for c in output.outputs], n) for output in outputs]
+        return [self._samples([_Decoded.of(c) for c in output.outputs], n, stop_ids) for output in outputs]
 
     def set_weights_hook(self, hook: WeightsHook | None, every: int) -> None:
         if hook is not None and every < 1:
             raise EngineError(f"the weights hook needs every >= 1 decode steps, got {every}")
         self._hook, self._hook_every = hook, every
 
-    def _generate_stepwise(self, prompts: list, params: list, n: int) -> list[list[Sample]]:
+    def _generate_stepwise(self, prompts: list, params: list, n: int, stop_ids: frozenset[int]) -> list[list[Sample]]:
         """``generate`` with the weights hook (module docstring): the requests ``LLM.generate`` would add, stepped
         by hand; the hook runs before engine step ``every``, ``2 * every``, ... and each token records the version
         held during the step that produced it."""
@@ -203,17 +224,17 @@ class VLLMEngine(GenerationEngine):
             raise
         finally:
             self._drop_stale_prefix()
-        return [self._samples(group, n) for group in decoded]
+        return [self._samples(group, n, stop_ids) for group in decoded]
 
-    def _samples(self, decoded: list[_Decoded], n: int) -> list[Sample]:
+    def _samples(self, decoded: list[_Decoded], n: int, stop_ids: frozenset[int]) -> list[Sample]:
         if len(decoded) != n:
             raise EngineError(f"vLLM returned {len(decoded)} samples for a prompt, expected {n}")
         samples = []
         for d in decoded:
-            sample = cut_at_stop(d.tokens, d.logprobs, frozenset({self._eos}), d.versions)
+            sample = cut_at_stop(d.tokens, d.logprobs, stop_ids, d.versions)
             if d.finish_reason not in ("stop", "length"):
                 raise EngineError(f"vLLM finished a sample with {d.finish_reason!r}")
-            if d.finish_reason == "stop" and sample.finish_reason != "stop":  # another stop id from the model config
+            if d.finish_reason == "stop" and sample.finish_reason != "stop":  # a stop string, or a model-config stop id
                 sample = Sample(sample.token_ids, sample.logprobs, "stop", sample.token_versions)
             samples.append(sample)
         return samples

@@ -16,11 +16,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from consumers.scorer.config import ScorerConfig
 from consumers.trainer.config import PPO_RANGE_CLIP, TrainerConfig
 from producers.config import ProducerConfig
+from producers.evaluator.config import EvalConfig
 from stream_rl.config.base import CrossFieldError, Section
 from stream_rl.config.loading import resolve_config
 from stream_rl.config.shared import SharedConfig
@@ -35,7 +36,8 @@ class RunConfig(Section):
                                                    "consumes and checkpoints, every rank trains its share")
     demo_dir: Path | None = Field(Path("runs/demo-model"), description="built-in demo: built here by `run` "
                                   "when missing, and used for the policy, reference and prompts left at their "
-                                  "defaults (also by produce/score/train started by hand, once built); None: no demo")
+                                  "defaults (also by produce/score/train started by hand, once built); None (in a file, which has no "
+                                  "null: \"none\"): no demo")
     prompts_file: Path | None = Field(None, description="JSON-lines prompts; default: the demo's prompts.jsonl")
     epochs: int = Field(10, ge=1, description="passes over the prompt file loaded onto the prompts topic")
     group_size: int = Field(8, ge=1, description="samples per prompt written into each Prompt record")
@@ -46,6 +48,12 @@ class RunConfig(Section):
         "threads), producers on the rest (1 thread each), scorers and the local broker where the kernel finds "
         "room, and the prompts/rollouts/scored topics get one partition per consumer unless topics.partitions is "
         "set (stream_rl/launch/placement.py); 'none': nothing pinned, one thread per process")
+
+    @field_validator("demo_dir", mode="before")
+    @classmethod
+    def _none_demo(cls, value: object) -> object:
+        """A config file cannot write null: ``demo_dir = "none"`` means no demo."""
+        return None if isinstance(value, str) and value.strip().lower() in ("none", "null", "") else value
 
 
 class StreamRLConfig(SharedConfig):
@@ -59,6 +67,8 @@ class StreamRLConfig(SharedConfig):
     scorer: ScorerConfig = Field(default_factory=ScorerConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    eval: EvalConfig | None = Field(None, description="held-out evaluation (stream-rl evaluate; `run` starts the "
+                                                        "evaluator when this section is set); None: no evaluation")
 
     @model_validator(mode="after")
     def _across_sections(self) -> StreamRLConfig:

@@ -35,9 +35,20 @@ def debug_enabled() -> bool:
     return _debug or os.environ.get("STREAM_RL_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def no_broker_message(bootstrap: str, seconds: float | None) -> str:
+def no_broker_message(bootstrap: str, seconds: float | None, silent_s: float | None = None) -> str:
+    """The line for a broker that did not answer: how long this process has heard nothing from any broker when it
+    had before (``silent_s``, an outage), else how long the failing client tried (``seconds``, at start)."""
+    if silent_s is not None and (seconds is None or silent_s > seconds):
+        return (f"no Kafka broker at {bootstrap}: no answer for {silent_s:.0f} s (this process last heard from a "
+                f"broker {silent_s:.0f} s ago): {NO_BROKER_HINT}")
     tried = f" (tried for {seconds:g} s)" if seconds is not None else ""
     return f"no Kafka broker at {bootstrap}{tried}: {NO_BROKER_HINT}"
+
+
+def _silent_for(bootstrap: str) -> float | None:
+    """:func:`stream_rl.transport.sink.silent_for`, when the transport was loaded (it is, if a client failed)."""
+    sink = sys.modules.get("stream_rl.transport.sink")
+    return sink.silent_for(bootstrap) if sink is not None else None
 
 
 def _cfg():
@@ -61,7 +72,7 @@ def _kafka_timeout(exc: BaseException) -> str:
     bootstrap = ",".join(s.strip(" '\"") for s in found.group(1).split(","))
     kafka = getattr(_cfg(), "kafka", None)
     seconds = min(kafka.connect_timeout_s, kafka.broker_timeout_s) if kafka is not None else None
-    return no_broker_message(bootstrap, seconds)
+    return no_broker_message(bootstrap, seconds, _silent_for(bootstrap))
 
 
 def _kafka_error(exc: BaseException) -> str:
@@ -123,12 +134,13 @@ EXPECTED: dict[str, tuple[int, Callable[[BaseException], str]]] = {
     "stream_rl.transport.membership.NoAssignment": (1, _with_broker),
     "stream_rl.transport.topics.TopicError": (1, _with_broker),
     "consumers.trainer.positions.OffsetLossError": (1, _with_broker),
+    "consumers.trainer.versions.ForeignRunError": (2, _plain),
     "kafka.errors.KafkaTimeoutError": (1, _kafka_timeout),
     "kafka.errors.BrokerResponseError": (1, _kafka_error),  # the broker refused: authorization, SASL, ...
     "kafka.errors.KafkaConnectionError": (1, _kafka_error),
     "stream_rl.alerts.monitor.AlertStop": (3, _alert),
     "stream_rl.models.loading.ModelLoadError": (2, _model),
-    "consumers.scorer.rewards.RewardFnError": (2, _named),
+    "stream_rl.rewards.contract.RewardFnError": (2, _named),
     "stream_rl.prompts.schema.PromptFileError": (2, _plain),
     "stream_rl.weights.payload.WeightsError": (1, _named),
     "producers.engines.base.EngineError": (1, _named),

@@ -15,7 +15,8 @@ from typing import Annotated
 
 import typer
 
-from stream_rl.cli import diagnose_cmd, export_cmd, gc_cmd, plan_cmd, rescore_cmd, roles_cmd, run_cmd, status_cmd
+from stream_rl.cli import diagnose_cmd, eval_cmd, export_cmd, gc_cmd, plan_cmd, rescore_cmd, roles_cmd, run_cmd, status_cmd
+from stream_rl.cli import reward_server_cmd
 from stream_rl.cli.common import BootstrapOpt, ConfigOpt, DryRunOpt, RunOpt, SetOpt, fail, require_broker, resolve
 from stream_rl.cli.runs import select_run
 
@@ -37,7 +38,9 @@ app.command("doctor")(diagnose_cmd.doctor)
 app.command("report")(diagnose_cmd.report)
 app.command("gc")(gc_cmd.gc)
 app.command("export")(export_cmd.export)
+app.command("evaluate")(eval_cmd.evaluate)
 app.command("status")(status_cmd.status)
+app.command("reward-server")(reward_server_cmd.reward_server)
 app.add_typer(status_cmd.trace_app, name="trace")
 
 
@@ -117,6 +120,23 @@ def topics_list(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: Bootst
     reader.close()
     for row in rows:
         typer.echo(json.dumps(row) if as_json else f"{row['topic']}\t{row['partitions']}\t{row['records']}")
+
+
+@topics_app.command("delete")
+def topics_delete(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt = None,
+                  run: RunOpt = None, dry_run: DryRunOpt = False) -> None:
+    """Delete a run's topics and consumer groups (its records and committed offsets) from the broker; the run must
+    be named (--run NAME). Its run directory is left as it is (`stream-rl topics list --run NAME` shows what is
+    there first)."""
+    from stream_rl.cli.runs import delete_run
+
+    cfg = resolve(config, set_, {"kafka.bootstrap_servers": bootstrap, "topics.run": run}, dry_run)
+    if "run" not in cfg.topics.model_fields_set:
+        fail("topics delete: name the run to delete with --run NAME (`stream-rl topics list --all` lists them)", 2)
+    require_broker(cfg)
+    topics = delete_run(cfg)
+    typer.echo(f"run {cfg.topics.run}: deleted {len(topics)} topics and its consumer groups" if topics
+               else f"run {cfg.topics.run}: no topics on the broker (its consumer groups were deleted)")
 
 
 @app.command("replay")

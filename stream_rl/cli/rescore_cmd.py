@@ -4,7 +4,8 @@ A thin wrapper around :mod:`consumers.scorer.rescore`: resolve the config (the r
 defaults as `stream-rl score` takes them), plan and check the options before the broker is contacted (``--dry-run``
 prints the plan as JSON), then run the rescore and print one summary line. A refused option is one line naming it,
 exit 2; a broker that is gone, a range that stalls or a refused commit is one line, exit 1; stopped by
-SIGINT/SIGTERM after a committed batch: the summary on stderr, exit 130 (``--append`` continues it).
+SIGINT/SIGTERM after a committed batch: the summary on stderr, exit 128 + the signal's number (130 for Ctrl-C, 143
+for SIGTERM, as every role; ``--append`` continues it).
 """
 
 from __future__ import annotations
@@ -88,5 +89,5 @@ def _run(cfg, plan) -> None:
     run_role(job, cfg, plan)
     stats = done[0]
     if not stats.complete:
-        fail(summary(plan, stats), 130)
+        fail(summary(plan, stats), 128 + (stop.signum or 2))
     typer.echo(summary(plan, stats))

@@ -5,6 +5,12 @@ Each role command resolves the config, fills the model settings left at their de
 answers (one line naming the address, exit 1, when none does), installs SIGTERM/SIGINT handlers that ask the loop
 to stop after its current batch (outputs flushed and committed), and runs the role's thin loop. Heavy imports
 happen here, after the command line is parsed.
+
+Exit codes of a role: 0 when it reached its budget (``--max-batches``, ``trainer.max_steps``); after a clean stop
+asked by a signal, 128 + the signal's number, the shell's convention for a process ended by that signal (143 for
+SIGTERM, 130 for Ctrl-C), so a supervisor can tell "done" from "stopped early" (a trainer rank, stopped by its
+launcher, exits 0). Once the loop has returned, further SIGTERM/SIGINT are ignored: the exit completes (no death
+by signal during the interpreter's teardown).
 """
 
 from __future__ import annotations
@@ -35,11 +41,19 @@ def setup_logging() -> None:
     setup_role_logging(debug=debug_enabled())  # library noise stays out of role logs unless --debug
 
 
-def stop_on_signals() -> threading.Event:
+class StopRequest(threading.Event):
+    """Set by SIGTERM or SIGINT; ``signum`` is the first signal that set it (None: not set by a signal)."""
+
+    signum: int | None = None
+
+
+def stop_on_signals() -> StopRequest:
     """An event set by SIGTERM or SIGINT, so a role finishes its batch and exits cleanly."""
-    stop = threading.Event()
+    stop = StopRequest()
 
     def _handler(signum, frame):
+        if stop.signum is None:
+            stop.signum = signum
         stop.set()
 
     signal.signal(signal.SIGTERM, _handler)
@@ -59,12 +73,25 @@ def run_role(fn, cfg, *args, **kwargs) -> None:
 
     try:
         fn(cfg, *args, **kwargs)
+        _exit_after_signal(kwargs.get("stop_event"))
     except AlertStop as exc:
         typer.echo(f"stopped by alert: {exc}", err=True)
         raise typer.Exit(exc.exit_code) from None
     except (BrokerUnreachable, NoAssignment, TopicError, OffsetLossError, DeliveryError) as exc:
         logging.getLogger("stream_rl.cli").error("%s: %s", type(exc).__name__, exc)
         fail(f"{type(exc).__name__} (broker {cfg.kafka.bootstrap_servers or 'the local broker'}): {exc}")
+
+
+def _exit_after_signal(stop: StopRequest | None) -> None:
+    """The loop returned: ignore further SIGTERM/SIGINT (the exit completes), and exit 128 + the signal's number
+    when a signal stopped it (module docstring)."""
+    from consumers.trainer.launch import running_as_rank
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # an ignored signal stays ignored through the teardown
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signum = getattr(stop, "signum", None)
+    if signum is not None and not running_as_rank():
+        raise typer.Exit(128 + signum)
 
 
 def _role_flags(bootstrap: str | None, run: str | None) -> dict:
@@ -183,57 +210,79 @@ class Dedup(str, Enum):
     none = "none"
 
 
-PromptFileArg = Annotated[Path, typer.Argument(help="JSON lines (.jsonl/.json) or Parquet (.parquet) with text, "
-                                               "prompt_id?, answer?, metadata? (docs/prompts.md)")]
+PromptFileArg = Annotated[Path, typer.Argument(help="JSON lines (.jsonl/.json), Parquet (.parquet) or a datasets "
+                                               "save_to_disk directory; plain (text|messages), verl or TRL layout "
+                                               "(docs/prompts.md)")]
 DedupOpt = Annotated[Dedup, typer.Option(help="drop later rows with the same prompt_id or text (exact), also the "
                                          "same NFKC/casefold/whitespace-normalized text (normalized), or none")]
 MinCharsOpt = Annotated[int, typer.Option(min=0, help="drop texts shorter than this (code points)")]
 MaxCharsOpt = Annotated[int | None, typer.Option(min=1, help="drop texts longer than this (code points)")]
-MaxTokensOpt = Annotated[int | None, typer.Option(min=1, help="drop texts with more tokens (needs --tokenizer)")]
-TokenizerOpt = Annotated[Path | None, typer.Option(help="tokenizer directory used to count tokens")]
+MaxTokensOpt = Annotated[int | None, typer.Option(min=1, help="drop prompts with more tokens, rendered prompts "
+                                                  "included (default: data.max_prompt_tokens)")]
+TokenizerOpt = Annotated[Path | None, typer.Option(help="tokenizer directory that renders messages and counts "
+                                                   "tokens (default: the policy's, producer.model_dir)")]
 StrictOpt = Annotated[bool, typer.Option(help="unknown fields are errors, not warnings")]
+PromptKeyOpt = Annotated[str | None, typer.Option(help="column holding the prompt, text or messages "
+                                                  "(default: data.prompt_key, else detected)")]
+AnswerKeyOpt = Annotated[str | None, typer.Option(help="column holding the answer, dotted for nested "
+                                                  "(default: data.answer_key, else detected)")]
+IdKeyOpt = Annotated[str | None, typer.Option(help="column holding the prompt id (default: data.id_key, else "
+                                              "prompt_id or the line/row number)")]
+MetadataKeysOpt = Annotated[str | None, typer.Option(help="comma-separated columns copied into the metadata tags "
+                                                     "(default: data.metadata_keys, else data_source, ability, "
+                                                     "extra_info when present)")]
 
 
-def _check_prompts(file: Path, dedup: Dedup, min_chars: int, max_chars: int | None, max_tokens: int | None,
-                   tokenizer: Path | None, strict: bool):
-    """The report on ``file`` with these options; exit 2 for bad options or a missing or unknown file."""
-    from stream_rl.prompts import CheckOptions, PromptFileError, check_prompt_file, token_counter
+def _policy_dir(cfg) -> Path:
+    """The policy whose tokenizer renders messages: producer.model_dir, or the built demo's as `run` resolves it."""
+    demo = cfg.run.demo_dir
+    if "model_dir" not in cfg.producer.model_fields_set and demo is not None and (demo / "policy").is_dir():
+        return demo / "policy"
+    return cfg.producer.model_dir
 
-    counter = None
-    if tokenizer is not None:
-        from stream_rl.models.loading import ModelLoadError
 
-        try:
-            counter = token_counter(tokenizer)
-        except ModelLoadError as exc:
-            fail(f"prompts: {exc}", 2)
+def _check_prompts(file: Path, cfg, flags: dict):
+    """The report on ``file`` with these flags over ``cfg.data``; exit 2 for bad options or a missing or unknown
+    file (or tokenizer)."""
+    from stream_rl.prompts import PromptFileError, check_options, check_prompt_file, mapping_of
+
+    flags = dict(flags)
+    keys = flags.pop("metadata_keys")
+    metadata = None if keys is None else [k.strip() for k in keys.split(",") if k.strip()]
+    mapping = mapping_of(cfg.data, flags.pop("prompt_key"), flags.pop("answer_key"), flags.pop("id_key"), metadata)
     try:
-        options = CheckOptions(dedup=dedup.value, min_chars=min_chars, max_chars=max_chars, max_tokens=max_tokens,
-                               count_tokens=counter, strict=strict)
+        options = check_options(cfg.data, policy_dir=_policy_dir(cfg), mapping=mapping, **flags)
         return check_prompt_file(file, options)
-    except (PromptFileError, ValueError) as exc:  # bad options, a missing file or an unknown format
+    except (PromptFileError, ValueError) as exc:  # bad options, a missing file, an unknown format or column
         fail(f"prompts: {exc}", 2)
+
+
+def _flags(dedup: Dedup, min_chars, max_chars, max_tokens, tokenizer, strict, prompt_key, answer_key, id_key,
+           metadata_keys) -> dict:
+    return {"dedup": dedup.value, "min_chars": min_chars, "max_chars": max_chars, "max_tokens": max_tokens,
+            "tokenizer": tokenizer, "strict": strict, "prompt_key": prompt_key, "answer_key": answer_key,
+            "id_key": id_key, "metadata_keys": metadata_keys}
 
 
 @prompts_app.command("validate")
 def prompts_validate(file: PromptFileArg, dedup: DedupOpt = Dedup.exact, min_chars: MinCharsOpt = 1,
                      max_chars: MaxCharsOpt = None, max_tokens: MaxTokensOpt = None, tokenizer: TokenizerOpt = None,
-                     strict: StrictOpt = False,
+                     strict: StrictOpt = False, prompt_key: PromptKeyOpt = None, answer_key: AnswerKeyOpt = None,
+                     id_key: IdKeyOpt = None, metadata_keys: MetadataKeysOpt = None,
                      json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
                      show: Annotated[int, typer.Option(min=1, help="entries listed per section (text)")] = 20,
-                     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the options the file would be "
-                                                           "checked with and exit")] = False) -> None:
-    """Check a prompt file as `prompts load` would: stats, dropped rows, errors by line. Exit 0 valid, 2 not."""
+                     config: ConfigOpt = None, set_: SetOpt = None, dry_run: DryRunOpt = False) -> None:
+    """Check a prompt file as `prompts load` would: layout, stats, dropped rows, errors by line. Exit 0 valid, 2 not.
+
+    Conversational prompts (messages) are rendered with the chat template, as `load` publishes them.
+    """
     import json
 
-    if dry_run:
-        typer.echo(json.dumps({"file": str(file), "dedup": dedup.value, "min_chars": min_chars, "max_chars": max_chars,
-                               "max_tokens": max_tokens, "tokenizer": str(tokenizer) if tokenizer else None,
-                               "strict": strict}, indent=2))
-        raise typer.Exit(0)
+    cfg = resolve(config, set_, dry_run=dry_run)  # --dry-run prints it ([data] and producer.model_dir) and exits
     from stream_rl.prompts import render_report
 
-    report = _check_prompts(file, dedup, min_chars, max_chars, max_tokens, tokenizer, strict)
+    report = _check_prompts(file, cfg, _flags(dedup, min_chars, max_chars, max_tokens, tokenizer, strict, prompt_key,
+                                              answer_key, id_key, metadata_keys))
     typer.echo(json.dumps(report.to_dict(), indent=2) if json_out else render_report(report, show))
     raise typer.Exit(0 if report.valid else 2)
 
@@ -246,9 +295,11 @@ def prompts_load(file: PromptFileArg,
                  shuffle: Annotated[bool, typer.Option(help="shuffle each epoch (else file order)")] = True,
                  dedup: DedupOpt = Dedup.exact, min_chars: MinCharsOpt = 1, max_chars: MaxCharsOpt = None,
                  max_tokens: MaxTokensOpt = None, tokenizer: TokenizerOpt = None, strict: StrictOpt = False,
+                 prompt_key: PromptKeyOpt = None, answer_key: AnswerKeyOpt = None, id_key: IdKeyOpt = None,
+                 metadata_keys: MetadataKeysOpt = None,
                  config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt = None,
                  run: RunOpt = None, dry_run: DryRunOpt = False) -> None:
-    """Check the whole file, filter and dedup, then publish one record per (prompt, epoch).
+    """Check the whole file, render messages, filter and dedup, then publish one record per (prompt, epoch).
 
     Nothing is published when the file has an error: exit 2 naming the first errors with their line numbers.
     """
@@ -256,7 +307,8 @@ def prompts_load(file: PromptFileArg,
     from stream_rl.transport.client import Transport
 
     cfg = resolve(config, set_, _role_flags(bootstrap, run), dry_run)
-    report = _check_prompts(file, dedup, min_chars, max_chars, max_tokens, tokenizer, strict)
+    report = _check_prompts(file, cfg, _flags(dedup, min_chars, max_chars, max_tokens, tokenizer, strict, prompt_key,
+                                              answer_key, id_key, metadata_keys))
     if not report.valid:
         fail(f"prompts load: {file} is invalid, nothing published:\n{report.error_summary()}", 2)
     try:
@@ -265,8 +317,9 @@ def prompts_load(file: PromptFileArg,
         fail(f"prompts load: {exc}, nothing published", 2)
     st = report.stats
     dropped = ", ".join(f"{reason} {n}" for reason, n in sorted(st.dropped.items())) or "none"
-    typer.echo(f"{file}: {st.rows} {report.unit}s, {st.valid} valid, {st.kept} kept (dropped: {dropped}); "
-               f"{len(report.warnings)} warnings")
+    rendered = sum(row.conversational for row in report.rows)
+    typer.echo(f"{file} ({report.layout.name} layout): {st.rows} {report.unit}s, {st.valid} valid, {st.kept} kept "
+               f"(dropped: {dropped}), {rendered} rendered by the chat template; {len(report.warnings)} warnings")
     require_broker(cfg)
     transport = Transport(cfg, "prompts")
     transport.ensure_topics()

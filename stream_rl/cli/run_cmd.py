@@ -2,8 +2,9 @@
 
 With ``run.demo_dir`` set (the default), the built-in demo is built there when missing and fills every model,
 reward and prompt setting left at its default. The run gets a unique name (topics) and directory unless both are
-given. Exits 0 when the trainer reaches its step budget, non-zero naming the role when any role dies. However it
-ends (budget, a role's death, Ctrl-C, SIGTERM), it stops every role it started and the broker if it started it.
+given. Exits 0 when the trainer reaches its step budget, non-zero naming the role when any role dies, 143 after
+SIGTERM and 130 after Ctrl-C (128 + the signal's number). However it ends (budget, a role's death, Ctrl-C, SIGTERM),
+it stops every role it started and the broker if it started it.
 """
 
 from __future__ import annotations
@@ -38,23 +39,49 @@ def apply_demo(cfg, demo_dir: Path):
         cfg.scorer.reference_model_dir = demo_dir / "reference"  # else nothing consumes reference logprobs
     if _is_default(cfg.run, "prompts_file"):
         cfg.run.prompts_file = demo_dir / "prompts.jsonl"
+    if cfg.eval is not None and not cfg.eval.sets:  # the demo's held-out split (never trained on)
+        cfg.eval.sets = {"heldout": demo_dir / "eval_prompts.jsonl"}
     return cfg
 
 
-def _name_run(cfg) -> None:
+def _name_run(cfg, resume: bool = False) -> None:
     if _is_default(cfg.topics, "run"):
+        if resume:
+            fail("--resume: name the run to continue with --run NAME", 2)
         cfg.topics.run = f"{cfg.topics.run}-{time.strftime('%Y%m%d-%H%M%S')}"
     if "run_dir" not in cfg.model_fields_set:
         cfg.run_dir = Path("runs") / cfg.topics.run
 
 
+def _check_reuse(cfg, resume: bool, local_broker: bool) -> None:
+    """A run name whose topics already hold records is continued only on purpose (``--resume``), otherwise refused
+    in one line (:func:`stream_rl.cli.runs.reuse_refusal`, exit 2); ``--resume`` of a run with no records, too.
+    A resume continues in the run directory that wrote the run unless ``run_dir`` is given."""
+    from stream_rl.cli.runs import records_on_broker, reuse_refusal, writer_of
+    from stream_rl.transport.topics import TopicNames
+
+    counts = records_on_broker(cfg)
+    written = sum(counts.values()) > 0
+    if written and not resume:
+        fail(reuse_refusal(cfg.topics.run, cfg.kafka.bootstrap_servers, counts, TopicNames.from_config(cfg.topics),
+                           writer_of(cfg, local_broker)), 2)
+    if resume and not written:
+        fail(f"--resume: run {cfg.topics.run} has no records on the broker at {cfg.kafka.bootstrap_servers}: "
+             f"start it without --resume", 2)
+    if resume and "run_dir" not in cfg.model_fields_set:
+        cfg.run_dir = writer_of(cfg, local_broker) or cfg.run_dir
+
+
 def run(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt = None, run: RunOpt = None,
         max_steps: Annotated[int | None, typer.Option(help="trainer.max_steps")] = None,
+        resume: Annotated[bool, typer.Option(help="continue the run named by --run: its prompts, offsets and the "
+                                             "trainer's newest checkpoint (a run name that has records on the "
+                                             "broker is refused without it)")] = False,
         dry_run: DryRunOpt = False) -> None:
     """Run the whole pipeline on this machine (local broker unless --bootstrap) until the step budget."""
     cfg = resolve(config, set_, {"kafka.bootstrap_servers": bootstrap, "topics.run": run,
                                  "trainer.max_steps": max_steps})
-    _name_run(cfg)
+    _name_run(cfg, resume)
     if cfg.run.demo_dir is not None:
         apply_demo(cfg, cfg.run.demo_dir)
     placement = _place(cfg)
@@ -73,18 +100,27 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt =
     signal.signal(signal.SIGTERM, _interrupted)  # SIGTERM ends the run as Ctrl-C does: every role, then the broker
     signal.signal(signal.SIGINT, _interrupted)
     started_broker = False
-    if not cfg.kafka.bootstrap_servers:
+    local_broker = not cfg.kafka.bootstrap_servers
+    if local_broker:
         if not cfg.run.start_broker:
             fail("invalid config: kafka.bootstrap_servers: not set and run.start_broker is false", 2)
         started_broker = not broker.status(cfg.broker)[0]
         cfg.kafka.bootstrap_servers = broker.up(cfg.broker).bootstrap
         typer.echo(f"local broker on {cfg.kafka.bootstrap_servers}")
     try:
-        _load_prompts(cfg)
+        _check_reuse(cfg, resume, local_broker)
+        if resume:  # its prompts are on the broker already
+            typer.echo(f"run {cfg.topics.run}: resuming; run dir {cfg.run_dir}")
+        else:
+            _load_prompts(cfg)
+            if local_broker:
+                from stream_rl.cli.runs import record_writer
+
+                record_writer(cfg)
         typer.echo(placement.describe())
-        _launch(cfg, placement)
-    except KeyboardInterrupt:
-        fail("interrupted before the roles started", 130)
+        _launch(cfg, placement, resume)
+    except KeyboardInterrupt as exc:
+        fail("interrupted before the roles started", interrupted_code(exc))
     finally:
         if started_broker:
             broker.down(cfg.broker)
@@ -93,6 +129,16 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt =
 class Terminated(KeyboardInterrupt):
     """SIGTERM as an exception. A subclass, so every ``except KeyboardInterrupt`` cleans up as for Ctrl-C, but not
     ``KeyboardInterrupt`` itself, which CPython may turn into a death by SIGINT at exit even when it was caught."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+def interrupted_code(exc: BaseException) -> int:
+    """Exit code of a run interrupted by ``exc``: 128 + the signal's number, as the roles do (143 for SIGTERM, 130
+    for Ctrl-C; a plain KeyboardInterrupt is Ctrl-C)."""
+    return 128 + int(getattr(exc, "signum", signal.SIGINT))
 
 
 def _interrupted(signum, frame) -> None:
@@ -104,7 +150,7 @@ def _interrupted(signum, frame) -> None:
 
 
 def _raise_terminated(signum, frame) -> None:
-    raise Terminated(f"signal {signum}")
+    raise Terminated(signum)
 
 
 def _build_demo(cfg) -> None:
@@ -118,13 +164,15 @@ def _build_demo(cfg) -> None:
 
 
 def _load_prompts(cfg) -> None:
-    """Topics, then one Prompt record per (prompt, epoch)."""
-    from stream_rl.prompts import prompt_messages, publish_prompts, read_prompt_file
+    """Topics, then one Prompt record per (prompt, epoch): the file read with ``cfg.data`` (layout, mapping),
+    conversational prompts rendered with the policy's chat template (``producer.model_dir``), no dedup."""
+    from stream_rl.prompts import check_options, prompt_messages, publish_prompts, read_prompt_file
     from stream_rl.transport.client import Transport
 
     transport = Transport(cfg, "run")
     transport.ensure_topics()
-    messages = prompt_messages(read_prompt_file(cfg.run.prompts_file), cfg.run.epochs, cfg.run.group_size)
+    options = check_options(cfg.data, policy_dir=cfg.producer.model_dir, dedup="none")
+    messages = prompt_messages(read_prompt_file(cfg.run.prompts_file, options), cfg.run.epochs, cfg.run.group_size)
     typer.echo(f"run {cfg.topics.run}: {publish_prompts(transport, messages)} prompts loaded; "
                f"run dir {cfg.run_dir}")
 
@@ -145,10 +193,11 @@ def _pin_all(sup, chosen) -> None:
     from stream_rl.launch.placement import pin_tree
 
     for child in sup.children:
-        pin_tree(child.proc.pid, chosen.cores[child.role.rsplit("-", 1)[0]])
+        role = child.role.rsplit("-", 1)[0]
+        pin_tree(child.proc.pid, chosen.cores["produce" if role == "evaluate" else role])
 
 
-def _launch(cfg, chosen) -> None:
+def _launch(cfg, chosen, resume: bool = False) -> None:
     from stream_rl.launch.orchestrator import RoleDied, Supervisor, supervise, write_run_config
 
     config_file = write_run_config(cfg, Path(cfg.run_dir))
@@ -157,11 +206,14 @@ def _launch(cfg, chosen) -> None:
     metrics = Path(cfg.run_dir) / "metrics.jsonl"
     try:
         try:
-            sup.start("train", 0, ["--nproc", str(ranks)] if ranks > 1 else None, threads=chosen.threads["train"])
+            args = (["--nproc", str(ranks)] if ranks > 1 else []) + (["--resume"] if resume else [])
+            sup.start("train", 0, args, threads=chosen.threads["train"])
             for i in range(cfg.run.scorers):
                 sup.start("score", i, threads=chosen.threads["score"])
             for i in range(cfg.run.producers):
                 sup.start("produce", i, threads=chosen.threads["produce"])
+            if cfg.eval is not None:  # held-out evaluation: its own process, placed with the producers
+                sup.start("evaluate", 0, threads=chosen.threads["produce"])
         except BaseException:
             sup.stop_all()  # a signal between two starts: the roles already started are stopped, not orphaned
             raise
@@ -170,9 +222,14 @@ def _launch(cfg, chosen) -> None:
                          on_first_row=lambda: _pin_all(sup, chosen))
     except RoleDied as exc:
         fail(f"run failed: {exc}")
-    except KeyboardInterrupt:
-        fail("interrupted; every role was stopped", 130)
+    except KeyboardInterrupt as exc:
+        fail("interrupted; every role was stopped", interrupted_code(exc))
     typer.echo(summarize(rows))
+    if cfg.eval is not None:
+        from stream_rl.evaluation.ledger import FILE_NAME, read_rows
+        from stream_rl.evaluation.report import before_after_line
+
+        typer.echo(before_after_line(read_rows(Path(cfg.run_dir) / FILE_NAME)))
 
 
 def summarize(rows: list[dict]) -> str:

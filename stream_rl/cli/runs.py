@@ -18,10 +18,15 @@ Guarantees:
   otherwise :class:`RunError` (exit 2) lists the runs that exist. Without either, the newest run directory.
 - ``--dry-run`` never contacts the broker: an explicit run that is not a run directory is taken as given, and
   without any run directory the configured run is kept (with a note on stderr); both exit 0.
+- A run name used twice (below :func:`records_on_broker`): ``stream-rl run`` refuses a run whose topics already hold
+  records unless ``--resume`` (:func:`reuse_refusal`, one line: the records, the run dir that wrote them, the three
+  ways on); :func:`delete_run` (``stream-rl topics delete``) removes a run's topics and consumer groups.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +37,7 @@ import yaml
 from stream_rl.cli.common import fail
 from stream_rl.cli.config import StreamRLConfig
 from stream_rl.config.loading import dump_config
-from stream_rl.transport.topics import LOGICAL_TOPICS
+from stream_rl.transport.topics import CONSUMER_GROUPS, LOGICAL_TOPICS, TopicNames
 
 RUNS_ROOT = Path(StreamRLConfig.model_fields["run_dir"].default).parent
 """Where ``stream-rl run`` puts run directories (``runs/<run>/``, relative to the working directory)."""
@@ -163,3 +168,84 @@ def select_run(cfg: StreamRLConfig, where: str, dry_run: bool = False, root: Pat
         typer.echo(dump_config(cfg))
         raise typer.Exit(0)
     return cfg
+
+
+# -- a run name used twice (issue 35.1): what the broker holds of a run, who wrote it, and removing it -------------
+
+WRITER_FILE = "runs"
+"""``{broker.state_dir}/runs/<run>.json``: the run directory of the `stream-rl run` that created a run on the local
+broker (the broker's state directory is that broker's identity; a remote broker's runs are found under runs/)."""
+_WEIGHTS_CHUNKS = re.compile(r"weights\.v\d+(\.delta)?")
+
+
+def run_topic(names: TopicNames, topic: str) -> bool:
+    """Whether ``topic`` is one of the run's: a logical topic or a weights chunk topic ``weights.v{N}[.delta]``."""
+    logical = names.logical(topic)
+    return logical is not None and (logical in LOGICAL_TOPICS or _WEIGHTS_CHUNKS.fullmatch(logical) is not None)
+
+
+def records_on_broker(cfg: StreamRLConfig) -> dict[str, int]:
+    """``{topic: records written}`` (the sum of its partitions' high-water marks) of every topic of the run that
+    exists on the configured broker; empty when the run has none."""
+    from stream_rl.transport.client import Transport
+    from stream_rl.transport.tracing import Tracing
+
+    transport = Transport(cfg, "cli", tracing=Tracing("stream-rl-cli"))
+    with transport.reader() as reader:
+        topics = sorted(t for t in reader.topics() if run_topic(transport.names, t))
+        partitions = [p for topic in topics for p in reader.partitions(topic)]
+        marks = reader.highwaters(partitions) if partitions else {}
+    counts = dict.fromkeys(topics, 0)
+    for (topic, _), mark in marks.items():
+        counts[topic] += mark
+    return counts
+
+
+def record_writer(cfg: StreamRLConfig) -> None:
+    """Remember, next to the local broker's state, which run directory created ``topics.run``."""
+    path = Path(cfg.broker.state_dir) / WRITER_FILE / f"{cfg.topics.run}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"run": cfg.topics.run, "run_dir": str(Path(cfg.run_dir).resolve())}))
+
+
+def writer_of(cfg: StreamRLConfig, local_broker: bool, root: Path = RUNS_ROOT) -> Path | None:
+    """The run directory that wrote ``topics.run``: the local broker's record of it, else a run directory under
+    ``root`` whose config names the run; None when neither says."""
+    if local_broker:
+        try:
+            data = json.loads((Path(cfg.broker.state_dir) / WRITER_FILE / f"{cfg.topics.run}.json").read_text())
+            return Path(data["run_dir"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    match = next((r for r in local_runs(root) if r.name == cfg.topics.run), None)
+    return match.run_dir if match is not None else None
+
+
+def reuse_refusal(run: str, bootstrap: str, counts: dict[str, int], names: TopicNames, writer: Path | None) -> str:
+    """The one line that refuses to start run ``run`` again over the records it already has (pure)::
+
+        run myrun already has 6843 records on the broker at 127.0.0.1:9092 (rollouts 3200, scored 3200, ...),
+        written by run dir /home/u/A: continue it with `stream-rl run --resume --run myrun`, choose another name
+        with --run NAME, or delete its topics with `stream-rl topics delete --run myrun`
+    """
+    busiest = sorted(((n, names.logical(t)) for t, n in counts.items() if n), reverse=True)
+    shown = ", ".join(f"{logical} {n}" for n, logical in busiest[:4]) + (", ..." if len(busiest) > 4 else "")
+    by = f"run dir {writer}" if writer is not None else "a run dir this machine does not know"
+    return (f"run {run} already has {sum(counts.values())} records on the broker at {bootstrap} ({shown}), written "
+            f"by {by}: continue it with `stream-rl run --resume --run {run}`, choose another name with --run NAME, "
+            f"or delete its topics with `stream-rl topics delete --run {run}`")
+
+
+def delete_run(cfg: StreamRLConfig) -> list[str]:
+    """Delete every topic of ``topics.run`` and its consumer groups (their committed offsets) on the configured
+    broker, and the local broker's record of its writer; returns the topics deleted."""
+    from stream_rl.transport.client import Transport
+    from stream_rl.transport.tracing import Tracing
+
+    transport = Transport(cfg, "cli", tracing=Tracing("stream-rl-cli"))
+    with transport.admin() as admin:
+        topics = sorted(t for t in admin.list_topics() if run_topic(transport.names, t))
+        admin.delete_topics(topics, missing_ok=True)
+        admin.delete_groups([transport.names.group(name) for name in CONSUMER_GROUPS])
+    (Path(cfg.broker.state_dir) / WRITER_FILE / f"{cfg.topics.run}.json").unlink(missing_ok=True)
+    return topics

@@ -81,8 +81,13 @@ def _plain(reader, interval: float) -> None:
 def _snapshot(reader, sample_s: float = 0.0) -> dict[str, Any]:
     from stream_rl.operator_tools.status_read import StatusError
 
+    from stream_rl.evaluation.ledger import FILE_NAME, read_rows
+    from stream_rl.evaluation.report import last_evaluation
+
     try:
-        return reader.snapshot(sample_s=sample_s)
+        snap = reader.snapshot(sample_s=sample_s)
+        snap["evaluation"] = last_evaluation(read_rows(Path(reader.cfg.run_dir) / FILE_NAME))  # RUN_DIR/evals.jsonl
+        return snap
     except (StatusError, TimeoutError) as exc:
         fail(f"stream-rl status: {exc}")
     raise AssertionError("unreachable")
@@ -145,6 +150,22 @@ def _render(snap: dict[str, Any]):
         for key, value in list(snap["trainer_metrics"].items())[:_METRICS_SHOWN]:
             metrics.add_row(key, f"{value:.4g}")
         parts.append(metrics)
+    if snap.get("reward_calls"):
+        calls = Table(title="reward calls (each scorer's last batch)")
+        for col in ("scorer", "metric", "value"):
+            calls.add_column(col)
+        for instance, values in snap["reward_calls"].items():
+            for key, value in list(values.items())[:_METRICS_SHOWN]:
+                calls.add_row(instance, key.removeprefix("rewards/"), f"{value:.4g}")
+        parts.append(calls)
+    if snap.get("evaluation"):
+        ev = snap["evaluation"]
+        evals = Table(title=f"last evaluation: v{ev['version']} (step {ev['step']})")
+        evals.add_column("metric")
+        evals.add_column("value")
+        for key, value in sorted(ev["metrics"].items())[:_METRICS_SHOWN]:
+            evals.add_row(key, f"{value:.4g}")
+        parts.append(evals)
     alerts = Table(title=f"open alerts ({len(snap['alerts'])})")
     for col in ("name", "role", "instance", "action", "message"):
         alerts.add_column(col)

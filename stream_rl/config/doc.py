@@ -7,6 +7,7 @@ Guarantees: every field of every section appears; a test compares the committed 
 from __future__ import annotations
 
 import json
+import typing
 from typing import Any
 
 from pydantic import BaseModel
@@ -86,14 +87,26 @@ def _default(field) -> str:
     return f"`{text}`".replace("|", "\\|")
 
 
+def _optional_section(annotation: Any) -> type[BaseModel] | None:
+    """The section class of ``Section`` or ``Section | None`` (an optional section: a row, then its own table)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if len(args) == 1 and isinstance(args[0], type) and issubclass(args[0], BaseModel):
+        return args[0]
+    return None
+
+
 def _section(model: type[BaseModel], path: str, out: list[str]) -> None:
     subsections = []
     rows = []
     for name, field in model.model_fields.items():
         ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            subsections.append((name, ann))
-            continue
+        section = _optional_section(ann)
+        if section is not None:
+            subsections.append((name, section))
+            if section is ann:
+                continue
         desc = (field.description or "").replace("|", "\\|").replace("\n", " ")
         rows.append(f"| `{name}` | {_type_name(ann)} | {_default(field)} | {desc} |")
     if rows:

@@ -10,6 +10,7 @@ Guarantees: unless ``show_content`` is set, every field that carries sample cont
 (:data:`CONTENT_FIELDS`; docs/status-and-traces.md, "stream-rl replay"):
 
 - texts (prompt/response text, answers) and metadata values -> ``"<redacted: N chars>"`` (metadata keys stay);
+  a prompt's ``messages`` keep their roles, every other value of a message is redacted so;
 - token ids -> ``"<redacted: N tokens>"`` (a character tokenizer would spell the text out);
 - raw bytes (dead letters' ``raw_value``/``raw_key``, weights chunks' ``data``) -> ``"<redacted: N chars>"``
   (N counts the base64 characters);
@@ -40,11 +41,13 @@ from schemas import SchemaError, decode, to_jsonable
 from stream_rl.transport.unreadable import SkippedRecord
 
 TEXT, TOKENS, VALUES, BYTES, ID, QUOTED, ROLLOUT = "text", "tokens", "values", "bytes", "id", "quoted", "rollout"
+MESSAGES = "messages"  # a conversation: each message's role kept, its content (and name, ...) redacted
 _ROLLOUT = {"rollout_id": ID, "prompt_id": ID, "group_id": ID, "prompt_token_ids": TOKENS,
             "response_token_ids": TOKENS, "prompt_text": TEXT, "response_text": TEXT, "answer": TEXT,
             "metadata": VALUES}
 CONTENT_FIELDS: dict[str, dict[str, str]] = {
-    "prompt": {"prompt_id": ID, "text": TEXT, "answer": TEXT, "metadata": VALUES, "prompt_token_ids": TOKENS},
+    "prompt": {"prompt_id": ID, "text": TEXT, "answer": TEXT, "metadata": VALUES, "prompt_token_ids": TOKENS,
+               "messages": MESSAGES},
     "rollout": _ROLLOUT,
     "scored_rollout": {"rollout": ROLLOUT},
     "stale_rollout": {"rollout_id": ID, "prompt_id": ID, "group_id": ID},
@@ -97,6 +100,8 @@ class Redactor:
             return f"<redacted: {len(value)} tokens>"
         if how == VALUES:
             return {k: _chars(v) for k, v in value.items()}
+        if how == MESSAGES:
+            return [{k: v if k == "role" else _chars(v) for k, v in message.items()} for message in value]
         if how == QUOTED:
             return scrub_quoted(value)
         if how == ROLLOUT:

@@ -55,6 +55,8 @@ PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("throughput", "Throughput (tokens/s)", ("throughput/train_tokens_per_s", "throughput/*")),
     ("epoch", "Epoch (highest trained, 0-based)", ("data/epoch",)),
     ("distinct_prompts", "Distinct prompts trained", ("data/distinct_prompts",)),
+    ("evaluation", "Held-out evaluation (RUN_DIR/evals.jsonl) beside the training reward",
+     ("eval/*/greedy/accuracy", "eval/*/pass@*", "eval/*/maj@*", "eval/*/mean@*", "reward/mean")),
 )
 LINE_STYLES = ("-", "--", ":", "-.")
 
@@ -322,7 +324,8 @@ def write_plots(rows: Sequence[dict[str, Any]], out: Path) -> list[tuple[str, Pa
     """One PNG per panel with data, then overview.png; returns [(title, path)] with the overview first."""
     out.mkdir(parents=True, exist_ok=True)
     x = steps_of(rows)
-    panels = [(stem, title, keys) for stem, title, patterns in PANELS if (keys := panel_keys(rows, patterns))]
+    panels = [(stem, title, keys) for stem, title, patterns in PANELS if (keys := panel_keys(rows, patterns))
+              and (stem != "evaluation" or keys[0].startswith("eval/"))]  # reward/mean alone is not an evaluation
     written = []
     for stem, title, keys in panels:
         fig = _figure(8, 4)
@@ -359,7 +362,11 @@ def build_report(run_dir: Path, out: Path | None = None, th: Thresholds | None =
     out = Path(out) if out is not None else Path(run_dir) / "report"
     alerts, _ = run_alerts(run_dir)
     text = format_summary(summarize(rows, unreadable, th, alerts), Path(run_dir).name)
-    plots = write_plots(rows, out)
+    from stream_rl.evaluation.ledger import FILE_NAME, read_rows
+    from stream_rl.evaluation.report import with_evaluations
+
+    evaluations = read_rows(Path(run_dir) / FILE_NAME)
+    plots = write_plots(with_evaluations(rows, evaluations) if evaluations else rows, out)
     (out / "summary.txt").write_text(text)
     write_html(plots, text, f"stream-rl report: {Path(run_dir).name}", out / "report.html")
     return text, out

@@ -8,7 +8,8 @@ Produces: one JSON-ready dict (see :func:`build_snapshot`) that ``stream-rl stat
 tables::
 
     {"run", "time", "roles": [...], "weights": {...} | None, "topics": {...}, "lag": {...},
-     "trainer_metrics": {...}, "data": {"epoch", "distinct_prompts"}, "alerts": [...], "endpoints": [...]}
+     "trainer_metrics": {...}, "data": {"epoch", "distinct_prompts"}, "alerts": [...], "endpoints": [...],
+     "reward_calls": {scorer instance: {"rewards/<reward>/<data_source>/<metric>": value}}}
 
 Guarantees:
 - Per instance only its newest heartbeat counts (by ``created_at``); an instance is ``alive`` when that heartbeat
@@ -119,6 +120,15 @@ def trainer_metrics(latest: Mapping[str, Any]) -> dict[str, float]:
     return {k: v for k, v in sorted(hb.metrics.items()) if isinstance(v, (int, float)) and math.isfinite(v)}
 
 
+def reward_calls(latest: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """Per scorer instance, the reward-call metrics of its newest heartbeat (``rewards/<reward>/<data_source>/
+    {latency_p50_s, latency_p99_s, calls, timeouts, retries, errors, zeroed}``, its last batch), finite only."""
+    return {hb.instance_id: {k: v for k, v in sorted(hb.metrics.items())
+                             if k.startswith("rewards/") and isinstance(v, (int, float)) and math.isfinite(v)}
+            for hb in sorted(latest.values(), key=lambda h: h.instance_id)
+            if hb.role == "scorer" and any(k.startswith("rewards/") for k in hb.metrics)}
+
+
 def data_progress(metrics: Mapping[str, float]) -> dict[str, int | None]:
     """The trainer's ``data/epoch`` (highest epoch trained, 0-based) and ``data/distinct_prompts`` (prompt ids
     trained at least once) from its last metrics; None where the trainer does not report it."""
@@ -162,4 +172,5 @@ def build_snapshot(*, run: str, now: float, heartbeats: Iterable[Any], manifest:
             "topics": topic_rows(marks, previous_marks, dt_s),
             "lag": lag_rows(marks, committed or {}, groups or {}),
             "trainer_metrics": metrics, "data": data_progress(metrics), "alerts": open_alerts(alerts),
+            "reward_calls": reward_calls(latest),
             "endpoints": list(endpoints or [])}

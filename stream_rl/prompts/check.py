@@ -8,7 +8,12 @@ that only want the rows or an exception.
 Guarantees:
 - The whole file is read and judged before the report exists, so a caller can refuse to publish anything when
   :attr:`PromptReport.valid` is false.
-- Errors (the file is invalid): an undecodable line, a schema violation, a text the tokenizer rejects, with
+- The layout (plain, verl, TRL or mapped columns; :mod:`stream_rl.prompts.layouts`) is detected once per file
+  from its columns; a mapped column that is not there is a :class:`PromptFileError` naming it and the file.
+- Conversational rows are rendered (:mod:`stream_rl.prompts.render`) before filters and dedup, so lengths,
+  token counts, ``--max-tokens`` and duplicates are judged on the rendered prompt the policy will read.
+- Errors (the file is invalid): an undecodable line, a schema violation, a text the tokenizer rejects, messages
+  that cannot be rendered (no template, ``none``, a template that raises: each on its line), with
   ``dedup="none"`` a ``prompt_id`` used twice, no valid row at all, or no row left after filtering. Warnings (the
   file stays valid): unknown fields, one per field with its first line and count; ``strict`` makes them errors.
 - Problems and dropped rows name lines and ids, never prompt text.
@@ -17,16 +22,18 @@ Guarantees:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from stream_rl.prompts.clean import (
     CheckOptions, Dropped, Stats, apply_filters, compute_stats, deduplicate, duplicate_ids,
 )
-from stream_rl.prompts.schema import KNOWN_FIELDS, Problem, PromptFileError, PromptRow, row_from_record, unknown_fields
-from stream_rl.prompts.sources import file_format, iter_records
+from stream_rl.prompts.layouts import Layout, Mapping, detect_layout, plain_record, unknown_columns
+from stream_rl.prompts.render import RenderError
+from stream_rl.prompts.schema import Problem, PromptFileError, PromptRow, row_from_record
+from stream_rl.prompts.sources import columns, file_format, iter_records
 
-UNITS = {"jsonl": "line", "parquet": "row"}
+UNITS = {"jsonl": "line", "parquet": "row", "hf": "row"}
 """What a problem's number counts in each format."""
 
 SHOWN_ERRORS = 10
@@ -44,6 +51,7 @@ class PromptReport:
     dropped: list[Dropped]
     stats: Stats
     options: CheckOptions = field(repr=False, default_factory=CheckOptions)
+    layout: Layout | None = None
 
     @property
     def unit(self) -> str:
@@ -71,6 +79,7 @@ class PromptReport:
 
     def to_dict(self) -> dict:
         return {"file": str(self.path), "format": self.format, "unit": self.unit, "valid": self.valid,
+                "layout": self.layout.describe() if self.layout else None,
                 "options": {"dedup": self.options.dedup, "min_chars": self.options.min_chars,
                             "max_chars": self.options.max_chars, "max_tokens": self.options.max_tokens,
                             "strict": self.options.strict},
@@ -96,10 +105,14 @@ def render_report(report: PromptReport, limit: int = 20) -> str:
     st = report.stats
     verdict = "valid" if report.valid else f"INVALID ({len(report.errors)} errors)"
     by_reason = ", ".join(f"{reason} {n}" for reason, n in sorted(st.dropped.items())) or "none"
-    lines = [f"{report.path} ({report.format}): {verdict}",
+    layout = f", layout {report.layout.name}" if report.layout else ""
+    lines = [f"{report.path} ({report.format}{layout}): {verdict}",
              f"{report.unit}s read {st.rows}, valid {st.valid}, kept {st.kept}, unique texts {st.unique_texts}, "
              f"unique normalized {st.unique_normalized}",
              f"dropped: {by_reason}", _summary_line("characters (kept)", st.chars)]
+    rendered = sum(row.conversational for row in report.rows)
+    if rendered:
+        lines.insert(2, f"rendered by the chat template: {rendered} conversational prompts (kept)")
     if st.tokens is not None:
         lines.append(_summary_line("tokens (kept)", st.tokens))
     unit = report.unit
@@ -111,9 +124,14 @@ def render_report(report: PromptReport, limit: int = 20) -> str:
     return "\n".join(lines)
 
 
-def _parse(path: Path, fmt: str, strict: bool) -> tuple[int, list[PromptRow], list[Problem]]:
-    """Records read, valid rows and problems (unknown fields folded into one problem per field)."""
+def _parse(path: Path, fmt: str, opts: CheckOptions) -> tuple[int, list[PromptRow], list[Problem], Layout]:
+    """Records read, valid rows, problems (unknown fields folded into one problem per field) and the layout."""
     prefix = UNITS[fmt]
+    names = columns(path, fmt)  # its errors name the path already
+    try:
+        layout = detect_layout(names, opts.mapping or Mapping())
+    except PromptFileError as exc:
+        raise PromptFileError(f"{path}: {exc}") from None
     read, rows, problems = 0, [], []
     unknown: dict[str, list[int]] = {}  # field -> [first line, count]
     for number, record in iter_records(path, fmt):
@@ -122,17 +140,51 @@ def _parse(path: Path, fmt: str, strict: bool) -> tuple[int, list[PromptRow], li
             problems.append(record)
             continue
         read += 1
-        row, row_problems = row_from_record(record, number, f"{prefix}{number}")
-        problems.extend(row_problems)
-        if row is not None:
+        if not isinstance(record, dict):
+            problems.extend(row_from_record(record, number, "")[1])
+            continue
+        plain, names, tag_problems = plain_record(record, layout, number)
+        row, row_problems = row_from_record(plain, number, f"{prefix}{number}", names)
+        problems.extend(tag_problems + row_problems)
+        if row is not None and not tag_problems:
             rows.append(row)
-        for name in unknown_fields(record) if isinstance(record, dict) else ():
+        for name in unknown_columns(record, layout):
             unknown.setdefault(name, [number, 0])[1] += 1
-    severity = "error" if strict else "warning"
-    verdict = "not allowed with strict" if strict else "ignored"
+    severity = "error" if opts.strict else "warning"
+    verdict = "not allowed with strict" if opts.strict else "ignored"
+    used = ", ".join(sorted(layout.columns_used()))
     problems.extend(Problem(first, name, f"unknown field, {verdict} (in {count} {prefix}{'s' * (count > 1)}); "
-                            f"known: {', '.join(KNOWN_FIELDS)}", severity) for name, (first, count) in unknown.items())
-    return read, rows, problems
+                            f"read ({layout.name} layout): {used}", severity)
+                    for name, (first, count) in unknown.items())
+    return read, rows, problems, layout
+
+
+def _render(rows: list[PromptRow], opts: CheckOptions, problems: list[Problem]) -> list[PromptRow]:
+    """Rows with every conversational prompt rendered (text and ids); a row that cannot be is a problem."""
+    chats = [row for row in rows if row.conversational]
+    if not chats:
+        return rows
+    try:
+        if opts.renderer is None:
+            raise PromptFileError("conversational prompts (messages) need a tokenizer with a chat template: pass "
+                                  "--tokenizer DIR or set producer.model_dir")
+        renderer = opts.renderer()
+    except PromptFileError as exc:
+        first = chats[0]
+        problems.append(Problem(first.line, first.prompt_field, f"{exc} ({len(chats)} conversational prompts)"))
+        return [row for row in rows if not row.conversational]
+    out = []
+    for row in rows:
+        if not row.conversational:
+            out.append(row)
+            continue
+        try:
+            text, ids = renderer.render(row.messages)
+        except RenderError as exc:
+            problems.append(Problem(row.line, row.prompt_field, str(exc)))
+            continue
+        out.append(replace(row, text=text, prompt_token_ids=tuple(int(i) for i in ids)))
+    return out
 
 
 def _token_counts(rows: list[PromptRow], count: Callable[[str], int] | None,
@@ -141,6 +193,9 @@ def _token_counts(rows: list[PromptRow], count: Callable[[str], int] | None,
         return None
     counts = []
     for row in rows:
+        if row.prompt_token_ids is not None:  # rendered: its ids are exactly what the policy reads
+            counts.append(len(row.prompt_token_ids))
+            continue
         try:
             counts.append(int(count(row.text)))
         except Exception as exc:  # a tokenizer's own error type; reported on the row, the check goes on
@@ -153,7 +208,8 @@ def check_prompt_file(path: Path, options: CheckOptions | None = None) -> Prompt
     """Read and judge the whole file; :class:`PromptFileError` only when it is missing or of unknown format."""
     path, opts = Path(path), options or CheckOptions()
     fmt = file_format(path)
-    read, valid, problems = _parse(path, fmt, opts.strict)
+    read, valid, problems, layout = _parse(path, fmt, opts)
+    valid = _render(valid, opts, problems)
     tokens = _token_counts(valid, opts.count_tokens, problems)
     if opts.dedup == "none":  # every id would reach the topic: two prompts must not share one
         problems.extend(Problem(row.line, "prompt_id", f"{row.prompt_id!r} already used at {UNITS[fmt]} {first}")
@@ -171,7 +227,7 @@ def check_prompt_file(path: Path, options: CheckOptions | None = None) -> Prompt
         kept_tokens = [by_line[row.line] for row in kept]
     stats = compute_stats(read, valid, kept, dropped, kept_tokens)
     problems.sort(key=lambda p: (p.line, p.severity != "error"))
-    return PromptReport(path, fmt, kept, problems, dropped, stats, opts)
+    return PromptReport(path, fmt, kept, problems, dropped, stats, opts, layout)
 
 
 def read_prompt_file(path: Path, options: CheckOptions | None = None) -> list[PromptRow]:

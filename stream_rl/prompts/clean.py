@@ -22,7 +22,9 @@ import unicodedata
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from stream_rl.prompts.layouts import Mapping
 from stream_rl.prompts.schema import PromptRow
 
 DEDUP_MODES = ("exact", "normalized", "none")
@@ -38,6 +40,8 @@ class CheckOptions:
     max_tokens: int | None = None
     count_tokens: Callable[[str], int] | None = None
     strict: bool = False  # unknown fields are errors instead of warnings
+    mapping: Mapping | None = None  # explicit columns (--prompt-key ... / data.*); None: detected
+    renderer: Callable[[], Any] | None = None  # builds the ChatRenderer, called only when a row has messages
 
     def __post_init__(self) -> None:
         if self.dedup not in DEDUP_MODES:

@@ -2,7 +2,9 @@
 
 Consumes: :class:`~stream_rl.prompts.schema.PromptRow` lists (already checked), epochs, group size and a seed.
 Produces: :class:`schemas.Prompt` messages, one per (prompt, epoch), and their records on the run's prompts topic,
-keyed by ``prompt_id`` (so every epoch and attempt of a prompt shares one partition).
+keyed by ``prompt_id`` (so every epoch and attempt of a prompt shares one partition). A conversational prompt is
+published with ``messages`` as loaded, ``text`` = its rendering and ``prompt_token_ids`` = the rendered ids (the
+producer generates from exactly those ids); a plain prompt with ``text`` only (the producer tokenises it).
 Guarantees: ``group_size`` is bounded (``1..schemas.MAX_GROUP_SIZE``) before anything is built; all records are
 built and validated (``schemas.validate``) before the first one is sent; epoch ``e``
 is shuffled with ``random.Random(seed + e)`` (or kept in file order with ``shuffle=False``), so the same rows,
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+
+import numpy as np
 
 from schemas import MAX_GROUP_SIZE, Prompt, SchemaError, validate
 from stream_rl.prompts.schema import PromptFileError, PromptRow
@@ -28,9 +32,11 @@ def prompt_messages(rows: Sequence[PromptRow], epochs: int, group_size: int, see
         raise PromptFileError(f"group_size (--group-size / run.group_size) must be between 1 and {MAX_GROUP_SIZE} "
                               f"samples per prompt, got {group_size}")
     for row in rows:
+        if row.conversational and row.prompt_token_ids is None:
+            raise PromptFileError(f"line {row.line}: conversational prompt not rendered (check the file with a "
+                                  "renderer first)")
         try:
-            validate(Prompt(prompt_id=row.prompt_id, epoch=0, text=row.text, answer=row.answer,
-                            metadata=row.metadata, group_size=group_size))
+            validate(_prompt(row, 0, group_size))
         except SchemaError as exc:
             raise PromptFileError(f"line {row.line}: {exc}") from None
     out = []
@@ -38,9 +44,16 @@ def prompt_messages(rows: Sequence[PromptRow], epochs: int, group_size: int, see
         order = list(rows)
         if shuffle:
             random.Random(seed + epoch).shuffle(order)
-        out.extend(Prompt(prompt_id=r.prompt_id, epoch=epoch, text=r.text, answer=r.answer, metadata=dict(r.metadata),
-                          group_size=group_size) for r in order)
+        out.extend(_prompt(r, epoch, group_size) for r in order)
     return out
+
+
+def _prompt(row: PromptRow, epoch: int, group_size: int) -> Prompt:
+    """One record; a conversational row carries its messages, rendered text and rendered ids."""
+    ids = None if row.prompt_token_ids is None else np.asarray(row.prompt_token_ids, dtype=np.int32)
+    messages = None if row.messages is None else [dict(m) for m in row.messages]
+    return Prompt(prompt_id=row.prompt_id, epoch=epoch, text=row.text, answer=row.answer, metadata=dict(row.metadata),
+                  group_size=group_size, prompt_token_ids=ids, messages=messages)
 
 
 def publish_prompts(transport, messages: Sequence[Prompt]) -> int:

@@ -8,11 +8,17 @@ Schema (the reference table is in ``docs/prompts.md``):
 =============  =========================================================  ========================================
 field          accepted values                                            when absent or null
 =============  =========================================================  ========================================
-``text``       a string with at least one non-whitespace character        error
+``text``       a string with at least one non-whitespace character        error unless ``messages`` is set
+``messages``   a non-empty list of ``{role, content}`` objects (below)     error unless ``text`` is set
 ``prompt_id``  a string matching ``schemas.ID_PATTERN``, <= 200 chars     ``line{N}`` (JSON lines) / ``row{N}``
 ``answer``     a string, or an integer (published as its decimal form)   ``None``
 ``metadata``   an object (Parquet: map or struct) of string -> string    ``{}``
 =============  =========================================================  ========================================
+
+A record has ``text`` XOR ``messages``. A message is an object with ``role`` (one of :data:`ROLES`) and
+``content`` (a string with a non-whitespace character), optionally ``name`` / ``tool_call_id`` (strings); null
+members are ignored (a Parquet struct carries every key of every row). A message's problem names its field as
+``messages.I.key`` (``I`` 0-based), under the column it came from (``prompt.1.role`` for verl / TRL files).
 
 Guarantees: every problem carries the line and the field; a message quotes ids, field names and type names but
 never a prompt or answer value, so reports and logs stay free of sample text. Fields outside the table are
@@ -26,7 +32,10 @@ from dataclasses import dataclass, field
 
 from schemas.ids import ID_PATTERN, PROMPT_ID_MAX_LEN
 
-KNOWN_FIELDS = ("prompt_id", "text", "answer", "metadata")
+KNOWN_FIELDS = ("prompt_id", "text", "messages", "answer", "metadata")
+ROLES = ("system", "user", "assistant", "tool")
+"""The roles a message may have (OpenAI's chat format)."""
+OPTIONAL_MESSAGE_KEYS = ("name", "tool_call_id")
 
 _JSON_TYPE_NAMES = {str: "string", bool: "boolean", int: "integer", float: "number", list: "array", dict: "object",
                     type(None): "null"}
@@ -45,6 +54,13 @@ class PromptRow:
     answer: str | None
     metadata: dict[str, str]
     line: int = field(default=0, compare=False)
+    messages: list[dict[str, str]] | None = None  # a conversational prompt: ``text`` is its rendering, once rendered
+    prompt_token_ids: tuple[int, ...] | None = None  # the rendered prompt's ids (conversational prompts only)
+    prompt_field: str = field(default="text", compare=False)  # the column the prompt came from, for problems
+
+    @property
+    def conversational(self) -> bool:
+        return self.messages is not None
 
 
 @dataclass(frozen=True)
@@ -82,52 +98,117 @@ def unknown_fields(record: dict) -> list[str]:
     return [str(key) for key in record if key not in KNOWN_FIELDS]
 
 
-def row_from_record(record: object, line: int, default_id: str) -> tuple[PromptRow | None, list[Problem]]:
-    """The prompt in ``record`` (``default_id`` when it has no ``prompt_id``), or every problem found in it."""
+def row_from_record(record: object, line: int, default_id: str,
+                    names: dict[str, str] | None = None) -> tuple[PromptRow | None, list[Problem]]:
+    """The prompt in ``record`` (``default_id`` when it has no ``prompt_id``), or every problem found in it.
+
+    ``names`` maps a field of the table above to the column it was read from (e.g. ``answer`` ->
+    ``reward_model.ground_truth``), so a problem names the user's column; absent: the field's own name.
+    """
     if not isinstance(record, dict):
         return None, [Problem(line, None, f"expected an object, got {type_name(record)}")]
+    names = names or {}
     problems: list[Problem] = []
-    text = _text(record.get("text"), line, problems)
-    prompt_id = _prompt_id(record.get("prompt_id"), line, default_id, problems)
-    answer = _answer(record.get("answer"), line, problems)
+    text, messages = _prompt(record, line, names, problems)
+    prompt_id = _prompt_id(record.get("prompt_id"), line, default_id, problems, names.get("prompt_id", "prompt_id"))
+    answer = _answer(record.get("answer"), line, problems, names.get("answer", "answer"))
     metadata = _metadata(record.get("metadata"), line, problems)
     if problems:
         return None, problems
-    return PromptRow(prompt_id, text, answer, metadata, line), []
+    source = names.get("messages" if messages is not None else "text",
+                       "messages" if messages is not None else "text")
+    return PromptRow(prompt_id, text, answer, metadata, line, messages=messages, prompt_field=source), []
 
 
-def _text(value: object, line: int, problems: list[Problem]) -> str:
+def _prompt(record: dict, line: int, names: dict[str, str],
+            problems: list[Problem]) -> tuple[str, list[dict[str, str]] | None]:
+    """``(text, None)`` for a text prompt, ``("", messages)`` for a conversational one (rendered later)."""
+    text_name, messages_name = names.get("text", "text"), names.get("messages", "messages")
+    if record.get("messages") is None:
+        return _text(record.get("text"), line, problems, text_name), None
+    if record.get("text") is not None:
+        problems.append(Problem(line, text_name, f"both {text_name} and {messages_name} are set (a prompt is one "
+                                "or the other)"))
+        return "", None
+    return "", _messages(record["messages"], line, problems, messages_name)
+
+
+def _messages(value: object, line: int, problems: list[Problem], name: str) -> list[dict[str, str]] | None:
+    if not isinstance(value, list):
+        problems.append(Problem(line, name, f"expected a list of messages, got {type_name(value)}"))
+        return None
+    if not value:
+        problems.append(Problem(line, name, "empty list of messages"))
+        return None
+    before = len(problems)
+    out = [_message(item, line, problems, f"{name}.{index}") for index, item in enumerate(value)]
+    return out if len(problems) == before else None
+
+
+def _message(item: object, line: int, problems: list[Problem], where: str) -> dict[str, str]:
+    if not isinstance(item, dict):
+        problems.append(Problem(line, where, f"expected an object with role and content, got {type_name(item)}"))
+        return {}
+    role, content = item.get("role"), item.get("content")
+    if role is None:
+        problems.append(Problem(line, f"{where}.role", f"missing (one of {', '.join(ROLES)})"))
+    elif not isinstance(role, str) or role not in ROLES:
+        shown = f"{role[:40]!r}" if isinstance(role, str) else type_name(role)
+        problems.append(Problem(line, f"{where}.role", f"unknown role {shown} (expected one of {', '.join(ROLES)})"))
+    if content is None:
+        problems.append(Problem(line, f"{where}.content", "missing (every message needs a non-empty string)"))
+    elif not isinstance(content, str):
+        problems.append(Problem(line, f"{where}.content", f"expected a string, got {type_name(content)}"))
+    elif not content.strip():
+        problems.append(Problem(line, f"{where}.content", "empty or whitespace only"))
+    out = {"role": role, "content": content}
+    for key, extra in item.items():
+        if key in ("role", "content") or extra is None:
+            continue
+        if key not in OPTIONAL_MESSAGE_KEYS:
+            problems.append(Problem(line, f"{where}.{key}", f"unknown key (allowed: role, content, "
+                                    f"{', '.join(OPTIONAL_MESSAGE_KEYS)})"))
+        elif not isinstance(extra, str):
+            problems.append(Problem(line, f"{where}.{key}", f"expected a string, got {type_name(extra)}"))
+        else:
+            out[key] = extra
+    return out
+
+
+def _text(value: object, line: int, problems: list[Problem], name: str = "text") -> str:
     if value is None:
-        problems.append(Problem(line, "text", "missing (every prompt needs a non-empty string)"))
+        problems.append(Problem(line, name, "missing (every prompt needs a non-empty string text, or messages)"))
     elif not isinstance(value, str):
-        problems.append(Problem(line, "text", f"expected a string, got {type_name(value)}"))
+        problems.append(Problem(line, name, f"expected a string or a list of messages, got {type_name(value)}"))
     elif not value.strip():
-        problems.append(Problem(line, "text", "empty or whitespace only"))
+        problems.append(Problem(line, name, "empty or whitespace only"))
     else:
         return value
     return ""
 
 
-def _prompt_id(value: object, line: int, default_id: str, problems: list[Problem]) -> str:
+def _prompt_id(value: object, line: int, default_id: str, problems: list[Problem], name: str = "prompt_id") -> str:
     if value is None:
         return default_id
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and name != "prompt_id":
+        value = str(int(value))  # a mapped id column of integers (e.g. extra_info.index)
     if not isinstance(value, str):
-        problems.append(Problem(line, "prompt_id", f"expected a string, got {type_name(value)}"))
+        problems.append(Problem(line, name, f"expected a string, got {type_name(value)}"))
         return default_id
     if len(value) > PROMPT_ID_MAX_LEN:
-        problems.append(Problem(line, "prompt_id", f"longer than {PROMPT_ID_MAX_LEN} characters ({len(value)})"))
+        problems.append(Problem(line, name, f"longer than {PROMPT_ID_MAX_LEN} characters ({len(value)})"))
     elif not ID_PATTERN.fullmatch(value):
-        problems.append(Problem(line, "prompt_id", f"{value[:60]!r} is not a valid id "
+        problems.append(Problem(line, name, f"{value[:60]!r} is not a valid id "
                                 f"(must match {ID_PATTERN.pattern})"))
     return value
 
 
-def _answer(value: object, line: int, problems: list[Problem]) -> str | None:
+def _answer(value: object, line: int, problems: list[Problem], name: str = "answer") -> str | None:
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return str(int(value))
-    problems.append(Problem(line, "answer", f"expected a string, an integer or null, got {type_name(value)}"))
+    problems.append(Problem(line, name, f"expected a string, an integer or null, got {type_name(value)}"))
     return None
 
 

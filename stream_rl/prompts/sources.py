@@ -1,14 +1,17 @@
-"""Prompt-file formats: JSON lines and Parquet, read record by record with their line or row numbers.
+"""Prompt-file formats: JSON lines, Parquet and ``datasets`` directories, read record by record with their numbers.
 
 Consumes: a path whose suffix names the format (``.jsonl``/``.json``/``.ndjson``: JSON lines; ``.parquet``/
-``.pq``: Parquet, read with pyarrow).
+``.pq``: Parquet, read with pyarrow), or a directory written by ``datasets.Dataset.save_to_disk`` (format ``hf``,
+read with ``datasets.load_from_disk``, imported only then: a missing package is one error naming the extra).
 Produces: ``(number, record)`` pairs in file order, where ``number`` is the 1-based physical line (JSON lines;
-blank lines are skipped but still counted) or the 1-based row (Parquet), and ``record`` is the decoded object or
+blank lines are skipped but still counted) or the 1-based row (Parquet, ``hf``), and ``record`` is the decoded object or
 a :class:`~stream_rl.prompts.schema.Problem` when the line cannot be decoded (number 0: the whole file).
 Guarantees: reading streams (a JSON-lines file is never held in memory whole; Parquet is read in batches); a
 line that is not UTF-8, not JSON, or repeats a key is a problem of that line and reading goes on; Parquet
-``map`` and ``struct`` values of ``metadata`` become plain dicts (a struct's null members are dropped, since a
-struct column carries every key seen in any row).
+nested columns arrive as Python values (``struct`` -> dict, ``list<struct>`` -> list of dicts, a top-level ``map``
+-> dict), and the ``struct`` or ``map`` values of ``metadata`` become plain dicts (a struct's null members are
+dropped, since a struct column carries every key seen in any row). :func:`columns` gives the file's top-level
+columns (the schema's names; for JSON lines every key of every object, in first-seen order).
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from stream_rl.prompts.schema import Problem, PromptFileError
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
 """File suffix -> format; a ``.json`` file must hold JSON lines (one object per line), not one array."""
+HF_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
+"""Files of a ``save_to_disk`` directory (a ``DatasetDict`` has ``dataset_dict.json`` and one folder per split)."""
+DATASETS_EXTRA = "pip install 'stream-rl[data]' (or pip install datasets)"
 
 Record = tuple[int, object]
 
@@ -36,6 +42,11 @@ class _DuplicateKey(ValueError):
 def file_format(path: Path) -> str:
     """``"jsonl"`` or ``"parquet"`` from the suffix; :class:`PromptFileError` for a missing file or other suffix."""
     path = Path(path)
+    if path.is_dir():
+        if any((path / marker).is_file() for marker in HF_MARKERS):
+            return "hf"
+        raise PromptFileError(f"{path}: a directory that is not a Hugging Face datasets directory (no "
+                              f"{', '.join(HF_MARKERS)}; write one with Dataset.save_to_disk)")
     if not path.is_file():
         raise PromptFileError(f"prompt file not found: {path}")
     fmt = FORMATS.get(path.suffix.lower())
@@ -47,7 +58,52 @@ def file_format(path: Path) -> str:
 
 def iter_records(path: Path, fmt: str) -> Iterator[Record]:
     """Every record of the file with its line (JSON lines) or row (Parquet) number, in order."""
+    if fmt == "hf":
+        return _hf_records(Path(path))
     return _jsonl_records(Path(path)) if fmt == "jsonl" else _parquet_records(Path(path))
+
+
+def columns(path: Path, fmt: str) -> list[str]:
+    """The file's top-level columns; JSON lines: every key of every object record, in first-seen order."""
+    if fmt == "hf":
+        return list(load_hf(Path(path)).column_names)
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            return list(pq.ParquetFile(path).schema_arrow.names)
+        except (pa.ArrowException, OSError):
+            return []  # reading reports it, on line 0
+    seen: dict[str, None] = {}
+    for _, record in _jsonl_records(Path(path)):
+        if isinstance(record, dict):
+            seen.update(dict.fromkeys(map(str, record)))
+    return list(seen)
+
+
+def load_hf(path: Path):
+    """The ``datasets.Dataset`` saved in ``path``; :class:`PromptFileError` without ``datasets``, for a dict of
+    splits (naming them), or for a directory it cannot read."""
+    try:
+        import datasets
+    except ImportError:
+        raise PromptFileError(f"{path}: reading a Hugging Face datasets directory needs the datasets package: "
+                              f"{DATASETS_EXTRA}") from None
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except (OSError, ValueError) as exc:
+        raise PromptFileError(f"{path}: not a readable datasets directory: {type(exc).__name__}: "
+                              f"{str(exc)[:200]}") from None
+    if isinstance(loaded, datasets.DatasetDict):
+        splits = ", ".join(str(path / name) for name in loaded)
+        raise PromptFileError(f"{path}: holds several splits; pass one of: {splits}")
+    return loaded
+
+
+def _hf_records(path: Path) -> Iterator[Record]:
+    for row, record in enumerate(load_hf(path), start=1):
+        yield row, record
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
@@ -93,12 +149,15 @@ def _parquet_records(path: Path) -> Iterator[Record]:
     try:
         parquet = pq.ParquetFile(path)
         metadata_type = next((f.type for f in parquet.schema_arrow if f.name == "metadata"), None)
+        maps = [f.name for f in parquet.schema_arrow if pa.types.is_map(f.type) and f.name != "metadata"]
         row = 0
         for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS):
             for record in batch.to_pylist():
                 row += 1
                 if metadata_type is not None and record.get("metadata") is not None:
                     record["metadata"] = _plain_metadata(record["metadata"], metadata_type)
+                for name in maps:  # a map value arrives as a list of (key, value) pairs
+                    record[name] = None if record[name] is None else dict(record[name])
                 yield row, record
     except (pa.ArrowException, OSError) as exc:
         yield 0, Problem(0, None, f"not a readable Parquet file: {type(exc).__name__}: {str(exc)[:200]}")

@@ -2,7 +2,9 @@
 
 Consumes: nothing (a pydantic section, validated when the root config is loaded).
 Produces: :class:`TelemetryConfig`, read by every role process.
-Guarantees: every field has bounds; the HTTP server binds to 127.0.0.1 unless ``http_host`` says otherwise.
+Guarantees: every field has bounds; the HTTP server binds to 127.0.0.1 unless ``http_host`` says otherwise; a
+tracker in ``trackers`` whose package is not installed is a config error naming the extra (checked with
+``importlib.util.find_spec``: nothing is imported).
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from stream_rl.config.base import Section
+from stream_rl.telemetry.trackers import missing_packages
 
 
 class TelemetryConfig(Section):
@@ -38,3 +41,34 @@ class TelemetryConfig(Section):
                                       "ticked for this long (cover the longest step, e.g. a big generation batch)")
     lag_interval_s: float = Field(10.0, gt=0, description="how often a consumer computes its lag per partition "
                                   "(high-water mark - committed offset)")
+    trackers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=list, max_length=3, description="experiment trackers the trainer logs to at every step "
+        "(any subset; extra .[trackers]): tensorboard (event files under tracker_dir), wandb (offline under "
+        "tracker_dir unless WANDB_MODE/WANDB_API_KEY say online), mlflow (a local store under tracker_dir, or "
+        "MLFLOW_TRACKING_URI)")
+    tracker_project: str = Field("stream-rl", min_length=1, max_length=128, description="W&B project and MLflow "
+                                 "experiment of the tracker runs; the run name is topics.run")
+    tracker_dir: Path | None = Field(None, description="where the trackers write and keep their run ids "
+                                     "(default: run_dir/trackers)")
+    tracker_queue: int = Field(10_000, ge=1, le=1_000_000, description="per tracker: most calls waiting for its "
+                               "background thread; when full, new calls are dropped and counted (the trainer "
+                               "never waits on a tracker)")
+    tracker_retry_s: float = Field(5.0, gt=0, le=3600, description="first wait before retrying a failing "
+                                   "tracker; doubles per failure up to 60x")
+    log_samples: int = Field(0, ge=0, description="every this many steps, a sample table (prompt, response, "
+                             "reward of the step's rollouts) goes to the trackers; 0: never")
+    log_sample_rows: int = Field(8, ge=1, le=1024, description="most rows of one sample table")
+    log_sample_content: bool = Field(False, description="sample tables show the prompt and response text; by "
+                                     "default each text is replaced by '<redacted: N chars>', as stream-rl replay "
+                                     "does")
+
+    @field_validator("trackers")
+    @classmethod
+    def _installed(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"a tracker is listed twice: {value}")
+        missing = missing_packages(value)
+        if missing:
+            raise ValueError(f"{', '.join(missing)} not installed: pip install 'stream-rl[trackers]' (or remove "
+                             f"it from telemetry.trackers)")
+        return value

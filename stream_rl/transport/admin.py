@@ -38,6 +38,14 @@ class TopicDeletionError(AdminError):
         self.topic, self.code, self.error_message = topic, code, error_message
 
 
+class GroupDeletionError(AdminError):
+    """The broker refused to delete a consumer group."""
+
+
+_GROUP_GONE = ("OK", "NoError", "GroupIdNotFound")
+"""Outcomes of a group deletion that leave the group gone (kafka-python reports a string or an error class)."""
+
+
 class Admin:
     """Topic and consumer-group questions to one cluster, in plain Python: topic names, ``(topic, partition)``
     pairs and ints. Wraps kafka-python's ``KafkaAdminClient`` or the in-process bus's admin; a context manager
@@ -95,6 +103,16 @@ class Admin:
             code = item.get("error_code", 0)
             if code != 0 and not (missing_ok and code == UNKNOWN_TOPIC):
                 raise TopicDeletionError(item.get("name"), code, item.get("error_message"))
+
+    def delete_groups(self, groups: Iterable[str]) -> None:
+        """Delete consumer ``groups`` with their committed offsets (DeleteGroups; one that does not exist is no
+        error); raise :class:`GroupDeletionError` naming the first the broker refused."""
+        groups = list(groups)
+        if not groups:
+            return
+        for group, outcome in dict(self._client.delete_groups(groups)).items():
+            if outcome is not None and not any(word in str(outcome) for word in _GROUP_GONE):
+                raise GroupDeletionError(f"the broker refused to delete consumer group {group}: {outcome}")
 
     def topic_configs(self, names: Sequence[str]) -> dict[str, dict[str, str | None]]:
         """``{topic: {config name: value}}`` from DescribeConfigs (every config, defaults included: tansu reports

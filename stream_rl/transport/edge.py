@@ -66,13 +66,14 @@ from stream_rl.transport.sink import (
     BrokerUnreachable,
     DeliveryError,
     Liveness,
+    RecordTooLarge,
     Sink,
     raw_budget,
 )
 from stream_rl.transport.tracing import Headers, Tracing, current_headers, extract_span_context
 from stream_rl.transport.unreadable import Unreadable, find_unreadable
 
-__all__ = ["KEY_FIELDS", "BrokerUnreachable", "Consumed", "DeliveryError", "Sink", "Source", "forget_partitions",
+__all__ = ["KEY_FIELDS", "BrokerUnreachable", "Consumed", "DeliveryError", "RecordTooLarge", "Sink", "Source", "forget_partitions",
            "group_by_partition", "key_problem", "raw_budget", "resume"]
 """The edge's names, including those its parts define (:mod:`~stream_rl.transport.sink`,
 :mod:`~stream_rl.transport.keys`), so that ``from stream_rl.transport.edge import X`` serves every one."""

@@ -257,5 +257,12 @@ class MemoryAdmin:
             return {g: {tp: OffsetAndMetadata(off, "", -1) for tp, off in self.bus.group(g).committed.items()}
                     for g in groups}
 
+    def delete_groups(self, group_ids: Iterable[str]) -> dict[str, str]:
+        """Forget the committed offsets of ``group_ids`` (Kafka's DeleteGroups; this bus keeps nothing else)."""
+        with self.bus.cond:
+            for group in group_ids:
+                self.bus.group(group).committed.clear()
+        return {group: "OK" for group in group_ids}
+
     def close(self) -> None:
         return None

@@ -11,11 +11,15 @@ broker has not acknowledged, and only ``flush`` clears it (``Source.commit`` ref
 ``flush`` raise :class:`BrokerUnreachable` naming the bootstrap address once no broker answered for
 ``kafka.broker_timeout_s``, :class:`DeliveryError` naming the topic for a send that was not acknowledged, and
 :class:`~stream_rl.transport.topics.TopicError` for a send to a topic that does not exist; an ``observer`` is told
-the records of each topic acknowledged, once per flush.
+the records of each topic acknowledged, once per flush. Every record is size-checked before it reaches the client:
+one whose serialized size (value, key and headers, :func:`record_size`) exceeds ``kafka.max_request_size`` raises
+:class:`RecordTooLarge` naming the topic and both sizes, and nothing is sent or left pending; the role catches it
+and dead-letters the record the output came from (:meth:`Sink.oversize` asks the same question without sending).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from typing import Any
@@ -28,6 +32,8 @@ from stream_rl.transport.span_attributes import span_attributes
 from stream_rl.transport.topics import TopicError
 from stream_rl.transport.tracing import Headers, Tracing
 
+log = logging.getLogger(__name__)
+
 
 class DeliveryError(RuntimeError):
     """The broker did not acknowledge a send; nothing derived from it may be committed."""
@@ -37,14 +43,47 @@ class BrokerUnreachable(RuntimeError):
     """No broker answered for ``kafka.broker_timeout_s``: the role stops (non-zero) instead of retrying forever."""
 
 
+class RecordTooLarge(ValueError):
+    """An output whose serialized record exceeds ``kafka.max_request_size``: never sent (the client would refuse
+    it on every retry); the role dead-letters the record it was derived from, with this message as the reason."""
+
+    def __init__(self, topic: str, size: int, limit: int):
+        super().__init__(f"output record for {topic} is {size} bytes serialized, more than kafka.max_request_size = "
+                         f"{limit} bytes")
+        self.topic, self.size, self.limit = topic, size, limit
+
+
 DEFAULT_BROKER_TIMEOUT_S = 60.0
 DEAD_LETTER_OVERHEAD = 16_384
 """Bytes of a dead letter's record kept for everything but the raw value (reason, ids, headers, framing)."""
 
 
+HEADER_ALLOWANCE = 512
+"""Bytes :meth:`Sink.oversize` allows for the headers a send adds (``traceparent``, ``tracestate``)."""
+
+
+def record_size(value: bytes | None, key: bytes | None, headers: Headers = ()) -> int:
+    """Bytes of one record as the client counts it against ``max_request_size``: kafka-python's estimate of a
+    one-record batch (v2 framing, varints, the batch header) of ``key``, ``value`` and ``headers``."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    return DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, list(headers or ()))
+
+
 def raw_budget(max_request_size: int, key: bytes | None) -> int:
     """Raw value bytes a dead letter may carry: half the request limit, less its key (sent twice) and overhead."""
     return max(0, max_request_size // 2 - 2 * len(key or b"") - DEAD_LETTER_OVERHEAD)
+
+
+_heard: dict[str, float] = {}  # bootstrap address -> time.monotonic() of this process's last answer from it
+
+
+def silent_for(bootstrap: str) -> float | None:
+    """Seconds since any client of this process last heard from the cluster at ``bootstrap`` (a poll, a send or a
+    flush that reached it); None when none ever did. An error raised by a client built during an outage names
+    this, not the few seconds that one client tried."""
+    last = _heard.get(bootstrap)
+    return None if last is None else time.monotonic() - last
 
 
 class Liveness:
@@ -58,6 +97,7 @@ class Liveness:
         heard = self.probe.last_heard() if self.probe is not None else None
         if heard is not None:
             self.last_contact = max(self.last_contact, heard)
+            _heard[self.bootstrap] = max(_heard.get(self.bootstrap, heard), heard)
 
     def lost(self) -> bool:
         self.update()
@@ -100,6 +140,14 @@ class Sink:
                           **(attributes or {})}
         self.send_raw(topic, value, key, headers, partition, attributes)
 
+    def oversize(self, topic: str, message: Any, key: str | bytes | None = None) -> RecordTooLarge | None:
+        """The :class:`RecordTooLarge` that sending ``message`` would raise (headers counted as
+        :data:`HEADER_ALLOWANCE` bytes), else None; sends nothing. For a role that must know that a whole group fits
+        before it sends any of it."""
+        key = key.encode() if isinstance(key, str) else key
+        size = record_size(encode(message), key) + HEADER_ALLOWANCE
+        return RecordTooLarge(topic, size, self.max_request_size) if size > self.max_request_size else None
+
     def send_raw(self, topic: str, value: bytes, key: str | bytes | None = None, headers: Headers | None = None,
                  partition: int | None = None, attributes: dict[str, Any] | None = None) -> None:
         """Send ``value`` as is, with a ``traceparent`` header continuing the current trace (a send span when
@@ -113,6 +161,9 @@ class Sink:
         self._pending.append((topic, future))
 
     def _submit(self, topic: str, value: bytes, key: bytes | None, headers: Headers, partition: int | None):
+        size = record_size(value, key, headers)
+        if size > self.max_request_size:
+            raise RecordTooLarge(topic, size, self.max_request_size)
         try:
             return self._producer.send(topic, value=value, key=key, headers=headers, partition=partition)
         except KafkaTimeoutError as exc:  # waited max_block_ms (= kafka.broker_timeout_s) for metadata/buffer
@@ -153,4 +204,25 @@ class Sink:
         return metadata
 
     def close(self, timeout_s: float = 10.0) -> None:
-        self._producer.close(timeout=timeout_s)
+        """Close the producer, waiting up to ``timeout_s`` for what it still holds. With no broker to take it, the
+        rest is dropped with a warning, never an exception: a close runs on the way out of a role, often after the
+        error that ends it (which it must not replace), and nothing unacknowledged was ever committed from."""
+        try:
+            self._producer.close(timeout=timeout_s)
+        except KafkaTimeoutError as exc:
+            abandon(self._producer)
+            log.warning("producer closed with records unsent after %gs (no broker took them; none was committed "
+                        "from): %r", timeout_s, exc)
+
+
+def abandon(producer) -> None:
+    """Force-close a kafka-python producer whose ``close`` raised. kafka-python 3.0.12's ``close`` raises from its
+    flush when records are still unsent and leaves the producer open, so its ``__del__`` closes it again at exit
+    and prints an "Exception ignored" traceback after the role's last line; stopping the sender thread and marking
+    the producer closed ends it here (its unsent records are dropped: none was acknowledged, none committed from)."""
+    sender = getattr(producer, "_sender", None)
+    if sender is not None and sender.is_alive():
+        sender.force_close()
+        sender.join(1.0)
+    if hasattr(producer, "_closed"):
+        producer._closed = True

@@ -86,6 +86,20 @@ def test_reward_rises(finished):
     assert f"{STEPS} steps: mean reward first 10%" in finished.stdout
 
 
+def test_held_out_accuracy_rises(finished):
+    """configs/demo.toml evaluates the demo's held-out split every 20 versions (and v0): greedy accuracy rises."""
+    from stream_rl.evaluation.ledger import read_rows
+
+    rows = sorted(read_rows(finished.run_dir / "evals.jsonl"), key=lambda r: r["version"])
+    versions = [r["version"] for r in rows]
+    assert versions[0] == 0 and len(versions) == len(set(versions)) >= 2, versions
+    assert all(v % 20 == 0 for v in versions), versions
+    metric = "heldout/greedy/accuracy"
+    before, after = rows[0]["metrics"][metric], rows[-1]["metrics"][metric]
+    assert after > before, [(r["version"], r["metrics"][metric]) for r in rows]
+    assert "held-out accuracy before -> after:" in finished.stdout
+
+
 def test_weights_are_broadcast_every_step(finished):
     rows = finished.rows
     assert rows[-1]["policy_version"] == STEPS
@@ -98,7 +112,7 @@ def test_staleness_stays_within_max_lag(finished):
 
 def test_every_role_ran_as_its_own_process_and_none_is_left(finished):
     logs = sorted(p.name for p in (finished.run_dir / "logs").iterdir())
-    assert logs == ["produce-0.log", "score-0.log", "train-0.log"]
+    assert logs == ["evaluate-0.log", "produce-0.log", "score-0.log", "train-0.log"]
     assert [pid for pid in _children_of_run(finished.run_dir) if _alive(pid)] == []
 
 
@@ -115,8 +129,8 @@ def test_report_renders_every_panel_inline(finished):
     report = CliRunner().invoke(app, ["report", str(finished.run_dir)])
     assert report.exit_code == 0, report.output
     pngs = sorted((finished.run_dir / "report").glob("*.png"))
-    assert len(pngs) == 14, [p.name for p in pngs]  # 13 panels (every metric group is present) + overview
-    assert {"epoch.png", "distinct_prompts.png", "success.png"} <= {p.name for p in pngs}
+    assert len(pngs) == 15, [p.name for p in pngs]  # 14 panels (every metric group is present) + overview
+    assert {"epoch.png", "distinct_prompts.png", "success.png", "evaluation.png"} <= {p.name for p in pngs}
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1024 for p in pngs)
     page = (finished.run_dir / "report" / "report.html").read_text()
     assert page.count("data:image/png;base64,") == len(pngs) and "<script" not in page

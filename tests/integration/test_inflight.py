@@ -21,7 +21,7 @@ from support.producers import (
 )
 
 from producers.config import ProducerConfig
-from producers.engines.base import EngineError, Sample
+from producers.engines.base import EngineError, Sample, Sampling
 from producers.engines.hf import HFEngine
 from producers.generate import produce_rollouts
 
@@ -69,7 +69,7 @@ def test_tokens_from_the_swap_on_carry_the_new_version_and_its_logprobs(model_di
     (other conditioning) reproduces them, so the check can fail."""
     engine, calls, k = _engine(model_dir), [], 6
     engine.set_weights_hook(_swap_on_call(engine, new_weights, 2, calls), every=3)
-    groups = engine.generate(PROMPTS, n=4, temperature=TEMPERATURE, max_new_tokens=10, seed=5)
+    groups = engine.generate(PROMPTS, n=4, sampling=Sampling(TEMPERATURE), max_new_tokens=10, seed=5)
     assert engine.version == START + 1 and calls[:2] == [START, START] and set(calls[2:]) <= {START + 1}
     old, new = reference_model(model_dir), reference_model(model_dir, new_weights)
     errors = swap_errors(old, new, PROMPTS, groups, k, START)
@@ -84,16 +84,16 @@ def test_with_the_switch_off_or_nothing_new_the_samples_are_identical(model_dir)
     """No hook: ``token_versions`` is None and the samples are what they always were (the contract test against
     transformers' generate in test_producers.py runs this path unchanged). A hook that loads nothing changes no
     token and no logprob, bit for bit, and stamps every token with the version held."""
-    plain = _engine(model_dir).generate(PROMPTS, n=4, temperature=TEMPERATURE, max_new_tokens=10, seed=9)
+    plain = _engine(model_dir).generate(PROMPTS, n=4, sampling=Sampling(TEMPERATURE), max_new_tokens=10, seed=9)
     engine, calls = _engine(model_dir), []
     engine.set_weights_hook(lambda: calls.append(1), every=2)
-    hooked = engine.generate(PROMPTS, n=4, temperature=TEMPERATURE, max_new_tokens=10, seed=9)
+    hooked = engine.generate(PROMPTS, n=4, sampling=Sampling(TEMPERATURE), max_new_tokens=10, seed=9)
     assert calls  # the hook ran
     for a, b in zip((s for g in plain for s in g), (s for g in hooked for s in g), strict=True):
         assert a.token_versions is None and b.token_versions == [START] * len(b.token_ids)
         assert (a.token_ids, a.logprobs, a.finish_reason) == (b.token_ids, b.logprobs, b.finish_reason)
     engine.set_weights_hook(None, 0)
-    again = engine.generate(PROMPTS, n=4, temperature=TEMPERATURE, max_new_tokens=10, seed=9)
+    again = engine.generate(PROMPTS, n=4, sampling=Sampling(TEMPERATURE), max_new_tokens=10, seed=9)
     assert again == plain  # hook removed: the plain path again (token_versions None)
 
 
@@ -106,7 +106,7 @@ def test_the_hook_runs_only_every_n_decode_steps(model_dir, every):
     handle = engine.model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
     try:
         engine.set_weights_hook(lambda: seen.append(forwards[0]), every=every)
-        groups = engine.generate(PROMPTS, n=2, temperature=TEMPERATURE, max_new_tokens=10, seed=1)
+        groups = engine.generate(PROMPTS, n=2, sampling=Sampling(TEMPERATURE), max_new_tokens=10, seed=1)
     finally:
         handle.remove()
     steps = max(len(s.token_ids) for g in groups for s in g)  # decode steps the loop ran
@@ -144,7 +144,7 @@ def tokenizer():
 class _SwappingEngine(FakeEngine):
     """Sample j = [10 + j, 11, 12, eos]; the weights move from v3 to v4 before token 2 of the first call."""
 
-    def generate(self, prompt_token_ids, n, temperature, max_new_tokens, seed):
+    def generate(self, prompt_token_ids, n, sampling, max_new_tokens, seed):
         start, self._version = self._version, self._version + (not self.calls)
         self.calls.append(seed)
         versions = [start, start, self._version, self._version]
@@ -154,7 +154,7 @@ class _SwappingEngine(FakeEngine):
 
 def test_step_writes_each_tokens_version_and_reports_the_version_it_ends_with(tokenizer):
     prompts = [prompt_record(0, group_size=2), prompt_record(1, group_size=2), prompt_record(2, group_size=3)]  # two generate calls
-    result = produce_rollouts(prompts, _SwappingEngine(tokenizer, version=3), producer_id="p", temperature=1.0,
+    result = produce_rollouts(prompts, _SwappingEngine(tokenizer, version=3), producer_id="p", sampling=Sampling(1.0),
                               max_new_tokens=4, seed=0)
     versions = [r.token_policy_versions.tolist() for r in result.rollouts]
     assert versions == [[3, 3, 4, 4]] * 4 + [[4, 4, 4, 4]] * 3  # the second call started on v4
@@ -162,7 +162,7 @@ def test_step_writes_each_tokens_version_and_reports_the_version_it_ends_with(to
     m = result.metrics
     assert m["producer/policy_version"] == 4.0 and m["producer/inflight_updates"] == 1.0
     assert m["producer/mixed_version_fraction"] == pytest.approx(4 / 7)
-    plain = produce_rollouts(prompts, FakeEngine(tokenizer, version=3), producer_id="p", temperature=1.0,
+    plain = produce_rollouts(prompts, FakeEngine(tokenizer, version=3), producer_id="p", sampling=Sampling(1.0),
                              max_new_tokens=4, seed=0)
     assert all(r.token_policy_versions.tolist() == [3, 3] for r in plain.rollouts)  # token_versions None
     assert plain.metrics["producer/inflight_updates"] == 0.0 and plain.metrics["producer/policy_version"] == 3.0

@@ -18,6 +18,7 @@ from consumers.trainer.engines import TorchEngine, TrainModule
 from consumers.trainer.targets import advantage_inputs
 from consumers.trainer.tensors import build_batch
 from consumers.trainer.train_step import TrainState, train_step
+from producers.engines.base import Sampling
 from producers.engines.hf import HFEngine
 from producers.environment import EnvironmentLoadError, Observation, load_environment
 from producers.generate import Turns, produce_rollouts
@@ -38,7 +39,7 @@ def engine(tmp_path_factory):
     """The tiny random policy, with its stop token made as likely as its most sampled token (a random model
     rarely stops, and a turn has to end for the next one to begin)."""
     engine = HFEngine.from_dir(build_tiny_model_dir(tmp_path_factory.mktemp("mt") / "policy"))
-    groups = engine.generate([_ids(engine)], n=8, temperature=TEMPERATURE, max_new_tokens=8, seed=0)
+    groups = engine.generate([_ids(engine)], n=8, sampling=Sampling(TEMPERATURE), max_new_tokens=8, seed=0)
     counts = np.bincount([t for s in groups[0] for t in s.token_ids], minlength=len(engine.tokenizer))
     with torch.no_grad():
         head = engine.model.lm_head.weight  # [V, H]
@@ -59,7 +60,7 @@ def _play(engine, replies, *, n=2, max_new_tokens=20, max_turns=3, seed=5):
         envs.append(Scripted(replies))
         return envs[-1]
 
-    out = run_episodes(engine, [episode_prompt()], [_ids(engine)], n, temperature=TEMPERATURE,
+    out = run_episodes(engine, [episode_prompt()], [_ids(engine)], n, sampling=Sampling(TEMPERATURE),
                        max_new_tokens=max_new_tokens, seed=seed, make_env=make, max_turns=max_turns)
     return out[0], envs
 
@@ -134,7 +135,7 @@ def test_a_failing_environment_rejects_its_prompt_only(engine):
 
     prompts = [episode_prompt(), dataclasses.replace(episode_prompt("23+45=", "68"), prompt_id="add-23-45")]
     calls = iter([Broken([]), Broken([]), Scripted(["5="]), Scripted(["5="])])
-    result = produce_rollouts(prompts, engine, producer_id="p-0", temperature=TEMPERATURE, max_new_tokens=16,
+    result = produce_rollouts(prompts, engine, producer_id="p-0", sampling=Sampling(TEMPERATURE), max_new_tokens=16,
                               seed=1, turns=Turns(lambda: next(calls), max_turns=2))
     assert [(r.index, r.reason) for r in result.rejected] == [
         (0, "environment failed: RuntimeError: no calculator today")]
@@ -154,7 +155,8 @@ def test_an_environment_answer_is_an_observation_a_string_or_none(engine):
 # -- the trainer --------------------------------------------------------------------------------------------------
 
 def _multiturn_scored(engine, reward=1.0, sample=0):
-    result = produce_rollouts([episode_prompt()], engine, producer_id="p-0", temperature=TEMPERATURE, max_new_tokens=20,
+    result = produce_rollouts([episode_prompt()], engine, producer_id="p-0", sampling=Sampling(TEMPERATURE),
+                              max_new_tokens=20,
                               seed=3 + sample, turns=Turns(lambda: Scripted(["5=", "6="]), max_turns=3))
     rollout = result.rollouts[sample]
     assert 0 in rollout.policy_mask, "no environment turn was played: the test proves nothing"

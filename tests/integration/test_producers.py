@@ -25,7 +25,7 @@ from support.topics import caught_up, check_role_telemetry, heartbeats, only_exp
 from support.waiting import wait_for
 
 from producers.config import ProducerConfig
-from producers.engines.base import EngineError, Sample, WeightsMismatch, cut_at_stop, prompt_seed
+from producers.engines.base import EngineError, Sample, Sampling, WeightsMismatch, cut_at_stop, prompt_seed
 from producers.engines.hf import HFEngine
 from producers.generate import batch_seed, produce_rollouts
 from schemas import Rollout, encode, group_id_for, rollout_id_for
@@ -58,7 +58,7 @@ def engine(model_dir) -> HFEngine:
 
 # ----------------------------------------------------------------------------------------------- hf engine
 def test_behaviour_logprobs_equal_a_full_forward_recomputation_with_left_padding(engine, model_dir):
-    groups = engine.generate(PROMPTS, n=4, temperature=TEMPERATURE, max_new_tokens=10, seed=3)
+    groups = engine.generate(PROMPTS, n=4, sampling=Sampling(TEMPERATURE), max_new_tokens=10, seed=3)
     assert [len(g) for g in groups] == [4, 4, 4]
     model = reference_model(model_dir)
     recomputed, behaviour = recompute_logprobs(model, PROMPTS, groups, TEMPERATURE, engine.tokenizer.pad_token_id)
@@ -79,7 +79,7 @@ def test_the_decode_loop_draws_what_transformers_generate_draws_with_the_same_se
     from producers.engines.hf import left_pad
 
     n, steps = 4, 8
-    groups = engine.generate(PROMPTS, n=n, temperature=TEMPERATURE, max_new_tokens=steps, seed=11)
+    groups = engine.generate(PROMPTS, n=n, sampling=Sampling(TEMPERATURE), max_new_tokens=steps, seed=11)
     ids, mask = left_pad(PROMPTS, engine.tokenizer.pad_token_id)
     config = GenerationConfig(do_sample=True, temperature=TEMPERATURE, top_k=0, top_p=1.0, num_return_sequences=n,
                               max_new_tokens=steps, eos_token_id=engine.eos_token_id,
@@ -99,7 +99,7 @@ def test_the_decode_loop_draws_what_transformers_generate_draws_with_the_same_se
 
 
 def test_samples_end_at_eos_with_stop_or_run_to_the_budget_with_length(engine):
-    groups = engine.generate(PROMPTS, n=16, temperature=1.0, max_new_tokens=6, seed=0)
+    groups = engine.generate(PROMPTS, n=16, sampling=Sampling(1.0), max_new_tokens=6, seed=0)
     samples = [s for g in groups for s in g]
     eos = engine.eos_token_id
     for s in samples:
@@ -116,22 +116,22 @@ def test_same_seed_same_samples_other_seed_other_samples(engine):
     torch.manual_seed(123)
     before = torch.rand(1)
     torch.manual_seed(123)
-    a = engine.generate(PROMPTS, n=4, temperature=1.0, max_new_tokens=6, seed=7)
+    a = engine.generate(PROMPTS, n=4, sampling=Sampling(1.0), max_new_tokens=6, seed=7)
     assert torch.equal(torch.rand(1), before)  # the caller's RNG stream is left as it was
-    b = engine.generate(PROMPTS, n=4, temperature=1.0, max_new_tokens=6, seed=7)
-    c = engine.generate(PROMPTS, n=4, temperature=1.0, max_new_tokens=6, seed=8)
+    b = engine.generate(PROMPTS, n=4, sampling=Sampling(1.0), max_new_tokens=6, seed=7)
+    c = engine.generate(PROMPTS, n=4, sampling=Sampling(1.0), max_new_tokens=6, seed=8)
     assert a == b
     assert a != c
 
 
 def test_load_weights_changes_samples_and_version_and_logprobs_follow_the_new_weights(model_dir):
     engine = HFEngine.from_dir(model_dir)
-    before = engine.generate(PROMPTS, n=4, temperature=TEMPERATURE, max_new_tokens=8, seed=5)
+    before = engine.generate(PROMPTS, n=4, sampling=Sampling(TEMPERATURE), max_new_tokens=8, seed=5)
     assert engine.version == 0
     new_weights = perturbed_state_dict(model_dir)
     engine.load_weights(new_weights, version=3)
     assert engine.version == 3
-    after = engine.generate(PROMPTS, n=4, temperature=TEMPERATURE, max_new_tokens=8, seed=5)
+    after = engine.generate(PROMPTS, n=4, sampling=Sampling(TEMPERATURE), max_new_tokens=8, seed=5)
     assert after != before
     recomputed, behaviour = recompute_logprobs(reference_model(model_dir, new_weights), PROMPTS, after,
                                                TEMPERATURE, engine.tokenizer.pad_token_id)
@@ -140,20 +140,20 @@ def test_load_weights_changes_samples_and_version_and_logprobs_follow_the_new_we
 
 def test_a_state_dict_that_does_not_fit_changes_nothing(model_dir):
     engine = HFEngine.from_dir(model_dir)
-    before = engine.generate(PROMPTS, n=2, temperature=1.0, max_new_tokens=6, seed=1)
+    before = engine.generate(PROMPTS, n=2, sampling=Sampling(1.0), max_new_tokens=6, seed=1)
     broken = perturbed_state_dict(model_dir)
     broken.pop("model.norm.weight")
     with pytest.raises(WeightsMismatch, match="model.norm.weight"):
         engine.load_weights(broken, version=1)
     assert engine.version == 0
-    assert engine.generate(PROMPTS, n=2, temperature=1.0, max_new_tokens=6, seed=1) == before
+    assert engine.generate(PROMPTS, n=2, sampling=Sampling(1.0), max_new_tokens=6, seed=1) == before
 
 
 def test_generate_refuses_prompts_that_do_not_fit(engine):
     with pytest.raises(EngineError, match="max_model_len"):
-        engine.generate([[1] * 60], n=1, temperature=1.0, max_new_tokens=8, seed=0)
+        engine.generate([[1] * 60], n=1, sampling=Sampling(1.0), max_new_tokens=8, seed=0)
     with pytest.raises(EngineError, match="token ids"):
-        engine.generate([[1, 99]], n=1, temperature=1.0, max_new_tokens=2, seed=0)
+        engine.generate([[1, 99]], n=1, sampling=Sampling(1.0), max_new_tokens=2, seed=0)
 
 
 def test_the_hf_engine_takes_the_shared_device_setting(model_dir):
@@ -198,7 +198,8 @@ def tokenizer():
 def test_step_builds_complete_groups_with_deterministic_ids_and_versions(tokenizer):
     engine = FakeEngine(tokenizer, version=4)
     prompts = [prompt_record(1), prompt_record(2, epoch=3, group_size=2)]
-    result = produce_rollouts(prompts, engine, producer_id="producer-a", temperature=0.9, max_new_tokens=4, seed=0,
+    result = produce_rollouts(prompts, engine, producer_id="producer-a", sampling=Sampling(0.9),
+                              max_new_tokens=4, seed=0,
                               clock=lambda: 1001.0)
     got = [(r.rollout_id, r.group_id, r.sample_index, r.group_size) for r in result.rollouts]
     assert got == [(rollout_id_for("p1", 0, j), group_id_for("p1", 0), j, 3) for j in range(3)] + \
@@ -214,7 +215,7 @@ def test_step_builds_complete_groups_with_deterministic_ids_and_versions(tokeniz
         assert r.producer_id == "producer-a" and r.metadata == {"task": "add"} and r.finish_reason == "stop"
         assert r.timings["queue_wait_s"] == 1.0 and r.timings["created_at"] == 1001.0
     assert result.metrics["producer/rollouts"] == 5 and result.metrics["producer/policy_version"] == 4
-    again = produce_rollouts(prompts, FakeEngine(tokenizer, 4), producer_id="producer-a", temperature=0.9,
+    again = produce_rollouts(prompts, FakeEngine(tokenizer, 4), producer_id="producer-a", sampling=Sampling(0.9),
                              max_new_tokens=4, seed=0, clock=lambda: 1001.0)
     assert _untimed(again.rollouts) == _untimed(result.rollouts)
 
@@ -222,7 +223,7 @@ def test_step_builds_complete_groups_with_deterministic_ids_and_versions(tokeniz
 def test_step_group_size_override_and_seed_derivation(tokenizer):
     engine = FakeEngine(tokenizer)
     prompts = [prompt_record(1, group_size=3), prompt_record(2, group_size=5)]
-    result = produce_rollouts(prompts, engine, producer_id="p", temperature=1.0, max_new_tokens=4, seed=9,
+    result = produce_rollouts(prompts, engine, producer_id="p", sampling=Sampling(1.0), max_new_tokens=4, seed=9,
                               group_size=2)
     assert len(engine.calls) == 1 and engine.calls[0][1] == 2
     assert [r.group_size for r in result.rollouts] == [2] * 4
@@ -234,7 +235,7 @@ def test_step_group_size_override_and_seed_derivation(tokenizer):
 def test_step_rejects_unusable_prompts_and_keeps_the_rest(tokenizer):
     engine = FakeEngine(tokenizer)
     prompts = [prompt_record(1), prompt_record(2, text="hello"), prompt_record(3, text="1" * 20), prompt_record(4)]
-    result = produce_rollouts(prompts, engine, producer_id="p", temperature=1.0, max_new_tokens=4, seed=0)
+    result = produce_rollouts(prompts, engine, producer_id="p", sampling=Sampling(1.0), max_new_tokens=4, seed=0)
     assert [(r.index, "tokenise" in r.reason or "exceeds" in r.reason) for r in result.rejected] == \
         [(1, True), (2, True)]
     assert "exceeds the model's 16" in result.rejected[1].reason
@@ -243,7 +244,7 @@ def test_step_rejects_unusable_prompts_and_keeps_the_rest(tokenizer):
 
 def test_step_with_the_hf_engine_is_reproducible_and_valid(engine):
     prompts = [prompt_record(1), prompt_record(23, group_size=2)]
-    kwargs = dict(producer_id="p", temperature=1.0, max_new_tokens=6, seed=4)
+    kwargs = dict(producer_id="p", sampling=Sampling(1.0), max_new_tokens=6, seed=4)
     first = produce_rollouts(prompts, engine, **kwargs).rollouts
     second = produce_rollouts(prompts, engine, **kwargs).rollouts
     assert _untimed(first) == _untimed(second)

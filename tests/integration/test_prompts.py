@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from producers.engines.base import Sampling
 from schemas import decode
 from stream_rl.cli.main import app
 from stream_rl.prompts import (
@@ -300,3 +301,56 @@ def test_token_filter_with_a_real_tokenizer_directory(tmp_path):
     assert data["stats"]["tokens"]["max"] == 5
     out = CliRunner().invoke(app, ["prompts", "validate", str(path), "--tokenizer", str(tmp_path / "none")])
     assert out.exit_code == 2 and "prompts: " in out.output
+
+
+@pytest.mark.broker
+def test_load_renders_messages_and_replay_shows_the_rendered_prompt_of_a_rollout(make_config, tmp_path):
+    """A verl file through `prompts load` (the policy's chat template, from producer.model_dir): each record holds
+    the messages, the rendered text and its ids; a real engine generates from exactly those ids, and `replay`
+    shows the rollout's prompt_text as the rendered prompt (and, redacted, the prompt's roles only)."""
+    from support.chat import render_chatml
+    from support.chat_model import build_chat_model_dir
+
+    from producers.engines.base import Sampling
+    from producers.engines.hf import HFEngine
+    from producers.generate import produce_rollouts
+    from stream_rl.models.loading import load_policy
+    from stream_rl.transport.client import Transport
+
+    cfg = make_config(**{"topics.partitions": {"prompts": 1, "rollouts": 1}})
+    policy = build_chat_model_dir(tmp_path / "policy")
+    conversation = [{"role": "system", "content": "Answer with a number."}, {"role": "user", "content": SECRET}]
+    path = write_jsonl(tmp_path / "verl.jsonl", [
+        {"data_source": "gsm8k", "prompt": conversation, "ability": "math",
+         "reward_model": {"style": "rule", "ground_truth": "42"}, "extra_info": {"index": 3}}])
+    out = CliRunner().invoke(app, _load_args(path, cfg) + ["--group-size", "2", "--set",
+                                                           f"producer.model_dir={policy}"])
+    assert out.exit_code == 0, out.output
+    assert "(verl layout)" in out.output and "1 rendered by the chat template" in out.output
+    (published,) = [msg for part in _published(cfg).values() for _, msg in part]
+    rendered = render_chatml(conversation)
+    model, tokenizer = load_policy(policy)
+    ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    assert published.messages == conversation and published.text == rendered
+    assert published.prompt_token_ids.tolist() == ids and published.answer == "42"
+    assert published.metadata == {"data_source": "gsm8k", "ability": "math", "extra_info.index": "3"}
+
+    result = produce_rollouts([published], HFEngine(model, tokenizer), producer_id="producer-0",
+                              sampling=Sampling(1.0), max_new_tokens=3, seed=0)
+    assert len(result.rollouts) == 2 and all(r.prompt_token_ids.tolist() == ids for r in result.rollouts)
+    transport = Transport(cfg, "test")
+    sink = transport.sink()
+    for rollout in result.rollouts:
+        sink.send(transport.names.rollouts, rollout, key=rollout.group_id)
+    sink.flush()
+    sink.close()
+    flags = ["--bootstrap", cfg.kafka.bootstrap_servers, "--run", cfg.topics.run,
+             "--set", f"broker.state_dir={tmp_path / 'state'}"]
+    shown = CliRunner().invoke(app, ["replay", "rollouts", "--show-content", "--limit", "1", *flags])
+    assert shown.exit_code == 0, shown.output
+    value = json.loads(shown.stdout.splitlines()[0])["value"]
+    assert value["prompt_text"] == rendered and value["prompt_token_ids"] == ids
+    redacted = CliRunner().invoke(app, ["replay", "prompts", *flags])
+    assert redacted.exit_code == 0 and SECRET not in redacted.output
+    assert [m["role"] for m in json.loads(redacted.stdout.splitlines()[0])["value"]["messages"]] == \
+        ["system", "user"]

@@ -106,6 +106,38 @@ def test_nan_reward_sends_that_rollout_to_the_dlq_and_scores_the_others(make_con
 
 
 @pytest.mark.broker
+def test_an_unrouted_rollout_is_dead_lettered_with_its_source_and_its_group_rejected(make_config):
+    """scorer.rewards on the real broker: a routed group is scored by its route, a group whose data_source has no
+    route (and no default) is dead-lettered with the key and value, and each of its members gets a MemberRejected."""
+    cfg = make_config(**{"topics.partitions": {"rollouts": 1, "scored": 1, "dlq": 1}})
+    t = Transport(cfg, "test")
+    t.ensure_topics()
+    routed = group_rollouts(0, 1, metadata={"data_source": "openai/gsm8k"})  # responses "7" / "8", answer "7"
+    unrouted = group_rollouts(1, 1, metadata={"data_source": "poetry"})
+    send_rollouts(t, routed + unrouted)
+    scorer = ScorerThread(cfg, ScorerConfig(rewards={"routes": {"openai/gsm8k": [{"fn": "gsm8k", "weight": 2.0}]}},
+                                            batch_size=8, poll_timeout_s=0.3))
+    wait_for(lambda: len(read_records(t, t.names.dlq, "dead_letter")) >= 4
+             and len(read_records(t, t.names.scored)) >= 8, "4 scored, 4 notices and 4 dead letters", 40,
+             watch=[scorer])
+    stats = scorer.finish()
+    assert (stats.scored, stats.rejected) == (4, 4)
+    scored = read_records(t, t.names.scored, "scored_rollout")
+    assert sorted((s.value.rollout_id, s.value.reward_components) for s in scored) == sorted(
+        (r.rollout_id, {"gsm8k": 2.0 if r.response_text == "7" else 0.0}) for r in routed)
+    reason = ("no reward route for data_source='poetry' (scorer.rewards.by = 'data_source'; routes: "
+              "['openai/gsm8k']; no default)")
+    letters = [d.value for d in read_records(t, t.names.dlq, "dead_letter")]
+    assert [(d.error_type, d.reason) for d in letters] == [("UnroutedError", reason)] * 4
+    unrouted_ids = sorted(r.rollout_id for r in unrouted)
+    assert sorted(decode(d.raw_value, "rollout").rollout_id for d in letters) == unrouted_ids
+    notices = [decode(r.value) for r in read_records(t, t.names.scored)]
+    notices = [n for n in notices if n.KIND == "member_rejected"]
+    assert sorted(n.rollout_id for n in notices) == unrouted_ids
+    assert {(n.group_id, n.error_type, n.reason) for n in notices} == {(unrouted[0].group_id, "UnroutedError", reason)}
+
+
+@pytest.mark.broker
 def test_two_scorers_in_one_group_score_every_rollout_exactly_once(make_config):
     cfg = make_config(**{"topics.partitions": {"rollouts": 4, "scored": 4}})
     t = Transport(cfg, "test")

@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 
+from producers.engines.base import Sampling
+
 torch.set_num_threads(1)  # before the engine exists: vLLM's CPU worker turns set_num_threads into a no-op
 
 
@@ -76,7 +78,7 @@ def engine(model_dir):
 def test_vllm_generates_groups_that_stop_at_eos_or_the_budget(engine):
     from support.producers import PROMPTS
 
-    groups = engine.generate(PROMPTS, n=8, temperature=1.0, max_new_tokens=6, seed=0)
+    groups = engine.generate(PROMPTS, n=8, sampling=Sampling(1.0), max_new_tokens=6, seed=0)
     assert [len(g) for g in groups] == [8, 8, 8]
     samples = [s for g in groups for s in g]
     eos = engine.eos_token_id
@@ -93,16 +95,16 @@ def test_vllm_generates_groups_that_stop_at_eos_or_the_budget(engine):
 def test_vllm_same_seed_same_samples(engine):
     from support.producers import PROMPTS
 
-    a = engine.generate(PROMPTS, n=4, temperature=1.0, max_new_tokens=6, seed=11)
-    b = engine.generate(PROMPTS, n=4, temperature=1.0, max_new_tokens=6, seed=11)
-    c = engine.generate(PROMPTS, n=4, temperature=1.0, max_new_tokens=6, seed=12)
+    a = engine.generate(PROMPTS, n=4, sampling=Sampling(1.0), max_new_tokens=6, seed=11)
+    b = engine.generate(PROMPTS, n=4, sampling=Sampling(1.0), max_new_tokens=6, seed=11)
+    c = engine.generate(PROMPTS, n=4, sampling=Sampling(1.0), max_new_tokens=6, seed=12)
     assert a == b and a != c
 
 
 def test_vllm_behaviour_logprobs_match_the_trainer_recomputation(engine, model_dir):
     from support.producers import PROMPTS, recompute_logprobs, reference_model
 
-    groups = engine.generate(PROMPTS, n=4, temperature=TEMPERATURE, max_new_tokens=10, seed=3)
+    groups = engine.generate(PROMPTS, n=4, sampling=Sampling(TEMPERATURE), max_new_tokens=10, seed=3)
     model = reference_model(model_dir)
     recomputed, behaviour = recompute_logprobs(model, PROMPTS, groups, TEMPERATURE, engine.tokenizer.pad_token_id)
     assert np.abs(recomputed - behaviour).mean() < 1e-3
@@ -116,11 +118,83 @@ def test_vllm_step_rollouts_are_valid_wire_messages(engine):
     from schemas import Prompt, encode
 
     prompts = [Prompt(prompt_id=f"p{i}", epoch=0, text=f"{i}+{i}=", group_size=3) for i in range(4)]
-    result = produce_rollouts(prompts, engine, producer_id="producer-v", temperature=1.0, max_new_tokens=6, seed=0)
+    result = produce_rollouts(prompts, engine, producer_id="producer-v", sampling=Sampling(1.0),
+                              max_new_tokens=6, seed=0)
     assert len(result.rollouts) == 12 and not result.rejected
     for rollout in result.rollouts:
         encode(rollout)
         assert set(rollout.token_policy_versions.tolist()) == {engine.version}
+
+
+# -- sampling controls (issue 28, item 5): before any test changes the weights -------------------------------------
+TRUNCATED = Sampling(temperature=0.8, top_k=6, top_p=0.8, min_p=0.05)
+
+
+def test_the_truncation_rule_is_vllms_own_top_k_top_p():
+    """producers.engines.truncation.top_k_top_p against vLLM's apply_top_k_top_p_pytorch (its CPU path), bit for
+    bit, on random logits with ties."""
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+
+    from producers.engines.truncation import top_k_top_p
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randint(-8, 8, (16, 40), generator=gen).float() / 3.0  # [16, 40], many ties
+    for k, p in ((1, 1.0), (5, 1.0), (0, 0.5), (0, 0.9), (7, 0.6), (40, 0.3)):
+        ours = top_k_top_p(logits, k, p)
+        k_t = torch.full((16,), k if k > 0 else 40, dtype=torch.long) if k > 0 else None
+        p_t = torch.full((16,), p) if p < 1.0 else None
+        theirs = apply_top_k_top_p_pytorch(logits.clone(), k_t, p_t, allow_cpu_sync=True)
+        assert torch.equal(ours, theirs), (k, p)
+
+
+def test_vllm_and_hf_give_the_same_truncated_behaviour_logprobs_on_the_same_tokens(engine, model_dir):
+    """The hf engine scores the tokens vLLM drew under temperature, min-p, top-k and top-p: within 1e-4."""
+    from support.producers import PROMPTS, reference_model
+
+    from producers.engines.hf import score_tokens
+
+    groups = engine.generate(PROMPTS, n=4, sampling=TRUNCATED, max_new_tokens=10, seed=3)
+    model = reference_model(model_dir)
+    diffs, gaps = [], []
+    for prompt, group in zip(PROMPTS, groups, strict=True):
+        for sample in group:
+            hf = np.asarray(score_tokens(model, prompt, sample.token_ids, TRUNCATED))
+            full = np.asarray(score_tokens(model, prompt, sample.token_ids, Sampling(TRUNCATED.temperature)))
+            assert np.isfinite(hf).all(), "vLLM drew a token outside the hf engine's truncated set"
+            diffs.append(np.abs(hf - np.asarray(sample.logprobs)))
+            gaps.append(hf - full)
+    print(f"\nvLLM vs hf truncated behaviour logprobs: max |diff| {np.concatenate(diffs).max():.2e}")
+    assert np.concatenate(diffs).max() < 1e-4
+    assert np.concatenate(gaps).mean() > 1e-2  # the truncation mattered: full-softmax logprobs would fail
+
+
+def test_vllm_stop_strings_and_stop_ids_end_samples_as_the_hf_engine_ends_them(engine):
+    from support.producers import PROMPTS
+
+    from producers.engines.stops import StopStrings
+
+    tok, eos = engine.tokenizer, engine.eos_token_id
+    plain = [s for g in engine.generate(PROMPTS, n=8, sampling=Sampling(), max_new_tokens=10, seed=2) for s in g]
+    tokens = [t for s in plain for t in s.token_ids if t != eos]
+    first, second = sorted(set(tokens), key=tokens.count)[-2:]
+    stops = (tok.decode([first, first]), "=")
+    sampling = Sampling(stop=stops, stop_token_ids=(second,))
+    samples = [s for g in engine.generate(PROMPTS, n=8, sampling=sampling, max_new_tokens=10, seed=2) for s in g]
+    rows = [p for p in PROMPTS for _ in range(8)]
+    by_string = by_id = 0
+    for prompt, s, p in zip(rows, samples, plain, strict=True):
+        assert p.token_ids[:len(s.token_ids)] == s.token_ids  # the same draws, cut at the stop
+        matcher = StopStrings(tok, stops, [prompt])
+        ends = [i + 1 for i, t in enumerate(s.token_ids) if matcher.step([t], [True])]
+        assert ends in ([], [len(s.token_ids)])  # the hf rule finds the string exactly where vLLM stopped, or none
+        assert second not in s.token_ids[:-1] and eos not in s.token_ids[:-1]
+        if ends or s.token_ids[-1] in (second, eos):
+            assert s.finish_reason == "stop"
+            by_string += bool(ends)
+            by_id += s.token_ids[-1] == second
+        else:
+            assert s.finish_reason == "length" and len(s.token_ids) == 10
+    assert by_string >= 2 and by_id >= 2
 
 
 def test_vllm_adapter_versions_give_the_hf_engines_logprobs_never_accumulate_and_a_bad_one_changes_nothing(
@@ -139,7 +213,7 @@ def test_vllm_adapter_versions_give_the_hf_engines_logprobs_never_accumulate_and
     assert engine.version == 2
     hf = HFEngine.from_dir(model_dir)
     hf.load_adapter(v2, 2.0, version=2)  # v2 alone
-    groups = engine.generate(PROMPTS, n=4, temperature=TEMPERATURE, max_new_tokens=10, seed=7)
+    groups = engine.generate(PROMPTS, n=4, sampling=Sampling(TEMPERATURE), max_new_tokens=10, seed=7)
     pad = engine.tokenizer.pad_token_id
     recomputed, behaviour = recompute_logprobs(hf.model, PROMPTS, groups, TEMPERATURE, pad)
     assert np.abs(recomputed - behaviour).mean() < 1e-3
@@ -160,7 +234,7 @@ def test_vllm_adapter_versions_give_the_hf_engines_logprobs_never_accumulate_and
         with pytest.raises(WeightsMismatch, match=reason):
             engine.load_adapter(bad, 2.0, version=3)
     assert engine.version == 2
-    assert engine.generate(PROMPTS, n=4, temperature=TEMPERATURE, max_new_tokens=10, seed=7) == groups
+    assert engine.generate(PROMPTS, n=4, sampling=Sampling(TEMPERATURE), max_new_tokens=10, seed=7) == groups
 
 
 def test_vllm_weight_update_changes_outputs_and_carries_the_new_version(engine, model_dir):
@@ -169,20 +243,20 @@ def test_vllm_weight_update_changes_outputs_and_carries_the_new_version(engine, 
     from producers.engines.base import WeightsMismatch
 
     held = engine.version
-    before = engine.generate(PROMPTS, n=4, temperature=TEMPERATURE, max_new_tokens=8, seed=5)
+    before = engine.generate(PROMPTS, n=4, sampling=Sampling(TEMPERATURE), max_new_tokens=8, seed=5)
     new_weights = perturbed_state_dict(model_dir)
     broken = dict(new_weights)
     broken["model.norm.weight"] = torch.ones(3)
     with pytest.raises(WeightsMismatch, match="model.norm.weight"):
         engine.load_weights(broken, version=9)
     assert engine.version == held
-    assert engine.generate(PROMPTS, n=4, temperature=TEMPERATURE, max_new_tokens=8, seed=5) == before
+    assert engine.generate(PROMPTS, n=4, sampling=Sampling(TEMPERATURE), max_new_tokens=8, seed=5) == before
 
     started = time.perf_counter()
     engine.load_weights(new_weights, version=2)
     print(f"\nvLLM weight reload: {1000 * (time.perf_counter() - started):.1f} ms")
     assert engine.version == 2
-    after = engine.generate(PROMPTS, n=4, temperature=TEMPERATURE, max_new_tokens=8, seed=5)
+    after = engine.generate(PROMPTS, n=4, sampling=Sampling(TEMPERATURE), max_new_tokens=8, seed=5)
     assert after != before
     recomputed, behaviour = recompute_logprobs(reference_model(model_dir, new_weights), PROMPTS, after,
                                                TEMPERATURE, engine.tokenizer.pad_token_id)
@@ -195,11 +269,11 @@ def test_vllm_refuses_an_adapter_version_after_a_full_weight_version(engine, mod
     from producers.engines.base import WeightsMismatch
 
     assert engine.version == 2  # the full-weight version of the previous test
-    before = engine.generate(PROMPTS, n=4, temperature=TEMPERATURE, max_new_tokens=8, seed=5)
+    before = engine.generate(PROMPTS, n=4, sampling=Sampling(TEMPERATURE), max_new_tokens=8, seed=5)
     with pytest.raises(WeightsMismatch, match="holds full-weight version 2"):
         engine.load_adapter(random_adapter(model_dir, ADAPTED), 2.0, version=3)
     assert engine.version == 2
-    assert engine.generate(PROMPTS, n=4, temperature=TEMPERATURE, max_new_tokens=8, seed=5) == before
+    assert engine.generate(PROMPTS, n=4, sampling=Sampling(TEMPERATURE), max_new_tokens=8, seed=5) == before
 
 
 # -- in-flight updates (producer.inflight_updates): the engine holds full-weight version 2 from here on ------------
@@ -211,11 +285,11 @@ def test_vllm_with_a_hook_that_loads_nothing_the_samples_are_identical_and_stamp
     without the hook, the plain path again (``token_versions`` None)."""
     from support.producers import PROMPTS
 
-    plain = engine.generate(PROMPTS, n=4, temperature=TEMPERATURE, max_new_tokens=10, seed=9)
+    plain = engine.generate(PROMPTS, n=4, sampling=Sampling(TEMPERATURE), max_new_tokens=10, seed=9)
     calls = []
     engine.set_weights_hook(lambda: calls.append(engine.version), every=2)
     try:
-        hooked = engine.generate(PROMPTS, n=4, temperature=TEMPERATURE, max_new_tokens=10, seed=9)
+        hooked = engine.generate(PROMPTS, n=4, sampling=Sampling(TEMPERATURE), max_new_tokens=10, seed=9)
     finally:
         engine.set_weights_hook(None, 0)
     steps = max(len(s.token_ids) for g in hooked for s in g)
@@ -223,7 +297,7 @@ def test_vllm_with_a_hook_that_loads_nothing_the_samples_are_identical_and_stamp
     for a, b in zip((s for g in plain for s in g), (s for g in hooked for s in g), strict=True):
         assert a.token_versions is None and b.token_versions == [engine.version] * len(b.token_ids)
         assert (a.token_ids, a.logprobs, a.finish_reason) == (b.token_ids, b.logprobs, b.finish_reason)
-    assert engine.generate(PROMPTS, n=4, temperature=TEMPERATURE, max_new_tokens=10, seed=9) == plain
+    assert engine.generate(PROMPTS, n=4, sampling=Sampling(TEMPERATURE), max_new_tokens=10, seed=9) == plain
 
 
 def test_vllm_tokens_from_an_inflight_swap_on_carry_the_new_version_and_its_logprobs(engine, model_dir):
@@ -243,7 +317,7 @@ def test_vllm_tokens_from_an_inflight_swap_on_carry_the_new_version_and_its_logp
 
     engine.set_weights_hook(hook, every=3)
     try:
-        groups = engine.generate(PROMPTS, n=4, temperature=TEMPERATURE, max_new_tokens=10, seed=5)
+        groups = engine.generate(PROMPTS, n=4, sampling=Sampling(TEMPERATURE), max_new_tokens=10, seed=5)
     finally:
         engine.set_weights_hook(None, 0)
     assert engine.version == held + 1 and calls == [held, held, held + 1]
@@ -251,7 +325,7 @@ def test_vllm_tokens_from_an_inflight_swap_on_carry_the_new_version_and_its_logp
     errors = swap_errors(old, new, PROMPTS, groups, k, held)
     assert errors.before.mean() < 1e-3 and errors.after.mean() < 1e-3
     # the prefix cache of the old weights was dropped when the generation ended: a plain run is v3's alone
-    plain = engine.generate(PROMPTS, n=4, temperature=TEMPERATURE, max_new_tokens=8, seed=5)
+    plain = engine.generate(PROMPTS, n=4, sampling=Sampling(TEMPERATURE), max_new_tokens=8, seed=5)
     recomputed, behaviour = recompute_logprobs(new, PROMPTS, plain, TEMPERATURE, engine.tokenizer.pad_token_id)
     assert np.abs(recomputed - behaviour).mean() < 1e-3
 
@@ -263,7 +337,7 @@ def test_vllm_a_failing_hook_leaves_no_request_behind_and_every_must_be_positive
 
     with pytest.raises(EngineError, match="every >= 1"):
         engine.set_weights_hook(lambda: None, every=0)
-    plain = engine.generate(PROMPTS, n=2, temperature=TEMPERATURE, max_new_tokens=6, seed=4)
+    plain = engine.generate(PROMPTS, n=2, sampling=Sampling(TEMPERATURE), max_new_tokens=6, seed=4)
 
     def broken() -> None:
         raise RuntimeError("weights topic unreachable")
@@ -271,11 +345,11 @@ def test_vllm_a_failing_hook_leaves_no_request_behind_and_every_must_be_positive
     engine.set_weights_hook(broken, every=2)
     try:
         with pytest.raises(RuntimeError, match="unreachable"):
-            engine.generate(PROMPTS, n=2, temperature=TEMPERATURE, max_new_tokens=6, seed=4)
+            engine.generate(PROMPTS, n=2, sampling=Sampling(TEMPERATURE), max_new_tokens=6, seed=4)
     finally:
         engine.set_weights_hook(None, 0)
     assert not engine._llm.llm_engine.has_unfinished_requests()  # the aborted requests are gone
-    assert engine.generate(PROMPTS, n=2, temperature=TEMPERATURE, max_new_tokens=6, seed=4) == plain
+    assert engine.generate(PROMPTS, n=2, sampling=Sampling(TEMPERATURE), max_new_tokens=6, seed=4) == plain
 
 
 def test_vllm_plays_multiturn_episodes_with_the_policys_logprobs_given_the_whole_context(engine, model_dir):
@@ -290,12 +364,13 @@ def test_vllm_plays_multiturn_episodes_with_the_policys_logprobs_given_the_whole
     from producers.multiturn import run_episodes
 
     prompt = list(engine.tokenizer("12+34=")["input_ids"])
-    sampled = engine.generate([prompt], n=8, temperature=TEMPERATURE, max_new_tokens=8, seed=0)[0]
+    sampled = engine.generate([prompt], n=8, sampling=Sampling(TEMPERATURE), max_new_tokens=8, seed=0)[0]
     weights = load_file(str(model_dir / "model.safetensors"))
     head = weights["lm_head.weight"]  # [V, H]
     head[engine.eos_token_id] = head[int(np.bincount([t for s in sampled for t in s.token_ids]).argmax())]
     engine.load_weights(weights, engine.version + 1)
-    episodes = run_episodes(engine, [episode_prompt()], [prompt], 4, temperature=TEMPERATURE, max_new_tokens=20, seed=5,
+    episodes = run_episodes(engine, [episode_prompt()], [prompt], 4, sampling=Sampling(TEMPERATURE),
+                            max_new_tokens=20, seed=5,
                             make_env=lambda: Scripted(["5=", "6="]), max_turns=3)[0]
     assert any(sum(1 for t in ep.turns if t["role"] == "policy") >= 2 for ep in episodes), "no second turn"
     for ep in episodes:

@@ -20,6 +20,7 @@ import numpy as np
 from schemas import (
     Alert,
     DeadLetter,
+    Evaluation,
     Heartbeat,
     MemberRejected,
     Prompt,
@@ -172,10 +173,16 @@ def make_alert() -> Alert:
                  created_at=1.7e9)
 
 
+def make_evaluation() -> Evaluation:
+    return Evaluation(version=3, step=30, sets=["heldout"], metrics={"heldout/pass@8": 0.75, "heldout/mean@8": 0.5},
+                      evaluator_id="evaluator-1a2b3c4d", elapsed_s=1.5, created_at=1.7e9)
+
+
 MAKERS = {"prompt": make_prompt, "rollout": make_rollout, "scored_rollout": make_scored,
           "weights_manifest": lambda: make_manifest()[1], "weights_chunk": make_chunk,
           "dead_letter": make_dead_letter, "stale_rollout": make_stale, "heartbeat": make_heartbeat,
-          "alert": make_alert, "member_rejected": make_member_rejected}
+          "alert": make_alert, "member_rejected": make_member_rejected,
+          "evaluation": make_evaluation}
 
 
 def rewrite(record: bytes, **changes) -> bytes:

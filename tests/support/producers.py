@@ -107,8 +107,8 @@ class FakeEngine(GenerationEngine):
     max_model_len = property(lambda self: 16)
     vocab_size = property(lambda self: 15)
 
-    def generate(self, prompt_token_ids, n, temperature, max_new_tokens, seed):
-        self.calls.append((prompt_token_ids, n, temperature, max_new_tokens, seed))
+    def generate(self, prompt_token_ids, n, sampling, max_new_tokens, seed):
+        self.calls.append((prompt_token_ids, n, sampling, max_new_tokens, seed))
         return [[Sample([10 + j, 2], [-0.5, -0.25], "stop") for j in range(n)] for _ in prompt_token_ids]
 
     def load_weights(self, state_dict, version):

@@ -102,11 +102,13 @@ EVERY_COMMAND = _leaf_commands(typer.main.get_command(app))
 
 NEEDS = {("prompts", "validate"): ["prompts.jsonl"], ("prompts", "load"): ["prompts.jsonl"],
          ("demo", "init"): ["new-demo"], ("plan",): ["--params", "7e9"],
-         ("replay",): ["rollouts"], ("export",): ["--out", "exported"], ("rescore",): ["--to-run", "new-run"]}
+         ("replay",): ["rollouts"], ("export",): ["--out", "exported"], ("rescore",): ["--to-run", "new-run"],
+         ("evaluate",): ["--set", "eval.sets.heldout=prompts.jsonl"], ("reward-server",): ["gsm8k"]}
 """Arguments a command requires besides --dry-run (every file named here exists in the working directory)."""
 
 
 NOT_THE_CONFIG = {("gc",): "nothing to remove", ("plan",): '"params": 7000000000',
+                  ("reward-server",): "would serve gsm8k on 127.0.0.1:0",
                   ("rescore",): '"scored_topic": "stream-rl.new-run.scored"'}
 """Commands whose --dry-run prints something else than the resolved config (gc, rescore: their plans, documented)."""
 

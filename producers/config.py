@@ -9,7 +9,7 @@ Guarantees: every field has a description and bounds; no heavy import (torch, vl
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -35,6 +35,24 @@ class VLLMSettings(Section):
                     "core list such as 0-3")
     enforce_eager: bool = Field(
         True, description="skip graph capture/compilation: faster start-up, slower steady state on GPUs")
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64, description="GPUs one producer's vLLM engine shards the model over (tensor parallelism); "
+        "with run.gpus.producers each producer gets a block of this many GPUs (more producers: data parallelism)")
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="further vllm.EngineArgs fields passed to vllm.LLM as they are (e.g. "
+        "max_num_seqs, enable_prefix_caching); checked against EngineArgs where the engine is built (vllm is "
+        "not imported by the config): an unknown key, or one stream-rl sets itself, is refused naming it")
+
+    @field_validator("engine_kwargs")
+    @classmethod
+    def _not_ours(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from producers.engines.vllm_args import OWN_ENGINE_ARGS
+
+        ours = sorted(set(value) & set(OWN_ENGINE_ARGS))
+        if ours:
+            raise ValueError(f"engine_kwargs.{ours[0]}: stream-rl sets this vLLM argument itself; use "
+                             f"{OWN_ENGINE_ARGS[ours[0]]}")
+        return value
 
 
 class ProducerConfig(Section):
@@ -117,6 +135,20 @@ class ProducerConfig(Section):
         1.0, gt=0.0, description="while holding at an epoch boundary, how often to look whether the epoch opened")
     weights_check_every_batches: int = Field(
         1, ge=1, description="look for a newer weights version every this many generation batches")
+    stream_groups: bool = Field(
+        True, description="publish each group as soon as its last sample ends (the hf engine reports groups from "
+                          "inside its decode loop) instead of when the batch's longest sample ends; false: one "
+                          "send of the whole batch after the generation (the batch barrier)")
+    oversample: float = Field(
+        0.0, ge=0.0, le=4.0, description="over-sample each batch: once ceil(B / (1 + oversample)) of its B groups "
+                                         "are complete, decoding stops and the groups still running (the long "
+                                         "tail) are re-queued: their prompts are carried, uncommitted, into the "
+                                         "next batch and regenerated from scratch, never dropped; a prompt aborted "
+                                         "once runs to its end the next time; 0: off; hf engine, single-turn only")
+    abort_after_s: float | None = Field(
+        None, gt=0.0, le=86_400.0, description="stop decoding a batch after this many seconds once at least one "
+                                               "group is complete; the groups still running are re-queued as with "
+                                               "oversample; None: off; hf engine, single-turn only")
     inflight_updates: bool = Field(
         False, description="also look for newer weights between decode steps of a generation (every "
         "inflight_check_every tokens) and load a complete, verified version in place; each token records the "
@@ -164,6 +196,18 @@ class ProducerConfig(Section):
         if self.group_size is not None and self.group_size > self.max_group_size:
             raise ValueError(f"producer.group_size={self.group_size} exceeds producer.max_group_size="
                              f"{self.max_group_size}")
+        return self
+
+    @model_validator(mode="after")
+    def _early_stop_possible(self) -> ProducerConfig:
+        if self.oversample == 0 and self.abort_after_s is None:
+            return self
+        named = "producer.oversample" if self.oversample else "producer.abort_after_s"
+        if self.engine != "hf":
+            raise ValueError(f"{named} needs producer.engine = 'hf' (its decode loop stops the tail; the vllm engine "
+                             f"returns whole batches)")
+        if self.environment is not None:
+            raise ValueError(f"{named} does not apply to multi-turn episodes (producer.environment): unset one")
         return self
 
     @model_validator(mode="after")

@@ -22,6 +22,10 @@ Guarantees:
 - A prompt that cannot be tokenised, is empty or too long, or asks for a group larger than ``max_group_size``,
   is returned in ``rejected`` with a reason (:func:`check_prompts`, before anything is generated); the other
   prompts of the batch are still generated.
+- No batch barrier: with ``on_group`` each complete group is handed over once, from inside the decode loop when
+  the engine streams groups (the hf engine), with the rollouts the result holds; the samples are those of a call
+  without it. With ``early_stop`` (:func:`should_stop`) a batch stops decoding before its long tail ends; the cut
+  groups are listed in ``StepResult.aborted`` (nothing partial is returned) for the caller to re-queue.
 - :func:`plan_batch` orders a polled batch so that rejected prompts are dead-lettered and committed before any
   generation that comes after them in their partition (a crash while generating never re-dead-letters them).
 """
@@ -29,6 +33,7 @@ Guarantees:
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections.abc import Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +48,10 @@ from producers.multiturn import Episode, run_episodes
 from schemas import Prompt, Rollout, group_id_for, rollout_id_for
 
 
+GroupSink = Callable[[list[Rollout]], None]
+"""``on_group(rollouts)``: one complete group (its ``group_size`` rollouts, in sample order)."""
+
+
 @dataclass(frozen=True)
 class Rejected:
     """A prompt the step could not generate for, and why (``index`` into the step's input)."""
@@ -53,11 +62,38 @@ class Rejected:
 
 @dataclass(frozen=True)
 class StepResult:
-    """The rollouts of one step, the rejected prompts, and metrics under ``producer/`` keys."""
+    """The rollouts of one step, the rejected prompts, the aborted ones (``index`` into the step's input: their
+    groups were cut by :class:`EarlyStop`, nothing of them is in ``rollouts``), and metrics under ``producer/``."""
 
     rollouts: list[Rollout]
     rejected: list[Rejected] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
+    aborted: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class EarlyStop:
+    """When a generation may stop before its long tail ends (``producer.oversample``, ``producer.abort_after_s``;
+    engines with ``streams_groups`` only). ``protected``: indices into the step's input that must end (prompts
+    aborted before: each prompt is aborted at most once in a row, so every prompt is generated eventually)."""
+
+    oversample: float = 0.0
+    abort_after_s: float | None = None
+    protected: frozenset[int] = frozenset()
+
+
+def should_stop(ended: Sequence[bool], protected: Collection[int], oversample: float, elapsed_s: float,
+                abort_after_s: float | None) -> bool:
+    """Stop the decode loop of a batch of B groups (``ended[b]``: group b is complete) now?
+
+    Yes iff every protected group has ended, at least one group has, and either ``#ended >= ceil(B / (1 +
+    oversample))`` (with oversample > 0: the groups a version needs are in, the rest is the over-sampled tail) or
+    ``elapsed_s >= abort_after_s``. A batch whose groups have all ended stops by itself (False here)."""
+    done = sum(bool(e) for e in ended)
+    if done == 0 or done == len(ended) or not all(ended[b] for b in protected):
+        return False
+    enough = oversample > 0 and done >= math.ceil(len(ended) / (1 + oversample))
+    return enough or (abort_after_s is not None and elapsed_s >= abort_after_s)
 
 
 def batch_seed(seed: int, prompts: Sequence[Prompt]) -> int:
@@ -131,9 +167,14 @@ class Turns:
 def produce_rollouts(prompts: Sequence[Prompt], engine: GenerationEngine, *, producer_id: str,
                      sampling: Sampling, max_new_tokens: int, seed: int, group_size: int | None = None,
                      max_group_size: int | None = None, clock: Callable[[], float] = time.time,
-                     turns: Turns | None = None) -> StepResult:
+                     turns: Turns | None = None, on_group: GroupSink | None = None,
+                     early_stop: EarlyStop | None = None) -> StepResult:
     """Sample one group per prompt with ``engine`` (multi-turn episodes with ``turns``: :mod:`producers.multiturn`)
-    and wrap every sample as a :class:`Rollout`."""
+    and wrap every sample as a :class:`Rollout`. With ``on_group`` every group's rollouts are handed to it once, as
+    soon as the group is complete: from inside the decode loop when the engine streams groups
+    (``engine.streams_groups``), else right after the generation of its group size. With ``early_stop`` (a
+    streaming engine, single-turn) the generation of each group size may stop before its tail ends
+    (:func:`should_stop`); the groups cut there are listed in ``StepResult.aborted`` for the caller to re-queue."""
     started = clock()
     version = engine.version
     accepted, rejected = check_prompts(prompts, engine, max_new_tokens=max_new_tokens, group_size=group_size,
@@ -142,34 +183,72 @@ def produce_rollouts(prompts: Sequence[Prompt], engine: GenerationEngine, *, pro
     for item in accepted:
         by_size.setdefault(group_size or item[1].group_size, []).append(item)
     groups: dict[int, list[Sample]] = {}  # prompt index -> its samples
+    aborted: list[int] = []
+    early: dict[int, list[Rollout]] = {}  # prompt index -> rollouts already handed to on_group
+
+    def wrap(item: tuple[int, Prompt, list[int]], samples: list[Sample], generate_s: float,
+             created_at: float) -> list[Rollout]:
+        _, prompt, ids = item
+        timings = {"generate_s": generate_s, "queue_wait_s": max(0.0, started - prompt.created_at),
+                   "created_at": created_at}
+        return [_rollout(prompt, ids, i, sample, group_size=len(samples), version=version, producer_id=producer_id,
+                         temperature=sampling.temperature, tokenizer=engine.tokenizer, timings=timings)
+                for i, sample in enumerate(samples)]
+
+    def hand_over(item, samples: list[Sample], generate_s: float) -> None:
+        early[item[0]] = wrap(item, samples, generate_s, clock())
+        on_group(early[item[0]])
+
     generate_s = 0.0
     for n, items in sorted(by_size.items()):
         t0 = time.perf_counter()
+        stream = None
+        if on_group is not None and turns is None and getattr(engine, "streams_groups", False):
+            stream = lambda b, samples, items=items, t0=t0: hand_over(  # noqa: E731
+                items[b], samples, generate_s + time.perf_counter() - t0)
         sampling_seed = batch_seed(seed, [p for _, p, _ in items])
-        if turns is None:
-            generated = engine.generate([ids for _, _, ids in items], n, sampling, max_new_tokens, sampling_seed)
-        else:
-            generated = run_episodes(engine, [p for _, p, _ in items], [ids for _, _, ids in items], n,
-                                     sampling=sampling, max_new_tokens=max_new_tokens, seed=sampling_seed,
-                                     make_env=turns.make_env, max_turns=turns.max_turns,
-                                     chat=turns.chat(engine.tokenizer))
+        stop = _stop_when(early_stop, items, t0) if turns is None and getattr(engine, "streams_groups", False) else None
+        generated = _generate_groups(engine, items, n, sampling, max_new_tokens, sampling_seed, turns, stream, stop)
         generate_s += time.perf_counter() - t0
-        for (index, _, _), group in zip(items, generated, strict=True):
+        for item, group in zip(items, generated, strict=True):
             if isinstance(group, str):  # its environment failed: dead-lettered with the reason
-                rejected.append(Rejected(index, group))
-            else:
-                groups[index] = group
+                rejected.append(Rejected(item[0], group))
+                continue
+            if not group:  # cut by early_stop
+                aborted.append(item[0])
+                continue
+            groups[item[0]] = group
+            if on_group is not None and item[0] not in early:
+                hand_over(item, group, generate_s)
     accepted = [item for item in accepted if item[0] in groups]
     created_at = clock()
-    rollouts = [
-        _rollout(prompt, ids, sample_index, sample, group_size=len(groups[index]), version=version,
-                 producer_id=producer_id, temperature=sampling.temperature, tokenizer=engine.tokenizer,
-                 timings={"generate_s": generate_s, "queue_wait_s": max(0.0, started - prompt.created_at),
-                          "created_at": created_at})
-        for index, prompt, ids in accepted
-        for sample_index, sample in enumerate(groups[index])
-    ]
-    return StepResult(rollouts, rejected, _metrics(rollouts, len(accepted), generate_s, engine.version))
+    rollouts = [r for item in accepted
+                for r in (early[item[0]] if item[0] in early else wrap(item, groups[item[0]], generate_s, created_at))]
+    metrics = {**_metrics(rollouts, len(accepted), generate_s, engine.version), "producer/aborted": float(len(aborted))}
+    return StepResult(rollouts, rejected, metrics, sorted(aborted))
+
+
+def _stop_when(early_stop: EarlyStop | None, items, t0: float) -> Callable[[list[bool]], bool] | None:
+    """The engine's ``stop_when`` for the generation of ``items`` started at ``t0`` (None: run to the end)."""
+    if early_stop is None or (early_stop.oversample == 0 and early_stop.abort_after_s is None):
+        return None
+    protected = [pos for pos, item in enumerate(items) if item[0] in early_stop.protected]
+    return lambda ended: should_stop(ended, protected, early_stop.oversample, time.perf_counter() - t0,
+                                     early_stop.abort_after_s)
+
+
+def _generate_groups(engine: GenerationEngine, items, n: int, sampling: Sampling, max_new_tokens: int, seed: int,
+                     turns: Turns | None, stream: Callable[[int, list[Sample]], None] | None,
+                     stop: Callable[[list[bool]], bool] | None = None) -> list:
+    """The groups of ``items`` (a list of samples per prompt, or a multi-turn failure's reason)."""
+    ids = [ids for _, _, ids in items]
+    if turns is not None:
+        return run_episodes(engine, [p for _, p, _ in items], ids, n, sampling=sampling,
+                            max_new_tokens=max_new_tokens, seed=seed, make_env=turns.make_env,
+                            max_turns=turns.max_turns, chat=turns.chat(engine.tokenizer))
+    if stream is not None or stop is not None:
+        return engine.generate(ids, n, sampling, max_new_tokens, seed, on_group=stream, stop_when=stop)
+    return engine.generate(ids, n, sampling, max_new_tokens, seed)
 
 
 def _rollout(prompt: Prompt, prompt_ids: list[int], sample_index: int, sample: Sample, *, group_size: int,

@@ -42,6 +42,14 @@ Guarantees:
   never makes a restart dead-letter it again or die on it. (A record the transport edge cannot decode is
   dead-lettered when it is polled and committed with its batch: a crash while that batch generates may
   dead-letter it a second time.)
+- No batch barrier (``producer.stream_groups``): a group is sent as soon as its last sample ends (the hf engine
+  hands it over from inside its decode loop), not when the batch's longest sample does; offsets are still
+  committed only after the flush that follows the whole batch, so a crash regenerates the batch under the same
+  rollout ids (duplicates are dropped by id downstream).
+- Long tails (``producer.oversample``, ``producer.abort_after_s``, hf engine): a batch may stop decoding before
+  its slowest groups end; their prompts are carried into the next batch (uncommitted, ahead of later offsets of
+  their partition, so a crash regenerates them too) and regenerated from scratch, protected from a second abort:
+  nothing is dropped, and no partial sample is ever published.
 - Heartbeats report the number of generated batches in ``step``.
 - Weights change only between batches (with ``producer.inflight_updates``, also between decode steps: each token
   records the version that produced it), after the whole version was fetched and verified; a version that fails
@@ -63,7 +71,9 @@ from dataclasses import dataclass, field
 from producers.budget import Budget
 from producers.config import ProducerConfig
 from producers.engines.base import GenerationEngine, WeightsHook, WeightsMismatch
-from producers.generate import StepResult, Turns, check_prompts, plan_batch, produce_rollouts
+from producers.generate import (
+    EarlyStop, GroupSink, StepResult, Turns, check_prompts, plan_batch, produce_rollouts,
+)
 from producers.stale_feed import StaleFeed
 from schemas import group_id_for
 
@@ -242,6 +252,7 @@ class _Batcher:
         self._committed: dict = {}  # (topic, partition) -> the offset last committed by this process
         self.gate = None  # producers.epoch_gate.EpochGate: epoch order across partitions (producer.epoch_order)
         self.turns: Turns | None = None  # multi-turn episodes (producer.environment)
+        self.aborted: set[tuple] = set()  # (topic, partition, offset) of prompts aborted in the last batch
 
     def run_once(self, stats: ProducerStats, telemetry) -> StepResult | None:
         """Handle one batch; the StepResult when rollouts were generated (None: nothing or only dead letters)."""
@@ -265,12 +276,24 @@ class _Batcher:
             return None
         todo = [records[i] for i in plan.generate]
         with self.source.process_span("generate", todo, {"stream_rl.producer_id": self.producer_id}):
-            result = _generate(todo, self.engine, pcfg, self.producer_id, self.turns)
-            _publish(result, todo, self.source, self.sink, self.topic)
+            sent: set[str] = set()  # groups already sent from inside the generation (producer.stream_groups)
+            on_group = _group_sender(self.sink, self.topic, sent) if pcfg.stream_groups else None
+            result = _generate(todo, self.engine, pcfg, self.producer_id, self.turns, on_group,
+                               _early_stop(pcfg, todo, self.aborted))
+            _publish(result, todo, self.source, self.sink, self.topic, sent)
+        self._requeue([todo[i] for i in result.aborted])
         self._commit(telemetry)
         _account(stats, result, self.engine)
         telemetry.set_step(stats.batches)  # heartbeats report the batch counter in `step`
         return result
+
+    def _requeue(self, aborted: list) -> None:
+        """Carry the prompts whose groups were aborted (producer.oversample / abort_after_s) into the next batch,
+        uncommitted and ahead of what follows them in their partition; each is protected from a second abort."""
+        self.aborted = {_position(r) for r in aborted}
+        if aborted:
+            log.info("re-queued %d prompt(s) whose groups were cut at the batch's tail", len(aborted))
+            self.carry = sorted(self.carry + aborted, key=_position)
 
     def _next_records(self) -> list:
         """The carried records of partitions still assigned, else a new poll; then what the epoch gate admits
@@ -369,10 +392,40 @@ def _backpressure(transport, pcfg: ProducerConfig, follower: _WeightsFollower | 
 
 
 def _generate(records, engine: GenerationEngine, pcfg: ProducerConfig, producer_id: str,
-              turns: Turns | None = None) -> StepResult:
+              turns: Turns | None = None, on_group: GroupSink | None = None,
+              early_stop: EarlyStop | None = None) -> StepResult:
     return produce_rollouts([r.value for r in records], engine, producer_id=producer_id,
                             sampling=pcfg.sampling(), max_new_tokens=pcfg.max_new_tokens, seed=pcfg.seed,
-                            group_size=pcfg.group_size, max_group_size=pcfg.max_group_size, turns=turns)
+                            group_size=pcfg.group_size, max_group_size=pcfg.max_group_size, turns=turns,
+                            on_group=on_group, early_stop=early_stop)
+
+
+def _position(record) -> tuple:
+    return record.topic, record.partition, record.offset
+
+
+def _early_stop(pcfg: ProducerConfig, records, aborted_before: set[tuple]) -> EarlyStop | None:
+    """``producer.oversample`` / ``abort_after_s`` for a batch of ``records``, the ones aborted last time protected."""
+    if pcfg.oversample == 0 and pcfg.abort_after_s is None:
+        return None
+    protected = frozenset(i for i, r in enumerate(records) if _position(r) in aborted_before)
+    return EarlyStop(pcfg.oversample, pcfg.abort_after_s, protected)
+
+
+def _group_sender(sink, topic: str, sent: set[str]) -> GroupSink:
+    """``producer.stream_groups``: send each complete group as soon as the generation hands it over (the client
+    transmits it after ``kafka.linger_ms``; the batch's flush still precedes the commit). A group with a rollout
+    too large to send is left to :func:`_publish`, which dead-letters its prompt."""
+
+    def send(rollouts) -> None:
+        group_id = rollouts[0].group_id
+        if any(sink.oversize(topic, r, group_id) is not None for r in rollouts):
+            return
+        for rollout in rollouts:
+            sink.send(topic, rollout, key=group_id)
+        sent.add(group_id)
+
+    return send
 
 
 def _turns(pcfg: ProducerConfig, data) -> Turns | None:
@@ -388,10 +441,12 @@ def _turns(pcfg: ProducerConfig, data) -> Turns | None:
                  chat_template_kwargs=dict(data.chat_template_kwargs), use_chat=mode != "none")
 
 
-def _publish(result: StepResult, records, source, sink, topic: str) -> None:
-    """Send the rollouts keyed by group and dead-letter rejected prompts; wait for the broker's acks. A group with
-    a rollout that cannot fit ``kafka.max_request_size`` is not sent at all: its prompt is dead-lettered
-    (``RecordTooLarge``, both sizes), so no incomplete group ever reaches the scorers."""
+def _publish(result: StepResult, records, source, sink, topic: str, sent: frozenset[str] | set[str] = frozenset()
+             ) -> None:
+    """Send the rollouts keyed by group (except the groups in ``sent``, sent already) and dead-letter rejected
+    prompts; wait for the broker's acks. A group with a rollout that cannot fit ``kafka.max_request_size`` is not
+    sent at all: its prompt is dead-lettered (``RecordTooLarge``, both sizes), so no incomplete group ever reaches
+    the scorers."""
     too_large: dict = {}  # group_id -> the RecordTooLarge of its first member that cannot fit, else None
     for rollout in result.rollouts:
         if too_large.get(rollout.group_id) is None:
@@ -402,7 +457,7 @@ def _publish(result: StepResult, records, source, sink, topic: str) -> None:
             source.dead_letter(record.topic, record.partition, record.offset, record.key, record.raw_value,
                                f"{problem} (a rollout of its group)", "RecordTooLarge", headers=record.headers)
     for rollout in result.rollouts:
-        if too_large[rollout.group_id] is None:
+        if too_large[rollout.group_id] is None and rollout.group_id not in sent:
             sink.send(topic, rollout, key=rollout.group_id)
     for rejected in result.rejected:  # none after check_prompts; kept so no prompt is ever silently dropped
         _dead_letter(source, records[rejected.index], rejected.reason)

@@ -11,7 +11,8 @@ normaliser against ``producer.max_new_tokens``) live in the root config.
 
 One trainer *step* consumes one batch of ``groups_per_step`` whole groups. Within a step the batch is split into
 ``minibatches`` optimizer updates, repeated for ``epochs`` passes; each update accumulates gradients over micro
-batches of at most ``micro_batch_size`` sequences. Versions, broadcasts, checkpoints and the learning-rate schedule
+batches of at most ``micro_batch_size`` sequences (and, with ``max_tokens_per_micro_batch``, at most that many
+tokens: :mod:`consumers.trainer.micro`). Versions, broadcasts, checkpoints and the learning-rate schedule
 count steps.
 """
 
@@ -187,6 +188,17 @@ class TrainerConfig(Section):
                                     "a micro batch whose longest sequence (prompt + response) is longer gets rows "
                                     "that wide (a sequence is never split); None: the longest sequence of each "
                                     "micro batch; ignored without packing")
+    max_tokens_per_micro_batch: int | None = Field(
+        None, ge=1, le=16_777_216, description="fill each micro batch by token count instead of a fixed number of "
+        "sequences: rows are added in order while the micro batch's tokens stay within this budget (a row costs its "
+        "prompt + response tokens with packing, else the batch's padded width P + T; a row larger than the budget "
+        "gets a micro batch of its own, never split); micro_batch_size still caps the rows; the same loss and "
+        "gradients up to float rounding (consumers/trainer/micro.py); None: micro_batch_size sequences each")
+    gradient_checkpointing: bool = Field(
+        False, description="activation checkpointing: each decoder layer keeps only its input and recomputes its "
+                           "activations in backward (Hugging Face gradient_checkpointing_enable, non-reentrant; "
+                           "same loss and gradients, about one more forward of compute); the key/value cache is "
+                           "off under it, so share_prompts must be false")
     epochs: int = Field(1, ge=1, description="passes over each batch")
     minibatches: int = Field(1, ge=1, description="optimizer updates per pass over a batch")
     lr: float = Field(1e-4, gt=0.0, description="peak AdamW learning rate")
@@ -202,6 +214,17 @@ class TrainerConfig(Section):
     checkpoint_every: int = Field(50, ge=1, description="write an atomic checkpoint every this many steps")
     keep_checkpoints: int = Field(3, ge=1, description="complete checkpoints kept; older ones are pruned")
     checkpoint_dir: Path | None = Field(None, description="where checkpoints go; default run_dir/checkpoints")
+    keep_best: str | None = Field(
+        None, pattern=r"^eval/[A-Za-z0-9_.-]+/.+$", max_length=255,
+        description="keep the best policy version by this evaluation metric, 'eval/<set>/<metric>' (e.g. "
+                    "eval/heldout/greedy/accuracy; needs an [eval] section), in checkpoint_dir/best/ beside the "
+                    "latest checkpoint (stream_rl/evaluation/best.py; never removed by gc); None: off")
+    keep_best_mode: Literal["max", "min"] = Field("max", description="keep_best: a higher ('max') or lower ('min') "
+                                                                     "value is better")
+    keep_best_pending: int = Field(
+        3, ge=1, le=1000, description="keep_best: at most this many versions due for evaluation keep their weights "
+                                      "on disk (checkpoint_dir/eval-pending/) until their evaluation arrives; a "
+                                      "newer one drops the oldest")
     max_steps: int | None = Field(None, ge=1, description="stop after this many steps; None: run until stopped")
     poll_timeout_s: float = Field(1.0, gt=0.0, description="how long one poll of the scored topic waits")
     seed: int = Field(0, ge=0, description="seeds torch, numpy and python RNGs (minibatch shuffling)")
@@ -218,6 +241,10 @@ class TrainerConfig(Section):
         if self.packing and self.share_prompts:
             raise ValueError("packing=true with share_prompts=true: they are alternative forward paths (packed rows, "
                              "or each distinct prompt once on a key/value cache); set share_prompts=false to pack")
+        if self.gradient_checkpointing and self.share_prompts:
+            raise ValueError("gradient_checkpointing=true with share_prompts=true: checkpointed layers run without "
+                             "the key/value cache the shared-prompt forward needs; set share_prompts=false (packing "
+                             "works with checkpointing)")
         if self.schedule != "constant" and self.max_steps is None:
             raise ValueError(f"schedule={self.schedule!r} decays to 0 at max_steps: set max_steps")
         if self.lora.enabled and self.engine == "deepspeed":

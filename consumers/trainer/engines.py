@@ -19,6 +19,9 @@ Guarantees:
 - The optimizer state is stored per parameter name (``{name}::exp_avg`` ...) in the same neutral format by both
   engines (:mod:`~consumers.trainer.optim_state`), with no pickle: tensors in safetensors, scalars (AdamW's step count) and hyper-parameters in JSON.
   A checkpoint written by one engine loads into the other.
+- ``trainer.gradient_checkpointing``: every Hugging Face decoder layer keeps only its input and recomputes its
+  activations in backward (non-reentrant ``torch.utils.checkpoint``); only the layer objects are flagged
+  ``training`` (:func:`mark_checkpointed_layers`), so the function computed is the eval-mode one.
 - Dropout is off (``eval()`` mode throughout): the proximal recomputation and the training forward see the same
   function, as the sampler did.
 - Device and precision: the module lives on ``trainer.device`` (``auto``: CUDA when torch sees a GPU, else CPU; an
@@ -49,6 +52,7 @@ from torch import Tensor, nn
 
 from consumers.trainer import optim_state
 from consumers.trainer.config import TrainerConfig
+from consumers.trainer.activations import enable_checkpointing, mark_checkpointed_layers
 from consumers.trainer.lora import is_lora
 from consumers.trainer.optim_state import SEP, group_json, scalar_json
 from consumers.trainer.packing import packed_forward
@@ -66,11 +70,14 @@ class TrainModule(nn.Module):
     """The trained module: a causal-LM policy and, for GAE, a linear value head on its last hidden state."""
 
     def __init__(self, policy: nn.Module, value_head: bool = False, share_prompts: bool = False,
-                 packing: bool = False, pack_length: int | None = None) -> None:
+                 packing: bool = False, pack_length: int | None = None, gradient_checkpointing: bool = False) -> None:
         super().__init__()
         if packing and share_prompts:
             raise ValueError("trainer.packing and trainer.share_prompts are alternative forward paths: set one false")
         self.policy = policy
+        self.gradient_checkpointing = gradient_checkpointing  # trainer.gradient_checkpointing
+        if gradient_checkpointing:
+            enable_checkpointing(policy)
         self.share_prompts = share_prompts  # trainer.share_prompts: consumers.trainer.prefix
         self.packing, self.pack_length = packing, pack_length  # trainer.packing: consumers.trainer.packing
         self.value_head = None
@@ -78,6 +85,14 @@ class TrainModule(nn.Module):
             self.value_head = nn.Linear(policy.config.hidden_size, 1)
             nn.init.zeros_(self.value_head.weight)
             nn.init.zeros_(self.value_head.bias)
+
+    def train(self, mode: bool = True) -> TrainModule:
+        """``nn.Module.train``; under gradient checkpointing the checkpointed layers stay flagged (see
+        :func:`enable_checkpointing`) while everything else follows ``mode`` (the trainer runs in eval mode)."""
+        super().train(mode)
+        if self.gradient_checkpointing:
+            mark_checkpointed_layers(self.policy)
+        return self
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
                 response_width: int) -> tuple[Tensor, Tensor | None]:

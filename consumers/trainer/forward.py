@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from consumers.trainer.micro import micro_batches
 from consumers.trainer.tensors import RolloutBatch
 from stream_rl import algorithms as alg
 
@@ -42,13 +43,16 @@ class Proximal:
 
 
 @torch.no_grad()
-def proximal_pass(engine, batch: RolloutBatch, micro_batch_size: int) -> Proximal:
-    """pi_prox logprobs, entropy and values of the current weights, micro batch by micro batch; 0 on padding."""
+def proximal_pass(engine, batch: RolloutBatch, micro_batch_size: int, max_tokens: int | None = None) -> Proximal:
+    """pi_prox logprobs, entropy and values of the current weights, micro batch by micro batch (at most
+    ``micro_batch_size`` rows and, when set, ``max_tokens`` tokens each: :mod:`~consumers.trainer.micro`); 0 on
+    padding."""
     ranks, mask = engine.ranks, batch.response_mask
     zeros = lambda: torch.zeros(batch.response_ids.shape, device=batch.device)  # noqa: E731  [B, T]
     logp, ent = zeros(), zeros()
     values = zeros() if engine.module.value_head is not None else None
-    for idx, real in ranks.chunks(torch.arange(batch.size, device=batch.device), micro_batch_size):
+    rows = torch.arange(batch.size, device=batch.device)
+    for idx, real in micro_batches(ranks, batch, rows, micro_batch_size, max_tokens, engine.module.packing):
         lp, en, v = evaluate(engine, batch.select(idx), entropy=True)  # a ghost keeps the ranks in lockstep
         if real:
             logp[idx], ent[idx] = lp.float(), en.float()

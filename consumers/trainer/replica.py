@@ -59,7 +59,8 @@ def restore(cfg, ranks: Ranks, resume: bool) -> Replica:
         policy = wrap_policy(policy, tcfg.lora)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     module = TrainModule(policy, value_head=tcfg.advantage == "gae", share_prompts=tcfg.share_prompts,
-                         packing=tcfg.packing, pack_length=tcfg.pack_length)
+                         packing=tcfg.packing, pack_length=tcfg.pack_length,
+                         gradient_checkpointing=tcfg.gradient_checkpointing)
     path = latest_checkpoint(checkpoint_root(cfg)) if resume else None
     ckpt = load_checkpoint(path) if path is not None else None
     if ckpt is not None:

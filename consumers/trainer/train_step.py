@@ -107,7 +107,8 @@ def needs_proximal_pass(cfg: TrainerConfig, kl_coef: float) -> bool:
 def _targets(engine, batch: RolloutBatch, cfg: TrainerConfig, kl_coef: float) -> tuple[BatchTargets, Proximal | None]:
     """The batch's targets, and the proximal pass when one ran."""
     require_refs(batch, kl_coef)
-    prox = proximal_pass(engine, batch, cfg.micro_batch_size) if needs_proximal_pass(cfg, kl_coef) else None
+    prox = (proximal_pass(engine, batch, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
+            if needs_proximal_pass(cfg, kl_coef) else None)
     kl_t = kl_to_reference(batch, prox.logp, cfg.kl.kind) if _kl_in_reward(cfg, kl_coef) else None  # prox is set
     values = prox.values if prox is not None else None
     advantages, returns = batch_advantages(batch, cfg, kl_coef, kl_t, values)

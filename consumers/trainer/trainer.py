@@ -11,7 +11,8 @@ one JSON line of metrics per step in ``run_dir/metrics.jsonl``; one line per ste
 naming the rollouts it trained (``{"step", "version", "rollout_ids"}``, ``version`` = the policy version the
 batch was trained at; a step that applied no update has ``rollout_ids: []``, ``skipped_ids`` and ``skipped``,
 the reason); ``run_dir/requeued.jsonl`` (:mod:`~consumers.trainer.history`); checkpoints in
-``trainer.checkpoint_dir`` (default ``run_dir/checkpoints``); with ``telemetry.trackers``, each metrics row (and
+``trainer.checkpoint_dir`` (default ``run_dir/checkpoints``), with ``trainer.keep_best`` the best evaluated
+version in its ``best/`` (:mod:`~consumers.trainer.keep_best`); with ``telemetry.trackers``, each metrics row (and
 the rows of ``run_dir/evals.jsonl``) to the experiment trackers, queued, never blocking a step
 (:mod:`stream_rl.telemetry.trackers.fanout`).
 
@@ -77,6 +78,7 @@ from consumers.trainer.admit import ModelLimits
 from consumers.trainer.batcher import Batcher, Group, rollout_lag
 from consumers.trainer.history import REQUEUE_LOG, append_line, metrics_row, read_requeues, truncate_steps
 from consumers.trainer.intake import Intake
+from consumers.trainer.keep_best import KeepBest
 from consumers.trainer.lineage import Lineage
 from consumers.trainer.positions import assign_and_position, assigned_source
 from consumers.trainer.ranks import SOLO, Command, Ranks
@@ -171,6 +173,10 @@ class Trainer:
         self.telemetry.set_ready(model_loaded=True, version=self.state.version)
         # experiment trackers (telemetry.trackers): a resumed run continues its tracker runs after the checkpoint
         self.trackers = Trackers.open(cfg, (ckpt.step if ckpt else 0) if resume else None)
+        self.best = KeepBest.open(cfg, self.root, self.engine, ranks)  # trainer.keep_best (keep_best.py)
+        if ckpt is None:
+            self.best.hold(self.state.version, self.state.step)  # the initial weights, when evaluated
+        self.best.poll()  # evaluations that arrived while no trainer ran
 
     def _restore_state(self, ckpt, resume: bool) -> None:
         """State, batcher (ledger + every re-queue already sent) and, on resume, the surviving history files."""
@@ -248,6 +254,7 @@ class Trainer:
         self._write_row(run)
         if run.stop is not None:
             raise run.stop
+        self.best.poll()  # trainer.keep_best: judge the evaluations appended since the last step
         self._checkpoint_if_due()
 
     def _train(self, run: StepRun) -> None:
@@ -305,6 +312,7 @@ class Trainer:
         self.state.version += 1
         with self.source.process_span_of("broadcast", run.trace, {"stream_rl.policy_version": self.state.version}):
             run.sent_bytes = self.versions.broadcast(self.state)
+            self.best.hold(self.state.version, self.state.step)
             self.intake.send(self.batcher.expire(self.state.version))
         run.broadcast_s = time.monotonic() - t0
 
@@ -371,6 +379,7 @@ class Trainer:
         self.ranks.close()
         self.source.close()
         self.sink.close()
+        self.best.poll()
         self.trackers.close()
         self.telemetry.close()
         self.transport.tracing.shutdown()

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from consumers.trainer.config import TrainerConfig
 from consumers.trainer.forward import evaluate
+from consumers.trainer.micro import micro_batches
 from consumers.trainer.targets import BatchTargets
 from consumers.trainer.tensors import RolloutBatch
 from stream_rl import algorithms as alg
@@ -118,7 +119,8 @@ def update(engine, batch: RolloutBatch, tg: BatchTargets, rows: Tensor, cfg: Tra
     loss: (False, nan, {"loss/total": that loss})."""
     lc = cfg.loss
     total = alg.loss_normaliser(batch.response_mask[rows], lc.agg, max_len=lc.max_len)
-    micros = engine.ranks.chunks(rows, cfg.micro_batch_size)
+    micros = micro_batches(engine.ranks, batch, rows, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch,
+                           packed=engine.module.packing)
     acc: dict[str, float] = {}
     bad: float | None = None
     for i, (idx, real) in enumerate(micros):

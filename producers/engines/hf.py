@@ -18,6 +18,11 @@ stop token (eos or ``Sampling.stop_token_ids``) or completed a stop string
 steps. :func:`score_tokens` computes the same logprobs for given
 tokens (teacher forcing), to compare engines on the same tokens.
 
+No batch barrier (``generate(..., on_group=...)``): the loop checks after each step which prompts' n rows have all
+stopped and hands those groups to the caller at once, so a group is published when its own last sample ends, not
+when the batch's longest one does (the producer's ``producer.stream_groups``). The check reads only the ``running``
+flags: tokens, logprobs and the RNG stream are those of a call without it.
+
 Randomness: each call forks torch's RNG and seeds it with ``prompt_seed(seed, 0)``, so the same seed gives the
 same samples and the caller's RNG is left untouched; the whole batch is drawn from one stream, one
 ``torch.multinomial`` per step, as transformers' ``generate`` draws them. Position ids under left padding are
@@ -70,14 +75,41 @@ class Stops:
     strings: StopStrings | None = None
 
 
+StopWhen = Callable[[list[bool]], bool]
+"""``stop_when(done)``: end the decode loop now (``done[b]``: prompt b's group has ended); see :func:`sample_groups`."""
+GroupHook = Callable[[int, list[Sample]], None]
+"""``on_group(b, samples)``: prompt b's group of n samples has ended (see :meth:`HFEngine.generate`)."""
+GroupsDone = Callable[[list[int], torch.Tensor, torch.Tensor, "list[int] | None"], None]
+"""Called inside the decode loop when prompts' groups have ended: (prompt indices [k], their rows' tokens
+``[k*n, s]``, behaviour logprobs ``[k*n, s]``, the versions of the s steps so far or None)."""
+
+
+def _report_done(on_done: GroupsDone, reported: torch.Tensor, running: torch.Tensor, n: int, tokens: list,
+                 logprobs: list, versions: list | None) -> None:
+    """Report the groups whose n rows have all stopped and were not reported yet (``reported`` [B], in place)."""
+    done = ~running.view(-1, n).any(dim=1) & ~reported  # [B]
+    if not bool(done.any()):
+        return
+    reported |= done
+    prompts = done.nonzero().squeeze(1).tolist()
+    rows = torch.tensor([b * n + i for b in prompts for i in range(n)], device=running.device)  # [k*n]
+    on_done(prompts, torch.stack([t[rows] for t in tokens], dim=1), torch.stack([x[rows] for x in logprobs], dim=1),
+            None if versions is None else list(versions))
+
+
 @torch.inference_mode()
 def sample_groups(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int, sampling: Sampling,
-                  max_new_tokens: int, stops: Stops, pad: int,
-                  inflight: Inflight | None = None) -> tuple[torch.Tensor, torch.Tensor, list[int] | None]:
+                  max_new_tokens: int, stops: Stops, pad: int, inflight: Inflight | None = None,
+                  on_done: GroupsDone | None = None,
+                  stop_when: StopWhen | None = None) -> tuple[torch.Tensor, torch.Tensor, list[int] | None]:
     """Tokens ``[B*n, S]``, their behaviour logprobs ``[B*n, S]`` (S <= ``max_new_tokens``; row ``b*n + i`` is
     sample i of prompt b) from left-padded prompts ``input_ids``/``attention_mask`` ``[B, P]``, and with
     ``inflight`` the version that produced each step's tokens ``[S]`` (else None). ``stops.strings`` (rows in the
-    same order) records where stop strings ended rows."""
+    same order) records where stop strings ended rows. With ``on_done`` each group whose n rows have all stopped
+    before the loop ends is reported at the step its last row stopped (no barrier on the batch's longest sample);
+    the drawn tokens and the RNG stream are the same with or without it. With ``stop_when`` the loop also ends
+    after a step at which ``stop_when(done)`` (``done`` [B] bool: the groups whose rows have all stopped) is true:
+    the rows still running are cut there (the caller decides what becomes of them)."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
@@ -92,6 +124,7 @@ def sample_groups(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     running = torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device)  # [B*n]
     tokens, logprobs, versions = [], [], []
     version = inflight.version if inflight is not None else None
+    reported = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=logits.device)  # [B] groups reported
     for step in range(max_new_tokens):
         versions.append(version)  # the weights that computed `logits`
         logp = truncated_logprobs(logits, sampling)  # [B*n, V], -inf outside the kept set
@@ -102,7 +135,11 @@ def sample_groups(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
             for row in stops.strings.step(drawn.tolist(), running.tolist()):
                 running[row] = False  # its stop string is complete: the token stays, pads follow
         running &= ~torch.isin(drawn, stops.ids)
+        if on_done is not None:
+            _report_done(on_done, reported, running, n, tokens, logprobs, versions if inflight is not None else None)
         if step == max_new_tokens - 1 or not bool(running.any()):
+            break
+        if stop_when is not None and stop_when((~running.view(-1, n).any(dim=1)).tolist()):  # [B] groups ended
             break
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)  # [B*n, P + step + 1]
         position = position + 1
@@ -178,14 +215,41 @@ class HFEngine(GenerationEngine):
     def vocab_size(self) -> int:
         return int(self.model.config.vocab_size)
 
+    streams_groups = True  # generate(..., on_group=...) reports each group when its last sample ends
+
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: Sampling, max_new_tokens: int,
-                 seed: int) -> list[list[Sample]]:
+                 seed: int, on_group: GroupHook | None = None, stop_when: StopWhen | None = None
+                 ) -> list[list[Sample]]:
+        """:meth:`GenerationEngine.generate`; with ``on_group``, ``on_group(b, samples)`` is called once for every
+        prompt b, from inside the decode loop at the step its group's last sample ended (groups still running
+        when the loop ends: right after it), with the samples the return value holds for b. With ``stop_when``
+        the loop may end before every group has (:func:`sample_groups`): such an aborted group is returned as an
+        empty list and never handed to ``on_group``."""
         check_generate_args(prompt_token_ids, n, sampling, max_new_tokens, self.max_model_len, self.vocab_size)
         if not prompt_token_ids:
             return []
         device = self.model.device
         input_ids, attention_mask = left_pad(prompt_token_ids, self._pad)  # (B, P)
         stop_ids, stops = self._stops(sampling, prompt_token_ids, n)
+        ends = lambda: stops.strings.ends if stops.strings is not None else None  # noqa: E731  row -> stop end
+        groups: dict[int, list[Sample]] = {}
+
+        def done(prompts: list[int], toks: torch.Tensor, lps: torch.Tensor, versions: list[int] | None) -> None:
+            row_ends = ends()
+            for k, b in enumerate(prompts):
+                groups[b] = [cut_at_stop(toks[k * n + i].tolist(), lps[k * n + i].tolist(), stop_ids, versions,
+                                         None if row_ends is None else row_ends[b * n + i]) for i in range(n)]
+                if on_group is not None:
+                    on_group(b, groups[b])
+
+        ended_at_stop: list[bool] = []  # set when stop_when ended the loop: which groups had ended then
+
+        def stop(ended: list[bool]) -> bool:
+            if stop_when(ended):
+                ended_at_stop.extend(ended)
+                return True
+            return False
+
         devices = [device] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(prompt_seed(seed, 0))
@@ -193,11 +257,15 @@ class HFEngine(GenerationEngine):
                 torch.cuda.manual_seed(prompt_seed(seed, 0))
             new_tokens, logprobs, versions = sample_groups(
                 self.model, input_ids.to(device), attention_mask.to(device), n, sampling, max_new_tokens,
-                stops, self._pad, self._inflight())  # (B*n, S), versions (S) or None
-        ends = stops.strings.ends if stops.strings is not None else [None] * new_tokens.shape[0]
-        flat = [cut_at_stop(toks, lps, stop_ids, versions, end)
-                for toks, lps, end in zip(new_tokens.cpu().tolist(), logprobs.cpu().tolist(), ends, strict=True)]
-        return [flat[i * n:(i + 1) * n] for i in range(len(prompt_token_ids))]
+                stops, self._pad, self._inflight(), done if on_group is not None else None,
+                stop if stop_when is not None else None)  # (B*n, S), (S) | None
+        for b, ended in enumerate(ended_at_stop):
+            if not ended:
+                groups[b] = []  # aborted: still running when the loop was stopped
+        rest = [b for b in range(len(prompt_token_ids)) if b not in groups]  # ended, not handed over yet
+        rows = torch.tensor([b * n + i for b in rest for i in range(n)], dtype=torch.long)
+        done(rest, new_tokens.cpu()[rows], logprobs.cpu()[rows], versions)
+        return [groups[b] for b in range(len(prompt_token_ids))]
 
     def _stops(self, sampling: Sampling, prompt_token_ids: list[list[int]], n: int) -> tuple[frozenset[int], Stops]:
         """The stop token ids and the loop's :class:`Stops` (rows: each prompt repeated ``n`` times)."""

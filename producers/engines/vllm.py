@@ -56,6 +56,11 @@ step. The approximation is the ``hf`` engine's: the KV cache of earlier tokens s
 it. vLLM cannot drop prefix-cache blocks while requests run, so a reload during a generation leaves that to the
 end of the generation. Without a hook ``generate`` is ``LLM.generate``, unchanged. The requests go in through
 ``LLM._preprocess_cmpl`` (the renderer ``LLM.generate`` uses; a private vLLM method, checked in 0.32).
+
+vLLM's arguments and internals (:mod:`producers.engines.vllm_args`): ``producer.vllm.engine_kwargs`` are checked
+against the installed ``EngineArgs`` before the engine is built (an unknown key raises ``EngineError`` naming it);
+``tensor_parallel_size`` shards the model over the producer's GPUs (``run.gpus.producers``); every private vLLM
+API above is checked for presence once the engine exists, with the tested version range in the error.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from producers.engines import vllm_args
 from producers.engines.base import (
     EngineError,
     GenerationEngine,
@@ -148,11 +154,9 @@ class VLLMEngine(GenerationEngine):
         _configure_environment(settings)
         from vllm import LLM
 
-        self._llm = LLM(
-            model=str(self.model_dir), tokenizer=str(self.model_dir), dtype=dtype, seed=seed,
-            logprobs_mode=LOGPROBS_MODE, max_model_len=settings.max_model_len,
-            gpu_memory_utilization=settings.gpu_memory_utilization, enforce_eager=settings.enforce_eager,
-            trust_remote_code=False)
+        vllm_args.check_engine_kwargs(settings.engine_kwargs, vllm_args.engine_arg_names())  # before any GPU work
+        self._llm = LLM(**vllm_args.llm_kwargs(settings, str(self.model_dir), dtype, seed, LOGPROBS_MODE))
+        vllm_args.check_private_api(self._llm, vllm_args.installed_version())
         model_config = self._llm.llm_engine.model_config
         self._max_model_len = int(model_config.max_model_len)
         self._vocab_size = int(model_config.get_vocab_size())

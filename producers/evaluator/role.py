@@ -4,7 +4,9 @@ Consumes: weights manifests/payloads through :class:`~stream_rl.weights.receiver
 from the first manifest: the evaluator's progress is the evals topic, not a committed offset), the held-out sets
 (``eval.sets``), and, at start, every record of the run's evals topic.
 Produces: one ``Evaluation`` record per evaluated version on the evals topic (key ``str(version)``) and its row in
-``RUN_DIR/evals.jsonl`` (:class:`~stream_rl.evaluation.ledger.Ledger`); a log line per evaluation and per skip.
+``RUN_DIR/evals.jsonl`` (:class:`~stream_rl.evaluation.ledger.Ledger`); a log line per evaluation and per skip;
+heartbeats of role ``evaluator`` on the status topic (:class:`~stream_rl.telemetry.role.RoleTelemetry`: version =
+the last version evaluated, step = evaluations done by this process, metrics = that evaluation's, ``eval/...``).
 
 One iteration::
 
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 
 from producers.evaluator.step import evaluate, load_sets, set_options, tokenize_sets
 from schemas import Evaluation
+from stream_rl.telemetry.role import RoleTelemetry
 
 log = logging.getLogger(__name__)
 
@@ -91,14 +94,17 @@ def run_evaluator(cfg, stop_event: threading.Event | None = None, max_evaluation
     stats.rows_restored = ledger.sync_file(done)
     receiver = WeightsReceiver(transport, cfg.weights)
     loop = _Loop(engine, receiver, ledger, ecfg, stats, set(done), deps.on_evaluation)
+    telemetry = loop.telemetry = RoleTelemetry(cfg, "evaluator", transport)  # heartbeats (stream-rl status)
+    telemetry.set_ready(model_loaded=True, version=engine.version)
     loop.evaluator_id = ecfg.evaluator_id or transport.instance_id
     loop.work = (sets, token_ids, reward, extract)
     log.info("evaluator: %d set(s), versions done on the evals topic: %s", len(sets), stats.resumed or "none")
     try:
         while not stop_event.is_set() and (max_evaluations is None or len(stats.evaluated) < max_evaluations):
+            telemetry.tick()
             loop.iterate()
     finally:
-        for closable in (receiver, sink):
+        for closable in (receiver, sink, telemetry):
             closable.close()
         if deps.engine is None:
             engine.close()
@@ -114,6 +120,7 @@ class _Loop:
         self.seen: dict[int, object] = {}  # version -> its last manifest seen
         self.rejected: set[int] = set()
         self.evaluator_id, self.work = "evaluator", None
+        self.telemetry = None  # RoleTelemetry: the heartbeat's version, step (= evaluations) and last metrics
 
     def iterate(self) -> None:
         from stream_rl.evaluation.schedule import plan_next
@@ -160,6 +167,11 @@ class _Loop:
         self.ledger.record(msg, skipped)
         self.done.add(version)
         self.stats.evaluated.append(version)
+        if self.telemetry is not None:
+            self.telemetry.set_version(version)
+            self.telemetry.set_step(len(self.stats.evaluated))
+            self.telemetry.step_metrics = {"eval/version": float(version), "eval/step": float(step),
+                                           **{f"eval/{k}": v for k, v in metrics.items()}}  # the heartbeat's
         log.info("evaluation v%d (step %d, %.1fs): %s", version, step, msg.elapsed_s,
                  {k: round(v, 4) for k, v in metrics.items() if k.count("/") == 1 or k.endswith("/greedy/accuracy")
                   and k.count("/") == 2})  # the set-level values, not each data source's

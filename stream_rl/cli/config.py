@@ -25,6 +25,7 @@ from producers.evaluator.config import EvalConfig
 from stream_rl.config.base import CrossFieldError, Section
 from stream_rl.config.loading import resolve_config
 from stream_rl.config.shared import SharedConfig
+from stream_rl.launch.gpus import GpuLayout, RoleCounts, layout_errors
 
 
 class RunConfig(Section):
@@ -43,6 +44,10 @@ class RunConfig(Section):
     group_size: int = Field(8, ge=1, description="samples per prompt written into each Prompt record")
     max_wall_s: float | None = Field(None, gt=0, description="stop the run after this many seconds")
     start_broker: bool = Field(True, description="start the local broker when kafka.bootstrap_servers is unset")
+    gpus: GpuLayout | None = Field(None, description="GPUs per role (CUDA_VISIBLE_DEVICES of each process) and "
+                                   "their memory shares, e.g. [run.gpus] producers = \"0-5\", trainer = \"6-7\" "
+                                   "(stream_rl/launch/gpus.py, docs/operations.md); None: roles see the "
+                                   "environment's GPUs")
     placement: Literal["auto", "none"] = Field(
         "auto", description="'auto': once training starts each trainer rank runs on cores of its own (with their "
         "threads), producers on the rest (1 thread each), scorers and the local broker where the kernel finds "
@@ -88,6 +93,8 @@ class StreamRLConfig(SharedConfig):
                 f"producer.environment (multi-turn) with trainer.advantage={self.trainer.advantage!r}: environment "
                 f"tokens between policy turns leave holes in the loss mask, which the token-level estimators "
                 f"cannot walk; use grpo, dr_grpo or rloo"))
+        for fields, message in layout_errors(self.run.gpus, gpu_counts(self)) if self.run.gpus else ():
+            raise CrossFieldError(fields, message)  # run.gpus against the roles' counts (stream_rl/launch/gpus.py)
         overlong = self.trainer.overlong
         max_len = budget if overlong.max_len is None else overlong.max_len
         if overlong.buffer is not None and overlong.buffer > max_len:
@@ -101,8 +108,34 @@ class StreamRLConfig(SharedConfig):
             raise CrossFieldError(("trainer.loss.max_len", "producer.max_new_tokens"), (
                 f"trainer.loss.max_len={loss.max_len} < producer.max_new_tokens={budget}: Dr. GRPO's constant "
                 f"normaliser must cover the longest response the producers may generate"))
+        self._keep_best_rule()
         return self
 
+    def _keep_best_rule(self) -> None:
+        """``trainer.keep_best`` names a metric an evaluation of a configured set produces
+        (:func:`stream_rl.evaluation.best.keep_best_problem`); the built demo's held-out set is ``heldout``."""
+        from stream_rl.evaluation.best import keep_best_problem, set_metric_names
+
+        if self.trainer.keep_best is None:
+            return
+        if self.eval is None:
+            raise CrossFieldError(("trainer.keep_best", "eval"), (
+                f"trainer.keep_best={self.trainer.keep_best!r} needs an [eval] section: no evaluation runs"))
+        ev = self.eval
+        sets = list(ev.sets) or (["heldout"] if self.run.demo_dir is not None else [])
+        names = set_metric_names(ev.n, ev.k, ev.greedy, ev.extractor is not None)
+        problem = keep_best_problem(self.trainer.keep_best, sets, names)
+        if problem is not None:
+            raise CrossFieldError(("trainer.keep_best", "eval.sets"), problem)
+
+
+
+def gpu_counts(cfg: StreamRLConfig) -> RoleCounts:
+    """What ``run.gpus`` is checked against: the role counts and the producers' vLLM parallelism and share."""
+    vllm = cfg.producer.engine == "vllm"
+    return RoleCounts(cfg.run.producers, cfg.run.scorers, cfg.run.trainer_ranks, cfg.eval is not None,
+                      cfg.producer.vllm.tensor_parallel_size if vllm else 1,
+                      cfg.producer.vllm.gpu_memory_utilization if vllm else None)
 
 
 def load_config(path: Path | None = None, env: Mapping[str, str] | None = None,

@@ -23,7 +23,8 @@ from stream_rl.cli.common import ConfigOpt, DryRunOpt, SetOpt, fail, resolve
 def export(out: Annotated[Path, typer.Option("--out", help="directory to write (save_pretrained layout)")],
            config: ConfigOpt = None, set_: SetOpt = None,
            checkpoint: Annotated[Path | None, typer.Option(
-               help="checkpoint directory (step-*); default: the newest complete one of the trainer")] = None,
+               help="checkpoint directory (step-*, or best/ of trainer.keep_best); default: the newest complete "
+                    "step-* of the trainer")] = None,
            base: Annotated[Path | None, typer.Option(
                help="the base model directory the checkpoint was trained from; default: trainer.model_dir")] = None,
            overwrite: Annotated[bool, typer.Option(help="replace an existing --out")] = False,

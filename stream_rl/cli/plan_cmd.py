@@ -1,5 +1,6 @@
 """``stream-rl plan``: estimate per-GPU memory of every role, recommend colocated or separate placement, and print
-the ``stream-rl train`` line for the trainer's data-parallel ranks.
+the ``stream-rl train`` line for the trainer's data-parallel ranks, and the ``stream-rl run`` GPU layout
+(``run.gpus``, role counts, vLLM's ``gpu_memory_utilization``; :mod:`stream_rl.planner.layout`).
 
 The model comes from a Hugging Face ``config.json`` (``--config-json``) or a parameter count (``--params 7e9``;
 activations, logits and KV cache then stay out of the totals). ``--trainer-ranks N`` fixes the trainer's ranks
@@ -63,6 +64,9 @@ def plan(
                                                     "several machines (--nnodes)")] = 8,
     gpu_memory_gib: Annotated[float, typer.Option(help="memory of one GPU in GiB")] = 80.0,
     micro_batch: Annotated[int, typer.Option(help="trainer sequences per forward/backward per GPU")] = 1,
+    micro_batch_tokens: Annotated[int | None, typer.Option(
+        help="trainer.max_tokens_per_micro_batch: micro batches filled by token count (default: by "
+             "sequences)")] = None,
     seq_len: Annotated[int | None, typer.Option(help="trainer sequence length (default: prompt + new)")] = None,
     gen_batch: Annotated[int, typer.Option(help="sequences one generator holds at once")] = 64,
     prompt_len: Annotated[int, typer.Option(help="prompt tokens")] = 512,
@@ -91,7 +95,8 @@ def plan(
             model=shape, params=None if params is None else round(params), dtype=dtype, optimizer=optimizer,
             master_weights=master_weights, zero_stage=zero_stage, gpus=gpus, trainer_ranks=trainer_ranks,
             gpus_per_node=gpus_per_node, gpu_memory_gib=gpu_memory_gib,
-            micro_batch=micro_batch, seq_len=seq_len, gen_batch=gen_batch, prompt_len=prompt_len,
+            micro_batch=micro_batch, micro_batch_tokens=micro_batch_tokens, seq_len=seq_len, gen_batch=gen_batch,
+            prompt_len=prompt_len,
             max_new_tokens=max_new_tokens, grad_checkpointing=grad_checkpointing, flash_attention=flash_attention,
             reference=reference, reward_model_params=round(reward_model_params))
     except ValidationError as exc:
@@ -99,5 +104,8 @@ def plan(
     if dry_run:
         typer.echo(inputs.model_dump_json(indent=2))
         raise typer.Exit(0)
+    from stream_rl.planner.layout import propose_layout
+
     result = make_plan(inputs)
-    typer.echo(json.dumps(result.to_dict(), indent=2) if as_json else render_table(result))
+    typer.echo(json.dumps({**result.to_dict(), "layout": propose_layout(result)}, indent=2) if as_json
+               else render_table(result))

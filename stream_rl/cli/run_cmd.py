@@ -89,7 +89,10 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt =
         from stream_rl.config.loading import dump_config
 
         typer.echo(dump_config(cfg))
+        if cfg.run.gpus is not None:  # stderr: stdout stays the config's JSON
+            typer.echo("\n".join(_gpu_lines(cfg)), err=True)
         raise typer.Exit(0)
+    devices = _gpu_devices(cfg)
     if cfg.trainer.max_steps is None and cfg.run.max_wall_s is None:
         fail("invalid config: trainer.max_steps: set a step budget (or run.max_wall_s) for `stream-rl run`", 2)
     if cfg.run.prompts_file is None:
@@ -118,7 +121,7 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt =
 
                 record_writer(cfg)
         typer.echo(placement.describe())
-        _launch(cfg, placement, resume)
+        _launch(cfg, placement, resume, devices)
     except KeyboardInterrupt as exc:
         fail("interrupted before the roles started", interrupted_code(exc))
     finally:
@@ -197,23 +200,53 @@ def _pin_all(sup, chosen) -> None:
         pin_tree(child.proc.pid, chosen.cores["produce" if role == "evaluate" else role])
 
 
-def _launch(cfg, chosen, resume: bool = False) -> None:
+def _gpu_lines(cfg) -> list[str]:
+    """The GPU layout ``--dry-run`` prints (:func:`stream_rl.launch.gpus.describe`)."""
+    from stream_rl.cli.config import gpu_counts
+    from stream_rl.launch.gpus import describe
+
+    return describe(cfg.run.gpus, gpu_counts(cfg))
+
+
+def _gpu_devices(cfg) -> dict[str, str]:
+    """``CUDA_VISIBLE_DEVICES`` per process (``produce-0``, ``train-0``, ...) from ``run.gpus``; with
+    ``run.gpus.count`` unset the GPUs torch sees are counted first and an index beyond them is refused (exit 2)."""
+    import os
+
+    from stream_rl.cli.config import gpu_counts
+    from stream_rl.launch.gpus import assign, layout_errors, visible_devices
+
+    layout, counts = cfg.run.gpus, gpu_counts(cfg)
+    if layout is None:
+        return {}
+    if layout.count is None:
+        import torch
+
+        errors = layout_errors(layout, counts, torch.cuda.device_count())
+        if errors:
+            fail(f"invalid config: {errors[0][1]}", 2)
+    parent = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return {process: visible_devices(gpus, parent) for process, gpus in assign(layout, counts).items()}
+
+
+def _launch(cfg, chosen, resume: bool = False, devices: dict[str, str] | None = None) -> None:
     from stream_rl.launch.orchestrator import RoleDied, Supervisor, supervise, write_run_config
 
     config_file = write_run_config(cfg, Path(cfg.run_dir))
     sup = Supervisor(Path(cfg.run_dir), config_file)
     ranks = cfg.run.trainer_ranks
     metrics = Path(cfg.run_dir) / "metrics.jsonl"
+    gpus = (devices or {}).get  # process -> CUDA_VISIBLE_DEVICES (None: the environment's)
     try:
         try:
             args = (["--nproc", str(ranks)] if ranks > 1 else []) + (["--resume"] if resume else [])
-            sup.start("train", 0, args, threads=chosen.threads["train"])
+            sup.start("train", 0, args, threads=chosen.threads["train"], cuda_devices=gpus("train-0"))
             for i in range(cfg.run.scorers):
-                sup.start("score", i, threads=chosen.threads["score"])
+                sup.start("score", i, threads=chosen.threads["score"], cuda_devices=gpus(f"score-{i}"))
             for i in range(cfg.run.producers):
-                sup.start("produce", i, threads=chosen.threads["produce"])
+                sup.start("produce", i, threads=chosen.threads["produce"], cuda_devices=gpus(f"produce-{i}"))
             if cfg.eval is not None:  # held-out evaluation: its own process, placed with the producers
-                sup.start("evaluate", 0, threads=chosen.threads["produce"])
+                sup.start("evaluate", 0, threads=chosen.threads["produce"], cuda_devices=gpus("evaluate-0"))
         except BaseException:
             sup.stop_all()  # a signal between two starts: the roles already started are stopped, not orphaned
             raise

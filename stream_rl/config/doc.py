@@ -50,6 +50,12 @@ fields names both and where each value came from.
 | `alerts.consumer_lag.action` and `alerts.trainer_stalled.action` may not be `pause` | a paused role could never clear them (docs/alerts.md) |
 | `alerts.memory_growth.min_span_s <= alerts.memory_growth.window_s` | the samples could never span enough time |
 | `trainer.lora.enabled` with `trainer.engine = "deepspeed"` is refused | the adapters are trained by the torch engine only |
+| `trainer.keep_best = "eval/<set>/<metric>"` needs an `[eval]` section, `<set>` in `eval.sets` (`heldout` with the demo) and a metric that evaluation produces (also as `<set>/<source>/<metric>`) | otherwise no evaluation could ever name a best version |
+| `run.gpus`: every index below `run.gpus.count` (unset: below the count torch reports, checked when `stream-rl run` starts) | a role pointed at a GPU that does not exist would fail after the others started |
+| `run.gpus.producers` holds a whole number (>= 1) of blocks of `producer.vllm.tensor_parallel_size` GPUs | each producer shards its model over one block |
+| `run.trainer_ranks <=` the GPUs of `run.gpus.trainer` | each trainer rank needs a GPU of its own |
+| per GPU, the shares of the processes on it (`producer.vllm.gpu_memory_utilization` or `run.gpus.producer_memory`, `run.gpus.trainer_memory`, `run.gpus.scorer_memory`, `run.gpus.evaluator_memory`) `* (1 + run.gpus.headroom) <= 1` | two roles given more memory than the GPU has fail mid-run (docs/planner.md) |
+| `producer.vllm.engine_kwargs` may not repeat an argument stream-rl sets (`dtype`, `seed`, `tensor_parallel_size`, ...); keys the installed vLLM's `EngineArgs` lacks are refused where the engine is built | the config layer does not import vLLM |
 
 Allowed, but printed as a one-line `warning:` on stderr by every command:
 

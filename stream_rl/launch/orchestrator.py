@@ -68,18 +68,17 @@ class Supervisor:
     config_file: Path
     children: list[Child] = field(default_factory=list)
 
-    def start(self, role: str, index: int, extra_args: list[str] | None = None, threads: int = 1) -> Child:
+    def start(self, role: str, index: int, extra_args: list[str] | None = None, threads: int = 1,
+              cuda_devices: str | None = None) -> Child:
+        """Start ``role`` number ``index``; ``cuda_devices``: its ``CUDA_VISIBLE_DEVICES`` (the run's GPU layout,
+        :mod:`stream_rl.launch.gpus`), None: the environment's."""
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"{role}-{index}.log"
         cmd = [sys.executable, "-m", "stream_rl.cli.main", role, "--config", str(self.config_file),
                "--instance", str(index), *(extra_args or [])]
         log_fh = open(log_path, "ab")
-        # `threads` compute threads (the placement's; 1 on a shared core) unless the user's environment says
-        # otherwise: on a small machine, roles that each start one thread per core fight over the cores
-        # (measured: 3-4x slower steps on 2 cores)
-        env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), **os.environ,
-               "PYTHONUNBUFFERED": "1"}
+        env = role_env(os.environ, threads, cuda_devices)
         proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 preexec_fn=die_with_parent)
         log_fh.close()
@@ -117,6 +116,17 @@ class Supervisor:
                 if child.proc.poll() is None:
                     child.proc.kill()
                     child.proc.wait()
+
+
+def role_env(base: dict[str, str] | os._Environ, threads: int, cuda_devices: str | None) -> dict[str, str]:
+    """A role process's environment: ``base`` with ``threads`` compute threads (the placement's; 1 on a shared core)
+    unless ``base`` says otherwise (on a small machine, roles that each start one thread per core fight over the
+    cores: measured 3-4x slower steps on 2 cores), unbuffered output, and ``CUDA_VISIBLE_DEVICES`` set to
+    ``cuda_devices`` when given (the run's GPU layout overrides the environment's)."""
+    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), **base, "PYTHONUNBUFFERED": "1"}
+    if cuda_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = cuda_devices
+    return env
 
 
 def die_with_parent() -> None:

@@ -10,6 +10,7 @@ Guarantees:
   goes only when it is also older than ``older_than_s`` (if set). ``.del-*`` leftovers always go; ``.tmp-*``
   directories only when untouched for ``tmp_grace_s`` (a live trainer may be writing one). A checkpoint is renamed
   to ``.del-*`` before it is deleted, as the trainer's pruning does, so a crash never leaves a partial ``step-*``.
+  Nothing else there is touched: ``best/`` and ``eval-pending/`` (``trainer.keep_best``) are never removed.
 - Weights store: the newest ``keep_weights`` (>= 1) ``v{N:08d}.safetensors`` files are always kept, so the version
   producers fetch now is never removed; temporary files count as abandoned only for versions up to the newest
   complete one (the publisher's rule) and when untouched for ``tmp_grace_s``. Inline chunk topics are not

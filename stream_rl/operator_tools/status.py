@@ -15,7 +15,8 @@ Guarantees:
 - Per instance only its newest heartbeat counts (by ``created_at``); an instance is ``alive`` when that heartbeat
   is at most ``MISSED_INTERVALS * interval_s`` seconds old, else ``missing``.
 - The weights version is the newest manifest's; without one, the newest live trainer heartbeat's version.
-  A producer's staleness is ``weights version - its heartbeat's policy_version`` (None while either is unknown).
+  A producer's staleness is ``weights version - its heartbeat's policy_version`` (None while either is unknown);
+  an evaluator's likewise: how many versions its last evaluation is behind.
 - Lag of a group's partition is ``high-water mark - committed offset`` (the whole partition when the group has
   committed nothing there yet); high-water marks come from fetch responses, never ListOffsets.
 - An alert is open when the newest transition of its ``(instance_id, name)`` is ``firing``.
@@ -64,10 +65,10 @@ def weights_version(manifest: Any | None, latest: Mapping[str, Any], now: float)
 
 
 def role_rows(latest: Mapping[str, Any], now: float, version: int | None) -> list[dict[str, Any]]:
-    """One row per instance, sorted by (role, instance id); producers get their staleness."""
+    """One row per instance, sorted by (role, instance id); producers and evaluators get their staleness."""
     rows = []
     for hb in sorted(latest.values(), key=lambda h: (h.role, h.instance_id)):
-        stale = (version - hb.policy_version if hb.role == "producer" and version is not None
+        stale = (version - hb.policy_version if hb.role in ("producer", "evaluator") and version is not None
                  and hb.policy_version >= 0 else None)
         rows.append({"role": hb.role, "instance_id": hb.instance_id, "host": hb.host, "pid": hb.pid,
                      "status": "alive" if is_alive(hb, now) else "missing", "state": hb.state,

@@ -184,6 +184,20 @@ def activations_bytes(layers: int, per_layer: int, layer_input: int, checkpointi
     return layers * layer_input + per_layer if checkpointing else layers * per_layer
 
 
+def micro_batch_rows(seq_len: int, micro_batch: int, max_tokens: int | None) -> int:
+    """Sequences of length ``seq_len`` that bound a micro batch's activations: ``micro_batch``, or with a token
+    budget C (``trainer.max_tokens_per_micro_batch``) ``min(micro_batch, ceil(max(C, s) / s))``.
+
+    A token-filled micro batch holds at most C tokens, or one sequence when a sequence alone is longer (it is never
+    split), so its tokens are at most ``max(C, s)``; as ``ceil(max(C, s) / s)`` sequences of the longest length s
+    this bounds both the linear terms (``s*b``) and, since no sequence is longer than s, the attention terms
+    (``s^2*b``) of :func:`activation_bytes_per_layer`. E.g. s = 1536, C = 4096: 3 rows instead of 4096 / 1536.
+    """
+    if max_tokens is None:
+        return micro_batch
+    return min(micro_batch, -(-max(max_tokens, seq_len) // seq_len))
+
+
 def logits_bytes(b: int, s: int, vocab: int, element_bytes: int = FP32_BYTES) -> int:
     """The logits buffer: ``b * s * V * 4`` (fp32). Each extra full-vocabulary copy (log-softmax) adds as much."""
     return b * s * vocab * element_bytes

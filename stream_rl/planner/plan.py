@@ -62,6 +62,9 @@ class PlanInputs(BaseModel):
     gpus_per_node: int = Field(8, ge=1, le=MAX_GPUS, description="GPUs per machine, for the trainer's launch line")
     gpu_memory_gib: float = Field(80.0, gt=0, description="memory of one GPU in GiB")
     micro_batch: int = Field(1, ge=1, description="trainer sequences per forward/backward, per GPU")
+    micro_batch_tokens: int | None = Field(
+        None, ge=1, description="trainer.max_tokens_per_micro_batch: micro batches filled by token count (at most "
+                                "micro_batch sequences); None: micro_batch sequences of seq_len each")
     seq_len: int | None = Field(None, ge=1, description="trainer sequence length; None: prompt_len + max_new_tokens")
     gen_batch: int = Field(64, ge=1, description="sequences one generator holds at once")
     prompt_len: int = Field(512, ge=1, description="prompt tokens")
@@ -213,7 +216,8 @@ def trainer_memory(inputs: PlanInputs, params: int, gpus: int) -> RoleMemory:
                                                   gpus))]
     shape = inputs.model
     if shape is not None:
-        s, b, h, e = inputs.train_seq_len, inputs.micro_batch, shape.hidden_size, mem.dtype_bytes(dtype)
+        s, h, e = inputs.train_seq_len, shape.hidden_size, mem.dtype_bytes(dtype)
+        b = mem.micro_batch_rows(s, inputs.micro_batch, inputs.micro_batch_tokens)
         per_layer = mem.activation_bytes_per_layer(
             s, b, h, shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim, shape.num_heads,
             shape.intermediate_size, gated=shape.gated_mlp, flash_attention=inputs.flash_attention, e=e)
@@ -360,8 +364,8 @@ def _notes(inputs: PlanInputs, params: int, launch: TrainerLaunch | None) -> tup
         notes.append("activations, logits and KV cache need the architecture (--config-json): left out, so the "
                      "totals are lower bounds")
     if inputs.grad_checkpointing and inputs.model is not None:
-        notes.append("activations assume gradient checkpointing, which stream-rl's trainer does not enable: "
-                     "--no-grad-checkpointing plans what it keeps today")
+        notes.append("activations assume gradient checkpointing: train with trainer.gradient_checkpointing=true "
+                     "(and trainer.share_prompts=false), or plan without it (--no-grad-checkpointing)")
     if launch is not None and launch.trainer_dtype is None:
         notes.append(f"the trainer trains in float32 or bfloat16 with fp32 master weights only: this plan's "
                      f"{inputs.dtype}{'' if inputs.use_master_weights else ' without master weights'} layout "

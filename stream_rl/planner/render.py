@@ -9,6 +9,7 @@ comes from the plan (no estimate is made here) and carries its unit at a readabl
 
 from __future__ import annotations
 
+from stream_rl.planner.layout import layout_toml, propose_layout
 from stream_rl.planner.plan import Plan, RoleMemory, verdict
 from stream_rl.planner.units import human_bytes, human_count, human_gib
 
@@ -70,4 +71,8 @@ def render_table(plan: Plan) -> str:
                                            for k in range(4)) for r in rows]
     lines += ["", f"colocated: {verdict(plan.inputs, co)}", f"separate: {verdict(plan.inputs, se)}"]
     lines += [f"recommendation: {plan.message}"] + _launch_lines(plan) + [f"note: {n}" for n in plan.notes]
+    layout = propose_layout(plan)
+    if layout is not None:
+        lines += ["", "stream-rl run layout (paste into the config; checked by `stream-rl run --dry-run`):"]
+        lines += ["  " + line for line in layout_toml(layout)]
     return "\n".join(lines)

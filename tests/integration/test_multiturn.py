@@ -207,7 +207,7 @@ def test_retry_addition_hints_after_a_wrong_answer_and_ends_at_a_correct_one():
 def test_environment_references_load_or_fail_naming_the_problem():
     assert load_environment("stream_rl.demo.retry:RetryAddition")() is not None
     tool = load_environment("stream_rl.demo.task:answer_for")()
-    assert tool.step("12+34=") == Observation("46", done=False, tags={"tool": "answer_for"})
+    assert tool.step("12+34=") == Observation("46", done=False, tags={"tool": "answer_for"}, role="tool")
     for reference, words in [("nocolon", "exactly one ':'"), ("no.such.module:X", "module 'no.such.module' not found"),
                              ("stream_rl.demo.retry:Nope", "has no attribute 'Nope'"),
                              ("stream_rl.demo.retry:ENVIRONMENT", "neither an environment class nor a tool"),

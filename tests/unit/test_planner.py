@@ -254,7 +254,7 @@ def test_plan_from_config_has_every_component_and_renders():
     assert "8.03 B parameters" in text and "recommendation: separate" in text
     assert "ranks (GPUs)" in text and "trainer: 3 data-parallel rank(s)" in text
     assert "launch, on one machine: stream-rl train --nproc 3 " in text
-    assert any("does not enable" in n for n in plan.notes)  # the trainer has no gradient checkpointing
+    assert any("trainer.gradient_checkpointing=true" in n for n in plan.notes)  # the setting the plan assumes
     notes = make_plan(PlanInputs(params=10**9)).notes
     assert any("lower bounds" in n for n in notes)
 

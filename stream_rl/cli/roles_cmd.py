@@ -87,8 +87,9 @@ def _exit_after_signal(stop: StopRequest | None) -> None:
     when a signal stopped it (module docstring)."""
     from consumers.trainer.launch import running_as_rank
 
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # an ignored signal stays ignored through the teardown
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if threading.current_thread() is threading.main_thread():  # a role run on a thread (tests) has no handlers
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # an ignored signal stays ignored through the teardown
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     signum = getattr(stop, "signum", None)
     if signum is not None and not running_as_rank():
         raise typer.Exit(128 + signum)

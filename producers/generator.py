@@ -2,7 +2,7 @@
 
 Consumes: ``Prompt`` records from the run's prompts topic, in the consumer group ``{prefix}.{run}.producers``
 (so producer processes share the prompts), and weights manifests/payloads through
-:class:`~stream_rl.weights.receiver.WeightsReceiver`.
+:class:`~stream_rl.weights.receiver.WeightsReceiver` (followed by :mod:`producers.weights_follower`).
 Produces: ``Rollout`` records on the rollouts topic keyed by ``group_id`` (a group stays on one partition);
 prompts that cannot be generated for go to the dead-letter topic with the reason.
 
@@ -66,92 +66,19 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from producers.budget import Budget
 from producers.config import ProducerConfig
-from producers.engines.base import GenerationEngine, WeightsHook, WeightsMismatch
+from producers.engines.base import GenerationEngine
 from producers.generate import (
     EarlyStop, GroupSink, StepResult, Turns, check_prompts, plan_batch, produce_rollouts,
 )
 from producers.stale_feed import StaleFeed
+from producers.weights_follower import ProducerStats, WeightsFollower, inflight_hook, make_follower
 from schemas import group_id_for
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ProducerStats:
-    """What one ``run_producer`` call did (for tests, logs and the CLI's exit summary)."""
-
-    batches: int = 0
-    prompts: int = 0
-    rollouts: int = 0
-    rejected_prompts: int = 0
-    weight_updates: list[int] = field(default_factory=list)
-    rejected_versions: list[int] = field(default_factory=list)
-    version: int = 0
-    groups: int = 0
-    start_version: int = 0
-    groups_returned: int = 0  # groups the trainer dropped as stale, returned to the backpressure budget
-    budget_resets: int = 0  # times the budget was re-derived after producer.backpressure_timeout_s
-    inflight_updates: int = 0  # versions loaded between decode steps of a generation (producer.inflight_updates)
-
-
-class _WeightsFollower:
-    """Moves the engine to the newest verified weights version; remembers versions it rejected.
-
-    When the newest version fails verification (or does not fit the model) it falls back to the next newest one
-    above the version it holds, and so on: a corrupt v3 leaves the producer on v2, not on v0."""
-
-    def __init__(self, receiver, engine: GenerationEngine, stats: ProducerStats):
-        self.receiver = receiver
-        self.engine = engine
-        self.stats = stats
-        self._rejected: set[tuple[int, str]] = set()  # (version, sha256): a re-published fix is tried again
-        self.newest_seen = -1  # newest manifest version seen (staleness of the weights this producer holds)
-        self.held_step: int | None = None  # the trainer step of the version loaded last (the budget's clock)
-
-    def update(self, timeout_s: float = 0.0, wait_for_newer: bool = False) -> None:
-        """Load the newest verified version; with ``wait_for_newer``, wait up to ``timeout_s`` for a version above
-        both the one held and every rejected one."""
-        newest_rejected = max((v for v, _ in self._rejected), default=-1)
-        newer_than = max(self.engine.version, newest_rejected) if wait_for_newer else None
-        latest = self.receiver.poll_latest(timeout_s, newer_than=newer_than)
-        if latest is not None:
-            self.newest_seen = max(self.newest_seen, latest.version)
-        rejected_now: list[int] = []
-        for manifest in self.receiver.candidates(self.engine.version):
-            if (manifest.version, manifest.sha256) in self._rejected:
-                continue
-            if rejected_now:
-                log.warning("weights v%d rejected: falling back to v%d", rejected_now[-1], manifest.version)
-            if self._load(manifest):
-                return
-            rejected_now.append(manifest.version)
-
-    def _load(self, manifest) -> bool:
-        from stream_rl.models.lora import lora_scale
-        from stream_rl.weights.receiver import WeightsError
-
-        old = self.engine.version
-        try:
-            tensors = self.receiver.fetch(manifest)
-            if manifest.is_adapter:  # trainer.lora: merged into the base weights the engine keeps
-                scale = lora_scale(manifest.adapter_rank, manifest.adapter_alpha)
-                self.engine.load_adapter(tensors, scale, manifest.version)
-            else:
-                self.engine.load_weights(tensors, manifest.version)
-        except (WeightsError, WeightsMismatch) as exc:
-            self._rejected.add((manifest.version, manifest.sha256))
-            self.stats.rejected_versions.append(manifest.version)
-            log.error("rejected weights v%d (%s: %s); generating with v%d until a newer verified version loads",
-                      manifest.version, type(exc).__name__, exc, old)
-            return False
-        self.stats.weight_updates.append(manifest.version)
-        self.held_step = manifest.step
-        log.info("weights v%d -> v%d (step %d)", old, manifest.version, manifest.step)
-        return True
 
 
 @dataclass(frozen=True)
@@ -188,13 +115,13 @@ def run_producer(cfg, stop_event: threading.Event | None = None, max_batches: in
     sink = transport.sink()
     group = transport.names.group("producers")
     source = transport.source([transport.names.prompts], group, "prompt", sink)
-    follower = _follower(transport, cfg.weights, pcfg, engine, stats)
+    follower = make_follower(transport, cfg.weights, pcfg, engine, stats)
     stats.start_version = engine.version  # after the start-up catch-up: the backpressure budget counts from here
     budget, stale = _backpressure(transport, pcfg, follower, engine)
     telemetry = RoleTelemetry(cfg, "producer", transport, group=group, topics=[transport.names.prompts])
     telemetry.attach(source, sink).set_ready(model_loaded=True, version=engine.version)
     if follower is not None and pcfg.inflight_updates:
-        engine.set_weights_hook(_inflight_hook(follower, engine, telemetry, stats), pcfg.inflight_check_every)
+        engine.set_weights_hook(inflight_hook(follower, engine, telemetry, stats), pcfg.inflight_check_every)
     batch = _Batcher(source, sink, engine, pcfg, pcfg.producer_id or transport.instance_id,
                      transport.names.rollouts)
     batch.gate = _epoch_gate(transport, source, pcfg) if pcfg.epoch_order else None
@@ -216,7 +143,7 @@ def run_producer(cfg, stop_event: threading.Event | None = None, max_batches: in
     return stats
 
 
-def _iterate(batch: _Batcher, follower: _WeightsFollower | None, budget: Budget, stale: StaleFeed | None,
+def _iterate(batch: _Batcher, follower: WeightsFollower | None, budget: Budget, stale: StaleFeed | None,
              stats: ProducerStats, telemetry) -> None:
     """One iteration (the module docstring's): alerts, newer weights, stale groups returned to the budget, then
     either wait for newer weights (over budget) or handle one batch."""
@@ -330,43 +257,13 @@ def _dead_letter(source, rec, reason: str) -> None:
     source.dead_letter(rec.topic, rec.partition, rec.offset, rec.key, rec.raw_value, reason, "PromptRejected")
 
 
-def _observe(telemetry, result: StepResult, follower: _WeightsFollower | None, engine: GenerationEngine) -> None:
+def _observe(telemetry, result: StepResult, follower: WeightsFollower | None, engine: GenerationEngine) -> None:
     """Per batch: generated tokens, generation time, and how many versions the weights held are behind."""
     telemetry.tokens(int(result.metrics.get("producer/response_tokens", 0)))
     telemetry.observe_seconds("generate", float(result.metrics.get("producer/generate_s", 0.0)))
     telemetry.set_version(engine.version)
     if follower is not None and follower.newest_seen >= 0:
         telemetry.observe_staleness([max(0, follower.newest_seen - engine.version)])
-
-
-def _follower(transport, weights_cfg, pcfg: ProducerConfig, engine: GenerationEngine,
-              stats: ProducerStats) -> _WeightsFollower | None:
-    if not pcfg.follow_weights:
-        return None
-    from stream_rl.weights.receiver import WeightsReceiver
-
-    if weights_cfg is None:
-        raise ValueError("producer.follow_weights needs the weights settings (cfg.weights)")
-    follower = _WeightsFollower(WeightsReceiver(transport, weights_cfg), engine, stats)
-    follower.update(timeout_s=pcfg.weights_startup_wait_s)  # a late joiner starts from the newest version
-    return follower
-
-
-def _inflight_hook(follower: _WeightsFollower, engine: GenerationEngine, telemetry,
-                   stats: ProducerStats) -> WeightsHook:
-    """The engine's hook between decode steps: one non-blocking pass over the weights topic, then the newest
-    verified version above the one held, loaded exactly as between batches (a manifest is published only after its
-    whole payload, so the fetch reads a complete version; a corrupt or misfitting one is rejected and the engine
-    keeps its weights). The fetch itself runs on the decode thread: the generation waits for it."""
-
-    def hook() -> None:
-        before = engine.version
-        follower.update()
-        if engine.version != before:
-            stats.inflight_updates += 1
-            telemetry.set_version(engine.version)
-
-    return hook
 
 
 def _epoch_gate(transport, source, pcfg: ProducerConfig):
@@ -383,7 +280,7 @@ def _epoch_gate(transport, source, pcfg: ProducerConfig):
     return gate
 
 
-def _backpressure(transport, pcfg: ProducerConfig, follower: _WeightsFollower | None,
+def _backpressure(transport, pcfg: ProducerConfig, follower: WeightsFollower | None,
                   engine: GenerationEngine) -> tuple[Budget, StaleFeed | None]:
     """The budget (off without ``max_groups_per_version`` or without weights to wait for) and its stale feed."""
     budget = Budget(pcfg.max_groups_per_version if follower is not None else None, pcfg.versions_ahead,

@@ -144,11 +144,11 @@ class _Loop:
         self._evaluate(plan.target, 0 if manifest is None else manifest.step, plan.skipped)
 
     def _load(self, manifest) -> bool:
-        from producers.generator import ProducerStats, _WeightsFollower
+        from producers.weights_follower import ProducerStats, WeightsFollower
 
         if self.engine.version == manifest.version:
             return True
-        if _WeightsFollower(self.receiver, self.engine, ProducerStats())._load(manifest):
+        if WeightsFollower(self.receiver, self.engine, ProducerStats()).load(manifest):
             return True
         self.rejected.add(manifest.version)
         self.stats.rejected_versions.append(manifest.version)

@@ -171,7 +171,7 @@ def test_step_writes_each_tokens_version_and_reports_the_version_it_ends_with(to
 def test_the_loops_hook_loads_through_the_follower_and_keeps_the_books(tokenizer):
     """The hook is one follower update (non-blocking poll, then fetch + verify + load); a version change counts
     in ProducerStats.inflight_updates and moves the version the telemetry reports."""
-    from producers.generator import ProducerStats, _inflight_hook
+    from producers.weights_follower import ProducerStats, inflight_hook
 
     engine = FakeEngine(tokenizer, version=3)
 
@@ -182,7 +182,7 @@ def test_the_loops_hook_loads_through_the_follower_and_keeps_the_books(tokenizer
             assert (timeout_s, wait_for_newer) == (0.0, False)  # never waits inside a generation
             self.updates += 1
             if self.updates == 2:
-                engine._version = 4  # what _WeightsFollower._load does through engine.load_weights
+                engine._version = 4  # what WeightsFollower.load does through engine.load_weights
 
     class Telemetry:
         versions: list[int] = []
@@ -191,7 +191,7 @@ def test_the_loops_hook_loads_through_the_follower_and_keeps_the_books(tokenizer
             self.versions.append(version)
 
     stats, follower, telemetry = ProducerStats(), Follower(), Telemetry()
-    hook = _inflight_hook(follower, engine, telemetry, stats)
+    hook = inflight_hook(follower, engine, telemetry, stats)
     for _ in range(3):
         hook()
     assert follower.updates == 3 and stats.inflight_updates == 1 and telemetry.versions == [4]

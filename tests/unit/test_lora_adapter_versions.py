@@ -120,7 +120,7 @@ def test_adapter_fields_round_trip_and_come_as_a_pair():
 
 
 def test_the_producer_loop_applies_an_adapter_version_with_its_scale():
-    from producers.generator import ProducerStats, _WeightsFollower
+    from producers.weights_follower import ProducerStats, WeightsFollower
 
     _, tensors = trained_adapters(steps=1)
     manifest = adapter_manifest(tensors, version=5, adapter_rank=4, adapter_alpha=8.0)
@@ -133,8 +133,8 @@ def test_the_producer_loop_applies_an_adapter_version_with_its_scale():
     engine, expected = hf_engine(), hf_engine()
     expected.load_adapter(tensors, 2.0, version=5)
     stats = ProducerStats()
-    assert _WeightsFollower(Receiver(), engine, stats)._load(manifest)
+    assert WeightsFollower(Receiver(), engine, stats).load(manifest)
     assert engine.version == 5 and stats.weight_updates == [5]
     assert all(torch.equal(p, q) for p, q in zip(engine.model.parameters(), expected.model.parameters()))
     as_full = dataclasses.replace(manifest, adapter_rank=None, adapter_alpha=None)  # adapters as full weights
-    assert not _WeightsFollower(Receiver(), hf_engine(), stats)._load(as_full)  # refused, nothing loaded
+    assert not WeightsFollower(Receiver(), hf_engine(), stats).load(as_full)  # refused, nothing loaded

@@ -13,7 +13,10 @@ span file and the setting that writes it. Neither prints sample text: heartbeats
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -54,6 +57,7 @@ def status(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOp
             else:
                 _console().print(_render(snap))
             return
+        _exit_soon_after_ctrl_c()
         if as_json:
             while True:
                 typer.echo(json.dumps(_snapshot(reader), sort_keys=True))
@@ -63,6 +67,31 @@ def status(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOp
         return
     finally:
         reader.close()
+
+
+CTRL_C_GRACE_S = 5.0
+"""After Ctrl-C the viewer closes its broker clients; if that has not ended it within this long, it exits anyway."""
+
+
+def _exit_soon_after_ctrl_c() -> None:
+    """Ctrl-C raises KeyboardInterrupt as usual and also arms a timer that ends the process (exit 0, output
+    flushed) after :data:`CTRL_C_GRACE_S`: the read-only viewer never commits, so nothing is lost, and a broker
+    client that swallows the interrupt or blocks in its close cannot keep it running (seen under a loaded broker)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def hard_exit() -> None:
+        sys.stdout.flush()
+        os._exit(0)
+
+    def handler(signum, frame) -> None:
+        timer = threading.Timer(CTRL_C_GRACE_S, hard_exit)
+        timer.daemon = True
+        timer.start()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
 
 
 def _plain(reader, interval: float) -> None:

@@ -208,7 +208,8 @@ def test_parquet_round_trip_and_row_numbers(tmp_path):
     assert error_keys(junk) == {(0, None)} and "not a readable Parquet file" in junk.errors[0].message
 
 
-def test_validate_cli_exit_codes_text_and_json(tmp_path):
+def test_validate_cli_exit_codes_text_and_json(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no built demo here: validate has no tokenizer unless one is given
     good = write_jsonl(tmp_path / "good.jsonl", [{"text": "1+1="}, {"text": "1+1= "}, {"text": "2+2="}])
     runner = CliRunner()
     out = runner.invoke(app, ["prompts", "validate", str(good), "--dedup", "normalized"])

@@ -162,9 +162,9 @@ def test_no_file_of_the_run_holds_sample_text_or_the_secret(finished):
 
 def test_status_saw_every_role_alive_with_the_weights_version(finished):
     seen = finished.seen
-    assert seen is not None, "status never showed producer, scorer and trainer alive with a weights version"
+    assert seen is not None, "status never showed producer, scorer, trainer and evaluator alive with a weights version"
     roles = {r["role"] for r in seen["roles"] if r["status"] == "alive"}
-    assert roles == {"producer", "scorer", "trainer"}, seen["roles"]
+    assert roles == {"producer", "scorer", "trainer", "evaluator"}, seen["roles"]  # the demo's [eval] evaluator
     trainer = next(r for r in seen["roles"] if r["role"] == "trainer")
     assert 1 <= seen["weights"]["version"] <= STEPS and trainer["policy_version"] <= seen["weights"]["version"]
 
@@ -203,7 +203,8 @@ def _watch_status(proc: subprocess.Popen, bootstrap: str, run_name: str) -> dict
         if out.exit_code == 0:
             snap = json.loads(out.stdout)
             alive = {r["role"] for r in snap["roles"] if r["status"] == "alive"}
-            if alive >= {"producer", "scorer", "trainer"} and (snap["weights"] or {}).get("version", 0) >= 1:
+            if alive >= {"producer", "scorer", "trainer", "evaluator"} and \
+                    (snap["weights"] or {}).get("version", 0) >= 1:
                 return snap
         time.sleep(3.0)
     return None

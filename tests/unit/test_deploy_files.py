@@ -332,6 +332,7 @@ def test_dockerfile_runs_stream_rl():
 
 def test_runbook_names_real_alerts_and_knobs():
     from stream_rl.alerts.config import AlertsConfig
+    from stream_rl.config.base import sections_of
 
     text = (ROOT / "docs" / "operations.md").read_text()
     rules = {name for name, f in AlertsConfig.model_fields.items() if hasattr(f.annotation, "model_fields")}
@@ -344,4 +345,5 @@ def test_runbook_names_real_alerts_and_knobs():
         model: Any = StreamRLConfig
         for part in knob.split("."):
             assert hasattr(model, "model_fields") and part in model.model_fields, f"runbook names {knob}"
-            model = model.model_fields[part].annotation
+            annotation = model.model_fields[part].annotation
+            model = next(iter(sections_of(annotation)), annotation)  # an optional section (X | None) is X

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from schemas import FINISH_REASONS  # finish/<reason> metrics
+from stream_rl.runtime.appended import AppendedLines
 from stream_rl.storage.fsync import fsync_path
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,8 @@ class BestKeeper:
         self.metric = metric
         self.every, self.before_train, self.pending_limit = every_versions, before_train, pending_limit
         self.best_dir, self.pending_dir = self.root / BEST_DIR, self.root / PENDING_DIR
-        self._offset, self._backlog = 0, True  # the rows present at start were (mostly) judged before
+        self._appended = AppendedLines(self.evals_path)
+        self._backlog = True  # the rows present at start were (mostly) judged before
         self._recover()
 
     @classmethod
@@ -200,15 +202,8 @@ class BestKeeper:
         return [self.judge(row, quiet=backlog) for row in rows]
 
     def _new_rows(self) -> list[dict]:
-        if not self.evals_path.is_file():
-            return []
-        with open(self.evals_path, "rb") as fh:
-            fh.seek(self._offset)
-            data = fh.read()
-        whole = data[:data.rfind(b"\n") + 1]
-        self._offset += len(whole)
         rows = []
-        for line in whole.splitlines():
+        for line in self._appended.new_lines():
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:

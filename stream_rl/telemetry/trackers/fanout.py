@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from stream_rl.runtime.appended import AppendedLines
 from stream_rl.telemetry.trackers import backend
 from stream_rl.telemetry.trackers.base import STEP_KEY, evaluation_metrics, hyperparams, sample_rows, scalars
 from stream_rl.telemetry.trackers.worker import TrackerWorker
@@ -36,7 +37,8 @@ class Trackers:
                  show_content: bool = False, evals_path: Path | None = None):
         self.workers = workers
         self.samples_every, self.sample_rows_max, self.show_content = samples_every, sample_rows_max, show_content
-        self.evals_path, self._evals_offset = evals_path, 0
+        self.evals_path = evals_path
+        self._evals = AppendedLines(evals_path) if evals_path is not None else None
 
     @classmethod
     def open(cls, cfg, resume_step: int | None) -> Trackers:
@@ -81,14 +83,9 @@ class Trackers:
 
     def follow_evaluations(self) -> None:
         """Log the whole lines appended to ``evals.jsonl`` since the last call (a torn last line waits)."""
-        if self.evals_path is None or not self.evals_path.is_file():
+        if self._evals is None:
             return
-        with open(self.evals_path, "rb") as fh:
-            fh.seek(self._evals_offset)
-            data = fh.read()
-        whole = data[:data.rfind(b"\n") + 1]
-        self._evals_offset += len(whole)
-        for line in whole.splitlines():
+        for line in self._evals.new_lines():
             try:
                 row = json.loads(line)
                 step, version = int(row["step"]), int(row["version"])

@@ -116,12 +116,20 @@ def _lags(result: Mapping[str, Any]) -> list[int]:
 def table(result: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     f, steps = result["figures"], result["params"]["steps"]
     per_step = result["params"]["rollouts_per_step"]
-    rows = [["lock-step (`max_lag=0`)", fmt(f["lockstep_wall_s"]), "1×", fmt(f["lockstep_reward"])]]
-    rows += [[f"streaming `max_lag={lag}`", fmt(f[f"lag{lag}_wall_s"]), f"**{fmt(f[f'lag{lag}_speedup'])}×**",
-              fmt(f[f"lag{lag}_reward"])] for lag in _lags(result)]
-    rows.append(["ideal on this machine", "–", f"{fmt(f['ideal_speedup'])}×", "–"])
+    stale = result["params"]["stale"]
+
+    def row(label: str, key: str, speedup: str) -> list[str]:
+        dropped = stale.get(key, [])
+        return [label, fmt(f[f"{key}_wall_s"]), speedup, fmt(f[f"{key}_reward"]),
+                f"{sum(dropped)} ({', '.join(map(str, dropped))})", fmt(f[f"{key}_lag_mean"] - 1)]
+
+    rows = [row("lock-step (`max_lag=0`)", "lockstep", "1×")]
+    rows += [row(f"streaming `max_lag={lag}`", f"lag{lag}", f"**{fmt(f[f'lag{lag}_speedup'])}×**")
+             for lag in _lags(result)]
+    rows.append(["ideal on this machine", "–", f"{fmt(f['ideal_speedup'])}×", "–", "–", "–"])
     return ["mode", f"s for {steps * per_step} trained rollouts", "speed-up vs lock-step",
-            f"mean reward, last {steps} steps"], rows
+            f"mean reward, last {steps} steps", "stale rollouts dropped (per run)",
+            "mean staleness of the trained rollouts (versions)"], rows
 
 
 def headline(result: Mapping[str, Any]) -> str:
@@ -131,35 +139,11 @@ def headline(result: Mapping[str, Any]) -> str:
             f"{fmt(f['ideal_speedup'])}×)")
 
 
-def reading(result: Mapping[str, Any]) -> str:
+def more_tables(result: Mapping[str, Any]) -> str:
+    """The stages alone per step, from which the ideal speed-up is computed."""
     f, params = result["figures"], result["params"]
-    lags = _lags(result)
-    speedups = ", ".join(f"{fmt(f[f'lag{lag}_speedup'])}× at `max_lag={lag}`" for lag in lags)
-    rewards = ", ".join(f"{fmt(f[f'lag{lag}_reward'])} (`max_lag={lag}`)" for lag in lags)
-    stale = params["stale"].get("lockstep", [])
-    streaming_stale = "; ".join(f"`max_lag={lag}` {params['stale'][f'lag{lag}']}" for lag in lags)
-    lag_means = ", ".join(f"{fmt(f[f'lag{lag}_lag_mean'] - 1)} (`max_lag={lag}`)" for lag in lags)
-    best = max(f[f"lag{lag}_speedup"] for lag in lags)
-    gap = ("streaming stays under it: it pays for sharing two cores between three roles, so a stage that is not "
-           "the largest alone slows down when it gets half a core"
-           if best < f["ideal_speedup"] else
-           "streaming exceeds it because lock-step's wall time is more than the sum of the stage times")
-    return (
-        f"Against lock-step, streaming ran {speedups} (above 1: faster). The ideal on this machine is "
-        f"**{fmt(f['ideal_speedup'])}×**: per step, generate {fmt(f['generate_step_s'])} s + score "
-        f"{fmt(f['score_step_s'])} s + train {fmt(f['train_step_s'])} s alone sum to "
-        f"{fmt(f['stage_sum_over_max'])}× the largest stage, and the cores bound it at "
-        f"{len(params['cores'])}. Lock-step also pays, every step, for what streaming hides: the weight broadcast "
-        f"and fetch, the producer noticing the new version, and Kafka hand-offs between three processes; {gap}. "
-        f"Lock-step runs dropped {sum(stale)} stale rollouts in total ({stale} per run): it ran lock-step. "
-        f"Streaming runs dropped {streaming_stale} (per run): with `versions_ahead = max_lag` the producer may "
-        f"generate up to `max_lag` versions ahead of the weights it holds, and since it holds a version only "
-        f"after fetching it, some groups are trained more than `max_lag` versions after the weights they were "
-        f"sampled with; they are dropped and their prompts re-queued and generated again, which costs time (the "
-        f"producer's settings advise `versions_ahead` below `max_lag`). Mean staleness of the trained rollouts: "
-        f"{lag_means}. "
-        f"Reward over the last {params['steps']} steps: lock-step {fmt(f['lockstep_reward'])}, streaming "
-        f"{rewards}; every run trained the same {params['total_steps']} steps from the same warm-started policy, "
-        f"far too few for the off-policy lag to show in the reward (benchmark 5 measures that), so differences "
-        f"here are sampling noise. The machine is shared and noisy: wall times moved between rounds (see the "
-        f"samples), which is why every variant runs once per round and medians are compared.")
+    return ("| per step, alone | generate | score | train | sum ÷ largest | usable cores | ideal speed-up |\n"
+            "|---|---|---|---|---|---|---|\n"
+            f"| seconds | {fmt(f['generate_step_s'])} | {fmt(f['score_step_s'])} | {fmt(f['train_step_s'])} | "
+            f"{fmt(f['stage_sum_over_max'])}× | {len(params['cores'])} | {fmt(f['ideal_speedup'])}× |\n\n"
+            f"Every run trained the same {params['total_steps']} steps from the same warm-started policy.")

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import MB, BenchContext, fmt, mem_available_bytes
+from bench.common import MB, BenchContext, fmt, md_table, mem_available_bytes
 from stream_rl.weights.delta import MAX_CHANGED_FRACTION, apply_delta, changed_fraction, encode_delta, flat_payload, xor
 from stream_rl.weights.publisher import MAX_DELTA_RATIO
 
@@ -327,7 +327,7 @@ def _made(result: Mapping[str, Any], key: str) -> str:
 def table(result: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     headers = ["workload", "broadcast dtype", "full payload", "sent / full", "delta / full", "deltas made",
                "changed bytes", "changed elements", "step 1: sent / full (changed)", "encode", "rebuild",
-               f"goal ≤ {_pct(GOAL)}"]
+               "publisher sends", f"goal ≤ {_pct(GOAL)}"]
     rows, f = [], result["figures"]
     for key in keys(result):
         name, dtype = key.split(".")
@@ -337,7 +337,7 @@ def table(result: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
                      _pct(f[f"{key}.sent_ratio"]), _pct(f.get(f"{key}.delta_ratio")), _made(result, key),
                      _pct(f[f"{key}.changed"]), _pct(f[f"{key}.changed_elements"]),
                      f"{_pct(f[f'{key}.step1_sent_ratio'])} ({_pct(f[f'{key}.step1_changed'])})",
-                     fmt(f[f"{key}.encode_s"], "s"), fmt(f.get(f"{key}.rebuild_s"), "s"),
+                     fmt(f[f"{key}.encode_s"], "s"), fmt(f.get(f"{key}.rebuild_s"), "s"), _decision(result, key),
                      "met" if f[f"{key}.sent_ratio"] <= GOAL else "not met"])
     return headers, rows
 
@@ -362,55 +362,24 @@ def _ulp(scale: float, mantissa_bits: int) -> float:
     return float(2.0 ** (np.floor(np.log2(scale)) - mantissa_bits))
 
 
-def _verdict(result: Mapping[str, Any], key: str) -> str:
+def _decision(result: Mapping[str, Any], key: str) -> str:
+    """What the publisher does with this broadcast's versions, and why (the limits of stream_rl.weights)."""
     f = result["figures"]
-    sent, changed = f[f"{key}.sent_ratio"], f[f"{key}.changed"]
-    text = (f"**{_short(key)}**: {_pct(f[f'{key}.changed_elements'])} of the elements, {_pct(changed)} of the "
-            "bytes change; ")
     if f.get(f"{key}.delta_ratio") is None:
-        text += f"above {_pct(MAX_CHANGED_FRACTION)}, so no delta is made and every version goes out full"
-    elif sent >= 1:
-        text += f"the delta, {_pct(f[f'{key}.delta_ratio'])} of the payload, is over {_pct(MAX_DELTA_RATIO)}: sent full"
-    else:
-        text += f"the delta, {_pct(f[f'{key}.delta_ratio'])} of the payload, is what is sent"
-    return text + f": goal **{'met' if sent <= GOAL else 'not met'}**."
+        return f"full: changed bytes > {_pct(MAX_CHANGED_FRACTION)}, no delta made"
+    if f[f"{key}.sent_ratio"] >= 1:
+        return f"full: delta > {_pct(MAX_DELTA_RATIO)} of the payload"
+    return "delta"
 
 
-def _physics(result: Mapping[str, Any]) -> str:
-    parts = []
+def more_tables(result: Mapping[str, Any]) -> str:
+    """AdamW's step against the float spacing at the median weight, per workload (the reason bf16 deltas can be
+    small and fp32 ones cannot)."""
+    rows = []
     for name, info in result["workloads"].items():
         scale, lr = info["weight_scale"], info["lr"]
-        parts.append(f"{LABELS[name]}: median |w| {scale:.3g}, lr {lr:g} = {lr / _ulp(scale, 23):,.0f} fp32 spacings "
-                     f"there and {lr / _ulp(scale, 7):.2g} of a bf16 spacing")
-    return "; ".join(parts)
-
-
-def reading(result: Mapping[str, Any]) -> str:
-    f = result["figures"]
-    verdicts = "\n".join(f"- {_verdict(result, key)}" for key in keys(result))
-    skipped = "" if "qwen" in result["workloads"] else " The 0.5 B workload was skipped (see the note)."
-    fp32 = "; ".join(f"{_short(k)}: {_pct(f[f'{k}.changed_elements'])} of the elements, {_pct(f[f'{k}.changed'])} of "
-                     "the bytes" for k in keys(result) if k.endswith("float32"))
-    first = "; ".join(f"{_short(k)} {_pct(f[f'{k}.step1_changed'])}" for k in keys(result))
-    return f"""
-What the publisher would send per RL step with deltas on (`weights.snapshot_every` > 1), against the full
-payload; medians of steps 2..N. Issue 14's goal is at most {_pct(GOAL)} of the full bytes per step.{skipped}
-
-{verdicts}
-
-The float format decides, not the encoding. AdamW moves an element by lr · |m̂/√v̂| per step (exactly lr at step
-1, usually less later); at the median weight: {_physics(result)}. In fp32 (23 mantissa bits) that is many
-spacings, so the low byte of nearly every element changes every step, and the next byte too wherever the move
-spans over 256 spacings ({fp32}): about half of the bytes or more differ, and neither an XOR delta nor indices and
-values get below the publisher's {_pct(MAX_DELTA_RATIO)} limit. A bf16 element (7 mantissa bits) changes only
-when its fp32 master weight crosses a bf16 rounding boundary, for a fraction of the elements of the order of
-lr / spacing per step (more for small weights, whose spacing is finer), and then mostly in its low byte. So a
-bf16 delta is small where lr is well below the bf16 spacing of the typical weight (the 0.5 B model here),
-not where lr is about one spacing (the demo here).
-
-Step 1 is reported apart (changed bytes at step 1: {first}): AdamW's first update has no history (m̂/√v̂ = ±1),
-so every element with a gradient moves by lr. Caveats: the 0.5 B model is random-init, not pretrained, and its
-rollouts are synthetic (random tokens and rewards), so its update statistics are those of AdamW at that lr, not
-of a particular task; a pretrained model's weight magnitudes, hence its bf16 spacings, differ per tensor. The
-demo is a ~1 M-parameter model. Encode and rebuild times are single-threaded (numpy, zlib), this run only.
-"""
+        rows.append([LABELS[name], f"{scale:.3g}", f"{lr:g}", f"{lr / _ulp(scale, 23):,.0f}",
+                     f"{lr / _ulp(scale, 7):.2g}"])
+    note = "" if "qwen" in result["workloads"] else "\n\nThe 0.5 B workload was skipped (see the note)."
+    return md_table(["workload", "median abs weight", "lr", "lr in fp32 spacings there", "lr in bf16 spacings there"],
+                    rows) + note

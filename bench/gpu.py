@@ -133,7 +133,7 @@ def _logp(model, ids: torch.Tensor, autocast: bool) -> torch.Tensor:
 
 def measure_training(model, sizes: dict[str, int], vocab: int, device: str, repeats: int, log) -> dict:
     """Forward + backward + AdamW step of the decoupled PPO loss (truncated IS against the behaviour logprobs)."""
-    from stream_rl.algorithms import policy_loss
+    from stream_rl.algorithms import LossSpec, policy_loss
 
     batch = train_inputs(sizes, vocab, device)
     autocast = device.startswith("cuda")
@@ -149,7 +149,7 @@ def measure_training(model, sizes: dict[str, int], vocab: int, device: str, repe
         sync(device)
         start = time.perf_counter()
         logp = _logp(model, batch["ids"], autocast)
-        loss, _ = policy_loss(logp, old, batch["adv"], batch["mask"], behavior_logp=behaviour, is_cap=5.0)
+        loss, _ = policy_loss(logp, old, batch["adv"], batch["mask"], LossSpec(is_cap=5.0), behavior_logp=behaviour)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

@@ -157,6 +157,13 @@ def _visible_devices(pid: int) -> str | None:
     return found[0] if found else None
 
 
+def _with_repo_root() -> str:
+    """``PYTHONPATH`` plus the repo root: the scorer imports ``bench.gpu_pipeline:digits_reward`` from a working
+    directory elsewhere, and bench/ is a folder of the checkout, not an installed package."""
+    root = str(Path(__file__).resolve().parents[1])
+    return os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def run_pipeline(work: Path, sets: dict[str, Any], bootstrap: str | None,
                  device: str) -> tuple[int, dict, dict, float]:
     """``stream-rl run`` with ``sets``; returns (exit code, peak MiB per role, each role's ``CUDA_VISIBLE_DEVICES``
@@ -169,7 +176,7 @@ def run_pipeline(work: Path, sets: dict[str, Any], bootstrap: str | None,
     started = time.monotonic()
     with open(work / "run.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=work,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": _with_repo_root()})
         while proc.poll() is None:
             pids = _children(Path(sets["run_dir"]))
             seen.update({role: _visible_devices(pid) for pid, role in pids.items() if role not in seen})

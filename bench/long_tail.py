@@ -27,7 +27,7 @@ import statistics
 import time
 from typing import Any
 
-from bench.common import BenchContext, fmt, interleave, medians
+from bench.common import BenchContext, fmt, interleave, md_table, medians
 
 MODES = ("barrier", "stream", "oversample")
 LABELS = {"barrier": "batch barrier (`producer.stream_groups = false`)",
@@ -213,24 +213,17 @@ def headline(result: dict[str, Any]) -> str:
             f"trainer waits {fmt(f['trainer_wait_ratio'])}× less per step than with the batch barrier")
 
 
-def reading(result: dict[str, Any]) -> str:
+
+def more_tables(result: dict[str, Any]) -> str:
+    """The workload the table's figures come from."""
     f, p = result["figures"], result["params"]
     lengths = p["response_lengths"]
-    return f"""
-One batch of {p['prompts']} prompts x {p['group_size']} samples with responses of {lengths['min']}-{lengths['max']}
-tokens (median {fmt(lengths['median'])}): with the batch barrier every group waits for the batch's longest sample,
-a median {fmt(f['barrier_publish_delay_s'])} s from its own last token to its publication; streamed from the decode
-loop, {fmt(f['stream_publish_delay_s'])} s. A trainer taking {p['groups_per_step']} groups per step
-({fmt(f['train_step_s'])} s each) waits {fmt(f['barrier_trainer_wait_s'])} s per step behind the barrier and
-{fmt(f['stream_trainer_wait_s'])} s streamed (first step: {fmt(f['barrier_first_wait_s'])} s against
-{fmt(f['stream_first_wait_s'])} s): it trains on the short groups while the long tail is still generating.
-With `producer.oversample = {p['oversample']}` the decode loop also stops once ceil(B / {1 + p['oversample']}) groups
-are complete (a median {fmt(p['aborted_groups_per_batch'])} groups of {p['prompts']} cut per batch and re-queued:
-their prompts are regenerated in a later batch, compute this table does not charge): batch
-{fmt(f['oversample_batch_s'])} s, trainer wait {fmt(f['oversample_trainer_wait_s'])} s per step, over the whole
-steps the published groups fill.
-"""
-
+    rows = [["batch", f"{p['prompts']} prompts x {p['group_size']} samples"],
+            ["response tokens", f"{lengths['min']}-{lengths['max']} (median {fmt(lengths['median'])})"],
+            ["trainer (replayed)", f"{p['groups_per_step']} groups per step, {fmt(f['train_step_s'])} s per step"],
+            ["`producer.oversample`", f"{p['oversample']}: stops at ceil(B / {1 + p['oversample']}) complete groups, "
+             f"a median {fmt(p['aborted_groups_per_batch'])} groups of {p['prompts']} cut per batch and re-queued"]]
+    return md_table(["workload", ""], rows)
 
 if __name__ == "__main__":
     import json

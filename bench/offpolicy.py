@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from bench.common import BenchContext, fmt
+from bench.common import BenchContext, fmt, md_table
 from bench.inproc import VARIANTS, LoopSpec, run_loop
 
 LABELS = {"decoupled": "decoupled (correction on)", "uncorrected": "correction off",
@@ -126,9 +126,10 @@ def _diff_cell(diff: tuple[float, float, float] | None) -> str:
 
 def table(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     headers = ["lag", "variant", "final reward (median)", "seed range", "train reward, last steps",
-               "correction on − this, per seed: median (min … max)", "PPO clip frac", "IS weights capped"]
+               "correction on − this, per seed: median (min … max)", "correction on vs this", "PPO clip frac",
+               "IS weights capped"]
     rows = [["–", "warm-start policy (before RL)", fmt(result["figures"]["start_reward"]),
-             _spread(result, "start_reward"), "–", "–", "–", "–"]]
+             _spread(result, "start_reward"), "–", "–", "–", "–", "–"]]
     for lag, variant in runs(result["params"]):
         key = f"lag{lag}.{variant}"
         diag = result.get("diagnostics", {}).get(key, {})
@@ -136,7 +137,7 @@ def table(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         diff = paired_difference(result, lag, variant) if variant != "decoupled" else None
         rows.append([str(lag), label, fmt(result["figures"][f"{key}.final_reward"]),
                      _spread(result, f"{key}.final_reward"), fmt(result["figures"][f"{key}.train_reward_last"]),
-                     _diff_cell(diff), f"{diag['clipfrac']:.3f}" if "clipfrac" in diag else "–",
+                     _diff_cell(diff), verdict(diff), f"{diag['clipfrac']:.3f}" if "clipfrac" in diag else "–",
                      f"{diag['is_clipped_frac']:.4f}" if "is_clipped_frac" in diag else "–"])
     return headers, rows
 
@@ -149,87 +150,23 @@ def headline(result: dict[str, Any]) -> str:
             f"median of {len(result['params']['seeds'])} seeds)")
 
 
-def _verdict(diff: tuple[float, float, float] | None) -> str:
+def verdict(diff: tuple[float, float, float] | None) -> str:
+    """Whether correction on beats this variant on every seed, loses on every seed, or neither."""
     if diff is None:
-        return "not measured"
-    med, low, high = diff
-    if low > 0:
-        return f"{med:+.3f}, better on every seed"
-    if high < 0:
-        return f"{med:+.3f}, worse on every seed"
-    return f"{med:+.3f}, within the seed noise (per seed {low:+.2f} … {high:+.2f})"
+        return "–"
+    _, low, high = diff
+    return "better on every seed" if low > 0 else "worse on every seed" if high < 0 else "within the seed noise"
 
 
-def _learning(result: dict[str, Any]) -> tuple[str, bool]:
-    """A sentence on whether lag 0 learned beyond the seed spread, and whether it did."""
+def more_tables(result: dict[str, Any]) -> str:
+    """The settings of every run, and whether lag 0 learned beyond the seed spread."""
+    p = result["params"]
     start, zero = result["samples"]["start_reward"], result["samples"]["lag0.decoupled.final_reward"]
     gains = [b - a for a, b in zip(start, zero)]
-    learned = min(gains) > 0
-    text = (f"At lag 0 the held-out reward goes from {statistics.median(start):.3f} before RL to "
-            f"{statistics.median(zero):.3f} (per-seed gains {min(gains):+.3f} … {max(gains):+.3f}): ")
-    if learned:
-        return text + "the budget is enough for the policy to learn measurably.", True
-    return (text + "**the budget is too small for the policy to learn measurably**, so the comparison below "
-            "measures whether staleness and the loss variants harm a policy that barely moves, not how they change "
-            "learning. When the demo was designed it needed about 100-180 steps of 32 prompts x 8 "
-            "samples at lr 1e-4 to gain 0.2; the 2-core time budget of this benchmark (24 runs) does not allow that, "
-            "on a loaded machine even less.", False)
-
-
-def _areal(result: dict[str, Any], top: int, learned: bool) -> str:
-    """The comparison with AReaL's published ordering, from the paired differences."""
-    ppo, off = paired_difference(result, top, "ppo_mu"), paired_difference(result, top, "uncorrected")
-    if ppo is not None and ppo[1] > 0:
-        order = (f"AReaL's ordering holds here too: at lag {top} the decoupled objective beats plain PPO against mu "
-                 f"by {ppo[0]:+.3f} on every seed.")
-    elif ppo is not None and ppo[2] < 0:
-        order = (f"AReaL's ordering is reversed here: plain PPO against mu beats the decoupled objective by "
-                 f"{-ppo[0]:.3f} on every seed.")
-    else:
-        order = (f"AReaL's ordering is not reproduced at this scale: plain PPO against mu is as good as the decoupled "
-                 f"objective at lag {top} (within the seed noise): with one update per batch and answers of a few "
-                 "tokens, its clipping alone keeps the update close enough to the behaviour policy.")
-    if off is not None and off[1] > 0:
-        order += (f" What does hurt is dropping the correction (`off_policy_correction = false`: stale samples "
-                  f"treated as on-policy, no weight, no clipping since the ratio is taken against the proximal "
-                  f"policy): {off[0]:+.3f} at lag {top} on every seed, so keep it on whenever `max_lag` > 0.")
-    if not learned:
-        order += " With no measurable learning at lag 0, these differences concern drift, not learning speed."
-    return order
-
-
-def reading(result: dict[str, Any]) -> str:
-    p = result["params"]
-    lags = [lag for lag in p["lags"] if lag > 0]
-    top = max(lags)
-    learned_text, learned = _learning(result)
-    per_lag = "; ".join(f"lag {lag}: {_verdict(paired_difference(result, lag, 'uncorrected'))}" for lag in lags)
-    ppo = _verdict(paired_difference(result, top, "ppo_mu"))
-    drop = _value(result, 0, "decoupled") - _value(result, top, "decoupled")
-    diag = result.get("diagnostics", {})
-    clip_top = diag.get(f"lag{top}.ppo_mu", {}).get("clipfrac", 0.0)
-    capped_top = diag.get(f"lag{top}.decoupled", {}).get("is_clipped_frac", 0.0)
-    return f"""
-Measured in one process with the pipeline's pure steps (`produce_rollouts`, `score_rollouts` with the demo's
-verifier, `build_batch`, `train_step`), not through Kafka: what is compared is the loss, and the transport would
-only add noise and time. Staleness is exact: every batch is generated by the policy exactly `lag` versions old,
-the worst case the pipeline's `max_lag` admits (in the streaming pipeline most batches are fresher). The demo's
-loss does one PPO update per batch (epochs {p['epochs']}, minibatches {p['minibatches']}, clip
-{p['loss']['clip_low']}, IS cap {p['loss']['is_cap']}, lr {p['lr']}), so "correction on"
-(`loss.off_policy_correction = true`) is the decoupled objective: the ratio against the trainer's proximal
-recomputation (exactly 1 at a single update) times the truncated weight pi_prox / mu; "correction off" is the
-same without the weight (each stale sample counts as if on-policy); "plain PPO vs mu" takes the ratio against the
-behaviour logprobs (AReaL's baseline, not a trainer option: the benchmark runs the trainer's `update` with mu as
-the old logprobs), so tokens whose ratio left the clip range give no gradient.
-
-{learned_text}
-
-**Does the correction matter here?** Correction on minus off, paired per seed (same prompts and sampling seeds),
-final held-out reward: {per_lag}. At lag {top}, correction on minus plain PPO vs mu: {ppo}; plain PPO clipped
-{clip_top:.1%} of its tokens there and {capped_top:.2%} of the decoupled weights hit the cap. With the correction,
-lag {top} ends {abs(drop):.3f} {'below' if drop > 0 else 'above'} lag 0.
-
-AReaL reports, at staleness 4 on AIME24, 23.3 for plain PPO against 42.2 with the decoupled objective (long
-reasoning traces of 1.5-7 B models). {_areal(result, top, learned)} Caveats: a ~1 M-parameter model, answers of at
-most {p['max_new_tokens']} tokens, {p['steps']} steps per run and three seeds; the seed range is in the table.
-"""
+    rows = [["update", f"epochs {p['epochs']}, minibatches {p['minibatches']}, clip {p['loss']['clip_low']}, "
+                       f"IS cap {p['loss']['is_cap']}, lr {p['lr']}"],
+            ["budget per run", f"{p['steps']} steps, answers of at most {p['max_new_tokens']} tokens, "
+                               f"{len(p['seeds'])} seeds"],
+            ["lag 0 gain over the warm start, per seed", f"{min(gains):+.3f} … {max(gains):+.3f} (learned beyond "
+                                                         f"the seed spread: {'yes' if min(gains) > 0 else 'no'})"]]
+    return md_table(["runs", ""], rows)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import BenchContext, fmt, interleave, medians
+from bench.common import BenchContext, fmt, interleave, md_table, medians
 
 VARIANTS = {"padded": {"share_prompts": False}, "packed": {"share_prompts": False, "packing": True},
             "shared": {"share_prompts": True}}
@@ -163,24 +163,13 @@ def headline(result: dict[str, Any]) -> str:
             f"(responses {p['response_len'][0]}-{p['response_len'][1]} tokens)")
 
 
-def reading(result: dict[str, Any]) -> str:
-    f, p = result["figures"], result["params"]
-    return f"""
-One `train_step` of the torch engine (one update: forward and backward of every micro batch, AdamW) on a batch of
-{p['rollouts']} rollouts ({p['response_tokens']:,} response tokens) whose responses are drawn uniformly from
-{p['response_len'][0]}-{p['response_len'][1]} tokens. Padded rows run every row of a micro batch to its longest
-sequence: {p['padded_slots']:,} token slots per step for {p['real_tokens']:,} real tokens. Packed rows
-(`trainer.packing`, `consumers/trainer/packing.py`) lay each micro batch's sequences end to end into rows as wide
-as its longest sequence, first-fit decreasing, with a block-diagonal causal mask and per-sequence position ids:
-{p['packed_slots']:,} slots ({fmt(p['padded_slots'] / p['packed_slots'])}× fewer), and the trainer trains
-**{fmt(f['packed_vs_padded'])}×** the padded tokens/s ({fmt(f['packed_vs_padded_cpu'])}× per CPU second of the
-training thread). The first step's gradient norm differs by a relative {p['grad_norm_rel_diff']:.1e} between the
-two (float32 resolves 6e-8; packing is exact up to float rounding, tested in `tests/unit/test_trainer_packing.py`).
-What packing does not remove: attention still scores every pair of a row (the CPU kernels compute masked scores
-too), and rows as wide as the longest sequence leave gaps that first-fit cannot fill (a wider
-`trainer.pack_length` fills them but makes each row's attention grow with the square of its width). Shared
-prompts (the default, `trainer.share_prompts`) save only the prompt's share of each row, small here (prompts of
-{p['prompt_len'][0]}-{p['prompt_len'][1]} tokens against responses up to {p['response_len'][1]}):
-{fmt(f['shared_vs_padded'])}×. The two are alternative forward paths (the config refuses both at once): packing
-pays when response lengths vary, shared prompts when prompts are long next to the responses.
-"""
+
+def more_tables(result: dict[str, Any]) -> str:
+    """The batch the table's figures come from, and how close packing's gradient is to the padded one."""
+    p = result["params"]
+    rows = [["batch", f"{p['rollouts']} rollouts, {p['response_tokens']:,} response tokens"],
+            ["response / prompt tokens", f"{p['response_len'][0]}-{p['response_len'][1]} / "
+             f"{p['prompt_len'][0]}-{p['prompt_len'][1]} (uniform)"],
+            ["token slots, padded ÷ packed", f"{fmt(p['padded_slots'] / p['packed_slots'])}×"],
+            ["first step's gradient norm, packed vs padded", f"relative difference {p['grad_norm_rel_diff']:.1e}"]]
+    return md_table(["workload", ""], rows)

@@ -46,7 +46,8 @@ def _launch(policy: Path, out: Path, ranks: int, threads: int, rows: int, steps:
     env.pop("WORLD_SIZE", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
            "-m", "bench.ranks_worker", str(policy), str(out), str(rows), str(steps)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    # from the repo root: bench/ is a folder there, not an installed package
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=dr.ROOT)
     if done.returncode != 0:
         raise RuntimeError(f"ranks worker ({ranks} x {threads} threads) failed:\n{done.stderr[-3000:]}")
     return json.loads(out.read_text())
@@ -129,28 +130,19 @@ def _model_table(model: Mapping[str, Any] | None) -> str:
     return head + body
 
 
-def reading(result: Mapping[str, Any]) -> str:
+def more_tables(result: Mapping[str, Any]) -> str:
+    """What the step costs besides compute, and the scaling model extrapolated to GPUs (from bench/gpu.py)."""
     f, p, model = result["figures"], result["params"], result.get("model")
-    base = (
-        f"The trainer's own step (`train_step` over `Ranks`, the torch engine, gloo) on a demo-shaped batch of "
-        f"{p['rows']} rollouts ({p['tokens_per_step']} response tokens): 2 ranks of one thread each train "
-        f"**{fmt(f['two_ranks_vs_one_thread'])}×** as fast as 1 rank on one thread and "
-        f"{fmt(f['two_ranks_vs_two_threads'])}× as fast as 1 rank given both cores. What limits it on "
-        f"{len(p['cores'])} cores: the two ranks are the whole machine (the launcher, the broker and the OS share "
-        f"the same cores), each step all-reduces {fmt(p['grad_bytes'] / 1e6)} MB of fp32 gradients over loopback "
-        f"TCP in {fmt(f['allreduce_ms'])} ms ({fmt(f['allreduce_mb_s'])} MB/s), and the lockstep collectives "
-        f"(proximal logprobs, metrics) add a little per step. The scaling model t(2) = t(1)/2 + all-reduce "
-        f"predicts {fmt(f['model_vs_measured'])}× the measured 2-rank step (below 1: the gap is what the model "
-        f"leaves out, per-step Python, the small collectives, two processes sharing memory bandwidth).\n\n")
-    if not model:
-        return base + _model_table(model)
-    return base + (
-        f"Extrapolated with that model from the measured {model['gpu']} step ({fmt(model['step_s'] * 1e3)} ms, "
-        f"{fmt(model['params'] / 1e9)} B parameters, batch {model['batch']}, `bench/gpu.py`) and ASSUMED bus "
-        f"bandwidths (not measured here). Strong scaling splits that one batch; weak scaling keeps the batch per "
-        f"GPU:\n\n{_model_table(model)}\n"
-        f"Assumptions: the torch engine's single fp32 all-reduce after the backward (no overlap, no bucketing); "
-        f"compute divides perfectly by N. Read: inside a node the gradient exchange costs about as much as the "
-        f"split compute at this small batch, and across 2 nodes it dominates; ZeRO-2 (reduce-scatter, half the "
-        f"traffic), bf16 gradient reduction and larger batches per GPU are the levers, and measuring them on real "
-        f"GPUs is still to do.")
+    parts = [f"Per step: {p['rows']} rollouts, {p['tokens_per_step']} response tokens, {len(p['cores'])} cores.\n\n"
+             "| measured | value |\n|---|---|\n"
+             f"| all-reduce of the fp32 gradients (loopback TCP) | {fmt(p['grad_bytes'] / 1e6)} MB in "
+             f"{fmt(f['allreduce_ms'])} ms ({fmt(f['allreduce_mb_s'])} MB/s) |\n"
+             f"| scaling model t(2) = t(1)/2 + all-reduce, ÷ the measured 2-rank step | "
+             f"{fmt(f['model_vs_measured'])}× |\n"]
+    if model:
+        parts.append(f"\nExtrapolated with that model from the measured {model['gpu']} step "
+                     f"({fmt(model['step_s'] * 1e3)} ms, {fmt(model['params'] / 1e9)} B parameters, batch "
+                     f"{model['batch']}, `bench/gpu.py`) and ASSUMED bus bandwidths (not measured here); strong "
+                     f"scaling splits that one batch, weak scaling keeps the batch per GPU:\n\n")
+    parts.append(_model_table(model))
+    return "".join(parts)

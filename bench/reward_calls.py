@@ -96,9 +96,11 @@ def run(ctx: BenchContext) -> dict[str, Any]:
 
 def table(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     f = result["figures"]
-    rows = [[str(c), fmt(f[f"c{c}_rollouts_s"]), fmt(f.get(f"c{c}_speedup", 1.0)),
+    latency = result.get("params", {}).get("latency_s", LATENCY_S)
+    rows = [[str(c), fmt(f[f"c{c}_rollouts_s"]), fmt(c / latency), fmt(f.get(f"c{c}_speedup", 1.0)),
              fmt(f.get(f"c{c}_efficiency", 1.0))] for c in CONCURRENCY]
-    return ["reward_concurrency", "rollouts/s", "speed-up vs 1", "efficiency (speed-up / c)"], rows
+    return ["reward_concurrency", "rollouts/s", f"ideal (c / {latency * 1000:.0f} ms)", "speed-up vs 1",
+            "efficiency (speed-up / c)"], rows
 
 
 def headline(result: dict[str, Any]) -> str:
@@ -106,13 +108,3 @@ def headline(result: dict[str, Any]) -> str:
     top = CONCURRENCY[-1]
     return (f"{fmt(f[f'c{top}_speedup'])}x rollouts/s at reward_concurrency {top} against 1 "
             f"(efficiency {fmt(f[f'c{top}_efficiency'])}; 100 ms reward server)")
-
-
-def reading(result: dict[str, Any]) -> str:
-    f = result["figures"]
-    lines = [f"With a reward that takes {LATENCY_S * 1000:.0f} ms, one scorer calling it one rollout at a time "
-             f"scores {fmt(f['c1_rollouts_s'])} rollouts/s (the ideal is {1 / LATENCY_S:.0f}). With "
-             "`scorer.reward_concurrency` calls in flight the rate grows with it:"]
-    lines += [f"{fmt(f[f'c{c}_speedup'])}x at {c} (efficiency {fmt(f[f'c{c}_efficiency'])})" for c in CONCURRENCY[1:]]
-    return (lines[0] + " " + ", ".join(lines[1:]) + ". The server's own limit (64 requests at once) is above every "
-            "concurrency measured; past it, the rate would stay at the server's.")

@@ -93,7 +93,7 @@ NAMED_ONLY: tuple[BenchSpec, ...] = (
 on a plain install, leaves them out; they run when named (``python -m bench.run trl``)."""
 BY_NAME = {spec.name: spec for spec in BENCHMARKS + NAMED_ONLY}
 ROOT = Path(__file__).resolve().parent.parent
-"""The repository root (bench/ is installed editable, so this holds from any working directory)."""
+"""The repository root: bench/ is a folder of the checkout, not an installed package (run it from the root)."""
 DEFAULT_JSON = ROOT / "bench" / "results.json"
 QUICK_JSON = ROOT / "bench" / "results.quick.json"
 DEFAULT_OUT = ROOT / "docs" / "benchmarks.md"
@@ -114,7 +114,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=MIN_REPEATS, help=f"rounds per figure (>= {MIN_REPEATS})")
     parser.add_argument("--bootstrap", default=None, help="use this running broker instead of starting one")
     parser.add_argument("--render", action="store_true",
-                        help="only regenerate the Markdown from the JSON results (after editing a reading)")
+                        help="only regenerate the Markdown from the JSON results (hand-written readings are kept)")
     return parser.parse_args(list(argv))
 
 

@@ -223,6 +223,9 @@ def table(result: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
             ["2 scorers (one consumer group)", fmt(f["scorers2_rollouts_s"]), f"**{fmt(f['scale_out'])}×**"],
             ["pre-fill (this process sending)", fmt(f["prefill1_rollouts_s"]),
              f"{fmt(f['prefill_vs_one_scorer'])}× one scorer"]]
+    cores = result.get("params", {}).get("cores")
+    if cores:
+        rows.append([f"ideal on {len(cores)} usable cores", "–", f"≤ {min(len(cores), 2)}×"])
     return ["scorers", "scored rollouts/s", "÷ 1 scorer"], rows
 
 
@@ -230,29 +233,3 @@ def headline(result: Mapping[str, Any]) -> str:
     f = result["figures"]
     return (f"2 scorers {fmt(f['scale_out'])}× one ({fmt(f['scorers1_rollouts_s'])} → "
             f"{fmt(f['scorers2_rollouts_s'])} rollouts/s; ideal ≤ 2)")
-
-
-def _beyond_ideal(f: Mapping[str, float], cores: int) -> str:
-    if f["scale_out"] <= min(cores, 2):
-        return ""
-    return (f"The measured {fmt(f['scale_out'])}× is above that bound, which two processes doing the same work "
-            f"cannot beat: one scorer alone ran slower per process than each of two (see the samples, every round "
-            f"agrees), an effect of this run that was not isolated (candidates: one consumer fetching four "
-            f"partitions against two each, and other jobs on the shared cores); read it as linear scaling, about "
-            f"2×, not as more. ")
-
-
-def reading(result: Mapping[str, Any]) -> str:
-    f, params = result["figures"], result["params"]
-    cores = len(params["cores"])
-    return (
-        f"One scorer (reward function, reward model and reference model, batches of {params['batch_size']}) "
-        f"scored {fmt(f['scorers1_rollouts_s'])} rollouts/s; two in one consumer group scored "
-        f"{fmt(f['scorers2_rollouts_s'])}, **{fmt(f['scale_out'])}×**. The ideal on {cores} usable cores is "
-        f"at most {min(cores, 2)}×: each scorer has a core, but the broker (fetches for two consumers, acks for "
-        f"their scored records) runs on the same cores, and the topic's partitions are split between the two "
-        f"scorers by count, not by load. {_beyond_ideal(f, cores)}The pre-fill sent rollouts {fmt(f['prefill_vs_one_scorer'])}× faster "
-        f"than one scorer consumed them, so the scorers, not the supply, set the pace. What limits a scorer: "
-        f"two full forward passes per rollout (reward model, reference) plus per-record Python (decode, "
-        f"assemble, validate, encode); more scorer processes scale it out as long as there are cores and "
-        f"partitions. The machine is shared and noisy; the rates are medians of interleaved rounds.")

@@ -32,8 +32,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from bench.common import MB, BenchContext, fmt, interleave, medians
-from bench.transport_reading import reading  # noqa: F401  (the report's prose, kept apart)
+from bench.common import MB, BenchContext, fmt, interleave, md_table, medians
 from stream_rl import broker
 from stream_rl.config.sections import BrokerConfig
 
@@ -325,3 +324,33 @@ def headline(result: Mapping[str, Any]) -> str:
     f = result["figures"]
     return (f"{fmt(f['project_capacity_rollouts_s'])} rollouts/s of 1,024 tokens "
             f"({fmt(f['project_capacity_tokens_s'])} tokens/s), {fmt(f['capacity_ratio'])}× raw kafka-python")
+
+
+GOAL_RATIO, GOAL_ROLLOUTS_S = 0.95, 2000
+"""Issue 14's goals: a capacity of at least 2,000 rollouts/s, and at least 0.95x raw kafka-python's."""
+
+
+def _extra_us(f: Mapping[str, float], phase: str) -> float:
+    """Wall time per record beyond raw's: ``1e6 / project rate - 1e6 / raw rate`` (negative: less)."""
+    return 1e6 / f[f"project_{phase}_rollouts_s"] - 1e6 / f[f"raw_{phase}_rollouts_s"]
+
+
+def more_tables(result: Mapping[str, Any]) -> str:
+    """The goals against this run, and the wall time per record the project adds to raw's against the budget the
+    ratio goal leaves (``(1 - 0.95) * 1e6 / raw rate`` µs)."""
+    f = result["figures"]
+
+    def verdict(ok: bool) -> str:
+        return "reached" if ok else "not reached"
+
+    rows = [[f"capacity ≥ {fmt(GOAL_ROLLOUTS_S)} rollouts/s", fmt(f["project_capacity_rollouts_s"]),
+             verdict(f["project_capacity_rollouts_s"] >= GOAL_ROLLOUTS_S)],
+            [f"capacity ≥ {GOAL_RATIO}× raw", f"{fmt(f['capacity_ratio'])}×",
+             verdict(f["capacity_ratio"] >= GOAL_RATIO)]]
+    rows += [[f"{phase}: wall time per record beyond raw · budget at {GOAL_RATIO}× raw",
+              f"{_extra_us(f, phase):+.3g} µs · {fmt((1 - GOAL_RATIO) * 1e6 / f[f'raw_{phase}_rollouts_s'])} µs",
+              f"{fmt(f[f'{phase}_ratio'])}× raw"] for phase in ("produce", "consume")]
+    batch = result.get("params", {}).get("batch_size")
+    if batch:
+        rows.append(["`kafka.batch_size` (both paths)", f"{fmt(batch / 1024)} KiB per partition", ""])
+    return md_table(["goal or cost", "this run", ""], rows)

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bench.common import MB, BenchContext, fmt, interleave, medians, mem_available_bytes, rss_bytes
+from bench.common import MB, BenchContext, fmt, interleave, md_table, medians, mem_available_bytes, rss_bytes
 
 TITLE = "Weight broadcast"
 TENSOR_BYTES = 4 << 20
@@ -298,91 +298,40 @@ def _floor(figures: Mapping[str, float], key: str) -> float:
     return figures[f"{key}.disk_save_s"] + figures[f"{key}.fsync_s"] + 2 * figures[f"{key}.sha256_pass_s"]
 
 
-def reading(result: Mapping[str, Any]) -> str:
+
+INLINE_GOAL = ("100MB", 4.0)
+"""Issue 14's goal for inline mode: at most 4x the disk round trip at 100 MB."""
+
+
+def more_tables(result: Mapping[str, Any]) -> str:
+    """What a verified, durable store broadcast cannot go below, per size, against the store and inline times;
+    the inline goal; the LoRA adapters' share of a full broadcast."""
     figures, sizes = result["figures"], _sizes(result)
     if not sizes:
         return "Nothing was measured (see the notes)."
-    big = sizes[-1]
-    f = {name: fmt(value) for name, value in figures.items()}
-    paragraphs = [
-        f"The baseline is the cheapest way to hand the same tensors from one process to another through the "
-        f"local disk: `save_file` lands in the page cache (no fsync) and `load_file` maps the file back, so it "
-        f"runs at memory speed ({f[f'{big}.disk_mb_s']} MB/s at {big}). Against it, store mode costs "
-        f"{f[f'{big}.store_vs_disk']}× at {big} (publish {f[f'{big}.store_publish_s']} s, fetch "
-        f"{f[f'{big}.store_fetch_s']} s). Its path: the publisher writes the file with the same `save_file` "
-        f"(streamed, no copy of the whole file in memory), hashes its data section once through a memory map, "
-        f"fsyncs file and directory so that a manifest never names a file a crash could lose, and only then "
-        f"sends the manifest; the receiver maps the file, hashes the mapped bytes once and returns tensors that "
-        f"are views of that mapping (no copy). What stops it from reaching the baseline is measured in the same "
-        f"rounds: one SHA-256 pass over {big} takes {f[f'{big}.sha256_pass_s']} s on this machine, one per side, "
-        f"and the fsync {f[f'{big}.fsync_s']} s, against a baseline of {f[f'{big}.disk_s']} s whose `load_file` "
-        f"only maps the file (its pages are read later, outside the window). The floor of a verified, durable "
-        f"store broadcast is therefore save + fsync + two digest passes = "
-        f"{fmt(_floor(figures, big))} s, {fmt(_floor(figures, big) / figures[f'{big}.disk_s'])}× the baseline; "
-        f"store mode reaches {fmt(figures[f'{big}.store_s'] / _floor(figures, big))}× that floor.",
-    ]
-    if f"{big}.inline_vs_disk" in figures:
-        paragraphs.append(
-            f"Inline mode costs {f[f'{big}.inline_vs_disk']}× the disk round trip at {big} "
-            f"({f[f'{big}.inline_mb_s']} MB/s end to end: publish {f[f'{big}.inline_publish_s']} s, fetch "
-            f"{f[f'{big}.inline_fetch_s']} s), i.e. {fmt(figures[f'{big}.inline_s'] / figures[f'{big}.store_s'])}× "
-            f"store mode. Every byte crosses the loopback twice in 0.9 MB chunk records; a profile of one 100 MB "
-            f"inline broadcast (taken while writing this benchmark, not part of the run) put about half of both "
-            f"publish and fetch in waiting on the broker (acks every 16 MiB, fetch responses) and about a fifth "
-            f"in SHA-256: at the time seven passes over every byte, since each chunk digest is computed twice when "
-            f"publishing (by `WeightsChunk.from_data` and again by the codec's validation) and twice when fetching "
-            f"(codec decode, then `check_chunk`), and the payload digest once when publishing and twice when "
-            f"fetching; now the payload is hashed once per side and each chunk once per side (`from_data` hashes "
-            f"it and the codec's validation trusts that digest of immutable bytes; on the fetch side its decode "
-            f"checks it and `check_chunk` no longer repeats that). The fetch now copies each "
-            f"chunk once, into one preallocated buffer, and returns tensors that are views of it (before: the "
-            f"chunks joined, the header prepended, safetensors decoding: three copies), and it asks for up to "
-            f"50 MB per fetch response instead of one 1 MiB request's worth. The "
-            f"memory store holds the whole version in the broker's RAM until its topic is deleted "
-            f"(broker RSS {fmt(figures.get(f'{big}.inline_broker_rss_mb'))} MB while holding {big}).")
-    mid = "100MB"
-    if f"{mid}.inline_vs_disk" in figures:
-        paragraphs.append(
-            f"Issue 14's goal for inline mode is at most 4× at {mid}; this run: {f[f'{mid}.inline_vs_disk']}× "
-            f"({f[f'{mid}.inline_s']} s against {f[f'{mid}.disk_s']} s), not reached. What stops it is the "
-            f"broker round trip: the disk baseline moves {mid} through the page cache in tens of milliseconds, "
-            f"while inline every byte goes to the broker and back over loopback, acknowledged every 16 MiB and "
-            f"fetched a response at a time by kafka-python, a pure-Python client. A profile of one 100 MB fetch on "
-            f"a quiet broker (taken for this work, not part of the run: 1.26 s) spent 0.61 s waiting for fetch "
-            f"responses, 0.37 s copying the chunks into the buffer (first touch of fresh pages), 0.12 s on the "
-            f"chunk digests and 0.06 s on the payload digest: the wait alone is "
-            f"{fmt(0.61 / figures[f'{mid}.disk_s'])}× this run's disk round trip. "
-            f"Large policies belong in the store (or in deltas), which `auto` mode chooses above 64 MiB.")
-    small = sizes[0]
-    if f"{small}.inline_s" in figures and small != big:
-        paragraphs.append(
-            f"At {small} the ratios are large because the baseline takes milliseconds while a broadcast has fixed "
-            f"costs: inline publish ({f[f'{small}.inline_publish_s']} s) opens an admin client and creates the "
-            f"version's chunk topic, and the fetch ({f[f'{small}.inline_fetch_s']} s) opens a fresh reader and "
-            f"waits for a fetch response to learn the high-water mark. They are paid once per version, i.e. once "
-            f"every `trainer.broadcast_every` optimizer steps.")
-    paragraphs.append(
-        "Before issue 14's work, on this machine: a 1 GB version cost 22× a safetensors save + load through the "
-        "store (8.33 s against 0.375 s) and 85× inline; after the store path was rebuilt on `save_file` and one "
-        "hash per side (2026-12-01 22:22 UTC): 4.50 s through the store, 4.13× a 1.09 s baseline, and 68 s "
-        "inline. The disk baseline moves a lot between runs (page-cache state on a shared machine: 0.36 s to "
-        "2.0 s at 1 GB on 2026-12-02) while the store path stays near 2 s: compare against the floor above.")
+    rows = []
+    for key in sizes:
+        floor = _floor(figures, key)
+        inline = (f"{fmt(figures[f'{key}.inline_s'] / figures[f'{key}.store_s'])}×" if f"{key}.inline_s" in figures
+                  else "–")
+        rows.append([key, fmt(figures[f"{key}.sha256_pass_s"]), fmt(figures[f"{key}.fsync_s"]), fmt(floor),
+                     f"{fmt(floor / figures[f'{key}.disk_s'])}×", f"{fmt(figures[f'{key}.store_s'] / floor)}×",
+                     inline])
+    text = md_table(["state dict", "one SHA-256 pass, s", "fsync, s", "floor: save + fsync + 2 passes, s",
+                     "floor ÷ disk", "store ÷ floor", "inline ÷ store"], rows)
+    size, goal = INLINE_GOAL
+    if f"{size}.inline_vs_disk" in figures:
+        ratio = figures[f"{size}.inline_vs_disk"]
+        text += (f"\n\nInline goal (issue 14): at most {goal:g}× the disk round trip at {size}; this run "
+                 f"{fmt(ratio)}×: {'met' if ratio <= goal else 'not met'}.")
     if "lora.full_bytes" in figures:
-        paragraphs.append(
-            f"With LoRA (`trainer.lora`) a version carries only the adapters. For Qwen2.5-0.5B's shape in bf16 "
-            f"the full model is {figures['lora.full_bytes'] / MB:.0f} MB per broadcast; rank 8 on q/k/v/o (the "
-            f"default targets) is {figures['lora.attn.r8.bytes'] / MB:.2f} MB "
-            f"({100 * figures['lora.attn.r8.fraction']:.2f}%), rank 64 on every linear layer "
-            f"{figures['lora.all.r64.bytes'] / MB:.1f} MB ({100 * figures['lora.all.r64.fraction']:.2f}%): counted "
-            f"from the state dicts (`python -m bench.weights` prints every rank), not timed.")
-    paragraphs.append(
-        "Inline broadcasts suit small policies (no shared filesystem needed) and the store suits large ones, "
-        "which is what `weights.mode = \"auto\"` does by switching at 64 MiB. What would make broadcasts "
-        "cheaper: bf16 or delta payloads (`weights.snapshot_every`; bytes per version in "
-        "benchmark 8). Not included in the figures: the producer's wait until its next poll of the "
-        "weights topic, and loading the tensors into the engine.")
-    return "\n\n".join(paragraphs)
-
+        text += "\n\n" + md_table(["LoRA broadcast, Qwen2.5-0.5B shape, bf16", "MB", "of the full model"], [
+            ["full model", f"{figures['lora.full_bytes'] / MB:.0f}", "100 %"],
+            ["rank 8 on q/k/v/o (the default targets)", f"{figures['lora.attn.r8.bytes'] / MB:.2f}",
+             f"{100 * figures['lora.attn.r8.fraction']:.2f} %"],
+            ["rank 64 on every linear layer", f"{figures['lora.all.r64.bytes'] / MB:.1f}",
+             f"{100 * figures['lora.all.r64.fraction']:.2f} %"]])
+    return text
 
 if __name__ == "__main__":
     print(lora_table(lora_sizes()))

@@ -77,6 +77,7 @@ from producers.generate import (
 from producers.stale_feed import StaleFeed
 from producers.weights_follower import ProducerStats, WeightsFollower, inflight_hook, make_follower
 from schemas import group_id_for
+from stream_rl.config.shared import SharedConfig
 
 log = logging.getLogger(__name__)
 
@@ -86,26 +87,25 @@ class ProducerDeps:
     """What a caller hands :func:`run_producer` instead of building it (tests do); None: the production one."""
 
     engine: GenerationEngine | None = None
-    """A loaded engine to reuse, closed by its owner; None: one built from ``cfg.producer``, closed on return."""
+    """A loaded engine to reuse, closed by its owner; None: one built from ``pcfg``, closed on return."""
     stats: ProducerStats | None = None
     """Updated live (a caller can watch the progress) and returned; None: a new one."""
 
 
-def run_producer(cfg, stop_event: threading.Event | None = None, max_batches: int | None = None, *,
-                 deps: ProducerDeps | None = None) -> ProducerStats:
+def run_producer(shared: SharedConfig, pcfg: ProducerConfig, stop_event: threading.Event | None = None,
+                 max_batches: int | None = None, *, deps: ProducerDeps | None = None) -> ProducerStats:
     """Generate rollouts for prompts until ``stop_event`` is set or ``max_batches`` batches were produced.
 
-    ``cfg`` is the root config: the role reads ``cfg.producer``, ``cfg.weights`` and ``cfg.data`` (the chat template
-    of multi-turn replies)."""
+    ``shared``: the shared sections (the role reads ``weights`` and ``data``, the chat template of multi-turn
+    replies); ``pcfg``: the producer's own section (``producer``)."""
     from producers.engines import build_engine
     from stream_rl.telemetry.role import RoleTelemetry
     from stream_rl.transport.client import Transport
 
     deps = deps if deps is not None else ProducerDeps()
-    pcfg = cfg.producer
-    turns = _turns(pcfg, cfg.data)  # a bad producer.environment fails here, before the engine loads or a prompt is read
+    turns = _turns(pcfg, shared.data)  # a bad producer.environment fails here, before the engine loads or a prompt is read
     stop_event = stop_event or threading.Event()
-    transport = Transport(cfg, "producer")
+    transport = Transport(shared, "producer")
     transport.ensure_topics()
     engine = deps.engine if deps.engine is not None else build_engine(pcfg)
     if deps.engine is not None:  # build_engine checked its own
@@ -114,11 +114,12 @@ def run_producer(cfg, stop_event: threading.Event | None = None, max_batches: in
     stats.version = engine.version
     sink = transport.sink()
     group = transport.names.group("producers")
-    source = transport.source([transport.names.prompts], group, "prompt", sink)
-    follower = make_follower(transport, cfg.weights, pcfg, engine, stats)
+    source = transport.source([transport.names.prompts], group, "prompt", sink,
+                              pause_when=lambda: telemetry.paused)  # alerts: "pause" (telemetry is built below)
+    follower = make_follower(transport, shared.weights, pcfg, engine, stats)
     stats.start_version = engine.version  # after the start-up catch-up: the backpressure budget counts from here
     budget, stale = _backpressure(transport, pcfg, follower, engine)
-    telemetry = RoleTelemetry(cfg, "producer", transport, group=group, topics=[transport.names.prompts])
+    telemetry = RoleTelemetry(shared, "producer", transport, group=group, topics=[transport.names.prompts])
     telemetry.attach(source, sink).set_ready(model_loaded=True, version=engine.version)
     if follower is not None and pcfg.inflight_updates:
         engine.set_weights_hook(inflight_hook(follower, engine, telemetry, stats), pcfg.inflight_check_every)
@@ -150,7 +151,6 @@ def _iterate(batch: _Batcher, follower: WeightsFollower | None, budget: Budget, 
     engine, pcfg = batch.engine, batch.pcfg
     telemetry.tick()  # alerts: "stop" ends here, after the previous batch was committed
     telemetry.check_stop()
-    batch.source.paused = telemetry.paused
     if follower is not None and stats.batches % pcfg.weights_check_every_batches == 0:
         follower.update()
         telemetry.set_version(engine.version)

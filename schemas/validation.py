@@ -1,237 +1,44 @@
-"""The rules of every message kind: field specs, cross-field checks, and the envelope.
+"""The cross-field rules of every message kind, and the derived field specs.
 
 Consumes: message objects (``check_message``, ``message_to_wire``) or msgpack-decoded maps
 (``read_envelope``, ``message_from_wire``). Produces: validated messages or wire maps; errors as
 :class:`SchemaError` naming the field relative to the message (the codec attributes the kind).
 
 Guarantees:
-- :data:`SPECS` lists every field of every message class, in dataclass order (a test keeps them in step); every
-  listed field is required on the wire, except fields added after version 1 (:class:`~schemas.fields.Added`),
-  which read as their documented default when absent; fields not listed are ignored on read (forward
-  compatibility).
+- Each field's type, bounds and checks are declared once, on the message dataclass (:func:`schemas.declare.wire`);
+  :data:`SPECS` (class -> ``(name, FieldType)`` pairs in dataclass order) is derived from those declarations, not
+  written here. Every declared field is required on the wire, except fields added after version 1
+  (``wire(..., added=True)``, an :class:`~schemas.fields.Added` in the spec), which read as their default when
+  absent; fields not declared are ignored on read (forward compatibility).
 - The same rules run before encoding and after decoding, so whatever ``encode`` writes ``decode`` accepts
   (decoding runs each field's conversion and checks in one pass, ``read_fields``, then the cross-field rule).
-- Cross-field rules: lengths of per-token arrays agree with the response, ``sample_index < group_size``, ids are
-  the deterministic ones, a manifest's tensors tile the payload exactly and its chunk count and mode fields agree,
-  a chunk's digest matches its bytes, a dead letter's ``raw_size`` / ``raw_sha256`` / ``raw_truncated`` agree
-  with its ``raw_value``.
+- Cross-field rules (:data:`RULES`, one per kind, checked at import): lengths of per-token arrays agree with the
+  response, ``sample_index < group_size``, ids are the deterministic ones, a manifest's tensors tile the payload
+  exactly and its chunk count and mode fields agree, a chunk's digest matches its bytes, a dead letter's
+  ``raw_size`` / ``raw_sha256`` / ``raw_truncated`` agree with its ``raw_value``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
-from typing import Any, Callable
 
 import numpy as np
 
-from schemas.errors import ROOT, SchemaError, wire_type_name
-from schemas.fields import (
-    Added, Array, Bool, Bytes, Enum, FieldType, Float, Id, Int, MapList, Optional, Pattern, Shape, Spec, Str, StrList,
-    StrMap, check_fields, fields_from_wire, fields_to_wire, read_fields,
+from schemas.declare import (
+    MESSAGE_TYPES, RULES, SPECS, Embedded, check_message, message_from_wire, message_to_wire, read_envelope,
 )
-from schemas.ids import (
-    PROMPT_ID_MAX_LEN, SHA256_PATTERN, TOPIC_PATTERN, group_id_for, is_decimal, is_group_id, rollout_id_for,
-)
+from schemas.errors import SchemaError
+from schemas.ids import group_id_for, is_decimal, is_group_id, rollout_id_for
 from schemas.messages import (
-    ALERT_ACTIONS, ALERT_STATES, MAX_GROUP_SIZE, MESSAGE_TYPES, ROLE_STATES, ROLES, SAFETENSORS_ITEMSIZE, Alert, DeadLetter,
-    Evaluation, Heartbeat, MemberRejected, Message, Prompt, Rollout, ScoredRollout, StaleRollout, TensorEntry, WeightsChunk, WeightsManifest,
-    chunk_count_for,
+    FINISH_REASONS, WEIGHTS_MODES, Alert, DeadLetter, Evaluation, Heartbeat, MemberRejected, Message, Prompt, Rollout,
+    ScoredRollout, StaleRollout, WeightsChunk, WeightsManifest, chunk_count_for,
 )
+from schemas.weights import TENSOR_SPEC, TensorList
 
-FINISH_REASONS = ("stop", "length", "abort")
-WEIGHTS_MODES = ("inline", "store")
-
-
-def read_envelope(raw: Any) -> type[Message]:
-    """The message class named by wire map ``raw``'s ``kind``, after checking ``schema_version``."""
-    if not isinstance(raw, dict):
-        raise SchemaError(ROOT, f"expected a msgpack map, got {wire_type_name(raw)}")
-    if "kind" not in raw:
-        raise SchemaError("kind", "missing")
-    kind = raw["kind"]
-    if not isinstance(kind, str):
-        raise SchemaError("kind", f"expected str, got {wire_type_name(kind)}")
-    cls = MESSAGE_TYPES.get(kind)
-    if cls is None:
-        raise SchemaError("kind", f"unknown kind {kind!r:.80}; known: {', '.join(sorted(MESSAGE_TYPES))}")
-    if "schema_version" not in raw:
-        raise SchemaError("schema_version", "missing", kind)
-    version = raw["schema_version"]
-    if type(version) is not int:
-        raise SchemaError("schema_version", f"expected int, got {wire_type_name(version)}", kind)
-    if not 1 <= version <= cls.SCHEMA_VERSION:
-        raise SchemaError("schema_version",
-                          f"unsupported version {version}; this reader supports 1..{cls.SCHEMA_VERSION}", kind)
-    return cls
-
-
-def check_message(msg: Message) -> None:
-    """Every field rule, then the cross-field rule of ``msg``'s kind."""
-    cls = type(msg)
-    if cls not in SPECS:
-        raise SchemaError(ROOT, f"expected a message, got {type(msg).__name__}")
-    check_fields(msg, SPECS[cls])
-    RULES[cls](msg)
-
-
-def message_to_wire(msg: Message) -> dict[str, Any]:
-    """The wire map of a checked ``msg``: ``kind``, ``schema_version``, then the fields."""
-    return {"kind": msg.KIND, "schema_version": msg.SCHEMA_VERSION, **fields_to_wire(msg, SPECS[type(msg)])}
-
-
-def message_from_wire(raw: Any, cls: type[Message]) -> Message:
-    """The message of class ``cls`` read from wire map ``raw`` (envelope already checked) and checked: each field
-    converted and checked in one pass (``read_fields``), then the cross-field rule, as :func:`check_message`."""
-    msg = cls(**read_fields(raw, SPECS[cls]))
-    RULES[cls](msg)
-    return msg
-
-
-class Embedded(FieldType):
-    """A whole message embedded as a field: the same map, envelope included, as its own record."""
-
-    def __init__(self, cls: type[Message]) -> None:
-        self.cls = cls
-
-    def check(self, value: Any) -> None:
-        if not isinstance(value, self.cls):
-            raise SchemaError(ROOT, f"expected a {self.cls.KIND} message, got {type(value).__name__}")
-        check_message(value)
-
-    def to_wire(self, value: Any) -> dict[str, Any]:
-        return message_to_wire(value)
-
-    def _class_of(self, raw: Any) -> type[Message]:
-        cls = read_envelope(raw)
-        if cls is not self.cls:
-            raise SchemaError("kind", f"expected {self.cls.KIND!r}, got {cls.KIND!r}")
-        return cls
-
-    def from_wire(self, raw: Any) -> Any:
-        cls = self._class_of(raw)
-        return cls(**fields_from_wire(raw, SPECS[cls]))
-
-    def read(self, raw: Any) -> Any:
-        return message_from_wire(raw, self._class_of(raw))
-
-
-TENSOR_SPEC: Spec = (
-    ("name", Str(nonempty=True)), ("dtype", Enum(tuple(SAFETENSORS_ITEMSIZE))), ("shape", Shape()),
-    ("offset", Int(0)), ("nbytes", Int(0)),
-)
-
-
-class TensorList(FieldType):
-    """A non-empty array of tensor entries; errors name the entry (``tensors[2].nbytes``)."""
-
-    def check(self, value: Any) -> None:
-        if not isinstance(value, list) or not value:
-            raise SchemaError(ROOT, f"expected a non-empty array of tensor entries, got {value!r:.80}")
-        for index, entry in enumerate(value):
-            try:
-                if not isinstance(entry, TensorEntry):
-                    raise SchemaError(ROOT, f"expected TensorEntry, got {type(entry).__name__}")
-                check_fields(entry, TENSOR_SPEC)
-                expected = math.prod(entry.shape) * SAFETENSORS_ITEMSIZE[entry.dtype]
-                if entry.nbytes != expected:
-                    raise SchemaError("nbytes", f"must be prod(shape) * itemsize = {expected}, got {entry.nbytes}")
-            except SchemaError as exc:
-                raise exc.nested(f"[{index}]") from None
-
-    def to_wire(self, value: Any) -> list[dict[str, Any]]:
-        return [fields_to_wire(entry, TENSOR_SPEC) for entry in value]
-
-    def from_wire(self, raw: Any) -> Any:
-        if not isinstance(raw, list):
-            return raw
-        entries = []
-        for index, item in enumerate(raw):
-            if not isinstance(item, dict):
-                raise SchemaError(f"[{index}]", f"expected map, got {wire_type_name(item)}")
-            try:
-                entries.append(TensorEntry(**fields_from_wire(item, TENSOR_SPEC)))
-            except SchemaError as exc:
-                raise exc.nested(f"[{index}]") from None
-        return entries
-
-
-_ID, _PROMPT_ID, _COUNT, _TIME = Id(), Id(PROMPT_ID_MAX_LEN), Int(0), Float()
-_PROMPT_TOKENS = Array("<i4", min_len=1, minimum=0)
-_LOGPROBS = Array("<f4", finite=True, maximum=0.0)
-_METADATA, _TIMINGS = StrMap(Str()), StrMap(Float())
-_SHA256 = Pattern(SHA256_PATTERN, "sha256 hex digest")
-_TOPIC = Pattern(TOPIC_PATTERN, "topic name")
-
-SPECS: dict[type[Message], Spec] = {
-    Prompt: (
-        ("prompt_id", _PROMPT_ID), ("epoch", _COUNT), ("text", Str()), ("answer", Optional(Str())),
-        ("metadata", _METADATA), ("group_size", Int(1, MAX_GROUP_SIZE)), ("attempt", _COUNT),
-        ("prompt_token_ids", Optional(_PROMPT_TOKENS)), ("created_at", _TIME),
-        ("messages", Added(Optional(MapList(StrMap(Str()))), None)),
-    ),
-    Rollout: (
-        ("rollout_id", _ID), ("prompt_id", _PROMPT_ID), ("epoch", _COUNT), ("group_id", _ID),
-        ("sample_index", _COUNT), ("group_size", Int(1)), ("prompt_token_ids", _PROMPT_TOKENS),
-        ("response_token_ids", Array("<i4", min_len=1, minimum=0)), ("behavior_logprobs", _LOGPROBS),
-        ("token_policy_versions", Array("<i8", minimum=0)), ("finish_reason", Enum(FINISH_REASONS)),
-        ("producer_id", _ID), ("prompt_text", Str()), ("response_text", Str()), ("answer", Optional(Str())),
-        ("metadata", _METADATA), ("attempt", _COUNT), ("temperature", Float(greater_than=0.0)),
-        ("timings", _TIMINGS), ("policy_mask", Added(Optional(Array("|u1", minimum=0, maximum=1)), None)),
-        ("turns", Added(Optional(MapList(StrMap(Str()))), None)),
-    ),
-    ScoredRollout: (
-        ("rollout", Embedded(Rollout)), ("reward", Float()), ("reward_components", StrMap(Float())),
-        ("token_rewards", Optional(Array("<f4", finite=True))), ("ref_logprobs", Optional(_LOGPROBS)),
-        ("scorer_id", _ID), ("timings", _TIMINGS),
-    ),
-    WeightsManifest: (
-        ("version", _COUNT), ("step", _COUNT), ("mode", Enum(WEIGHTS_MODES)), ("tensors", TensorList()),
-        ("total_bytes", _COUNT), ("sha256", _SHA256), ("chunk_size", Int(1)), ("chunk_count", _COUNT),
-        ("chunks_topic", Optional(_TOPIC)), ("store_uri", Optional(Str(nonempty=True))), ("created_at", _TIME),
-        ("trainer_id", _ID), ("delta_base", Added(Optional(_COUNT), None)),
-        ("delta_base_sha256", Added(Optional(_SHA256), None)), ("delta_bytes", Added(Optional(Int(1)), None)),
-        ("delta_sha256", Added(Optional(_SHA256), None)), ("adapter_rank", Added(Optional(Int(1)), None)),
-        ("adapter_alpha", Added(Optional(Float(greater_than=0.0)), None)),
-    ),
-    WeightsChunk: (
-        ("version", _COUNT), ("index", _COUNT), ("count", Int(1)), ("data", Bytes(nonempty=True)),
-        ("sha256", _SHA256),
-    ),
-    DeadLetter: (
-        ("reason", Str(nonempty=True)), ("error_type", Str(nonempty=True)), ("source_topic", _TOPIC),
-        ("source_partition", _COUNT), ("source_offset", _COUNT), ("raw_value", Optional(Bytes())),
-        ("raw_key", Optional(Bytes())), ("consumer_id", _ID), ("created_at", _TIME),
-        ("raw_size", Added(Optional(Int(0)), None)), ("raw_sha256", Added(Optional(_SHA256), None)),
-        ("raw_truncated", Added(Bool(), False)),
-    ),
-    MemberRejected: (
-        ("group_id", _ID), ("rollout_id", Optional(_ID)), ("attempt", Optional(_COUNT)),
-        ("reason", Str(nonempty=True)), ("error_type", Str(nonempty=True)), ("source_topic", _TOPIC),
-        ("source_partition", _COUNT), ("source_offset", _COUNT), ("consumer_id", _ID), ("created_at", _TIME),
-    ),
-    StaleRollout: (
-        ("rollout_id", _ID), ("prompt_id", _PROMPT_ID), ("epoch", _COUNT), ("group_id", _ID),
-        ("reason", Str(nonempty=True)), ("lag", _COUNT), ("max_lag", _COUNT), ("trainer_version", _COUNT),
-        ("requeued", Bool()), ("created_at", _TIME),
-    ),
-    Heartbeat: (
-        ("role", Enum(ROLES)), ("instance_id", _ID), ("host", Str(nonempty=True)), ("pid", _COUNT),
-        ("state", Enum(ROLE_STATES)), ("policy_version", Int(-1)), ("step", _COUNT), ("rates", StrMap(Float())),
-        ("metrics", StrMap(Float())), ("open_alerts", StrList()), ("interval_s", Float(greater_than=0.0)),
-        ("created_at", _TIME),
-    ),
-    Alert: (
-        ("name", Str(nonempty=True)), ("state", Enum(ALERT_STATES)), ("action", Enum(ALERT_ACTIONS)),
-        ("role", Enum(ROLES)), ("instance_id", _ID), ("message", Str(nonempty=True)),
-        ("value", Optional(Float())), ("threshold", Optional(Float())), ("created_at", _TIME),
-    ),
-    Evaluation: (
-        ("version", _COUNT), ("step", _COUNT), ("sets", StrList()), ("metrics", StrMap(Float())),
-        ("evaluator_id", _ID), ("elapsed_s", Float()), ("created_at", _TIME),
-    ),
-}
-"""Field specs by message class, in dataclass field order (= wire order after ``kind``, ``schema_version``)."""
+__all__ = [
+    "FINISH_REASONS", "RULES", "SPECS", "TENSOR_SPEC", "WEIGHTS_MODES", "Embedded", "TensorList", "check_message",
+    "message_from_wire", "message_to_wire", "read_envelope",
+]
 
 
 def _require_length(name: str, array: np.ndarray | None, length: int) -> None:
@@ -395,9 +202,19 @@ def _no_rule(msg: Message) -> None:
     del msg
 
 
-RULES: dict[type[Message], Callable[[Any], None]] = {
+RULES.update({
     Prompt: _no_rule, Rollout: _rollout_rule, ScoredRollout: _scored_rule, WeightsManifest: _manifest_rule,
     WeightsChunk: _chunk_rule, DeadLetter: _dead_letter_rule, StaleRollout: _stale_rule, Heartbeat: _no_rule,
     Alert: _no_rule, MemberRejected: _member_rejected_rule, Evaluation: _evaluation_rule,
-}
-"""Cross-field rule by message class, run after every field passed its own checks."""
+})
+
+
+def require_a_rule_per_kind() -> None:
+    """Raise ``TypeError`` naming every registered message class without a cross-field rule (run at import)."""
+    unruled = [cls.__qualname__ for cls in MESSAGE_TYPES.values() if cls not in RULES]
+    if unruled:
+        raise TypeError(f"no cross-field rule for {', '.join(unruled)}: add it to schemas.validation.RULES "
+                        f"(_no_rule when it has none)")
+
+
+require_a_rule_per_kind()

@@ -60,6 +60,17 @@ def run_name() -> str:
 
 
 @pytest.fixture
+def model_dir(tmp_path) -> Path:
+    """A tiny policy saved with the demo tokenizer, as a model directory the roles load."""
+    from support.trainer import tiny_policy
+
+    from stream_rl.demo.tokenizer import build_tokenizer
+    from stream_rl.models import save_model
+
+    return save_model(tiny_policy(seed=0), build_tokenizer(), tmp_path / "policy")
+
+
+@pytest.fixture
 def make_config(broker, tmp_path: Path, run_name: str):
     """Build a StreamRLConfig pointing at the session broker, with this test's run name and run dir."""
     from stream_rl.cli.config import load_config

@@ -173,11 +173,13 @@ def rescore_scorer(base: ScorerConfig, reward: str | None, reward_model: Path | 
         raise RescoreError(f"--reward/--reward-model: {exc.errors()[0]['msg']}") from None
 
 
-def plan_rescore(cfg: SharedConfig, *, from_run: str | None = None, to_run: str | None = None,
-                 to_topic: str | None = None, group: str | None = None, reward: str | None = None,
+def plan_rescore(cfg: SharedConfig, scfg: ScorerConfig, *, from_run: str | None = None,
+                 to_run: str | None = None, to_topic: str | None = None, group: str | None = None,
+                 reward: str | None = None,
                  reward_model: Path | None = None, from_offset: str = "earliest", until_offset: str = "end",
                  append: bool = False) -> RescorePlan:
-    """Resolve and check the options without contacting the broker; raises RescoreError naming the option."""
+    """Resolve and check the options without contacting the broker (``scfg``: the run's scorer section, the
+    base of the rescore's); raises RescoreError naming the option."""
     source = TopicNames(cfg.topics.prefix, from_run or cfg.topics.run)
     scored, dlq = _target_topics(source, to_run, to_topic)
     group = group or f"{scored}.rescore"
@@ -189,7 +191,7 @@ def plan_rescore(cfg: SharedConfig, *, from_run: str | None = None, to_run: str 
     if not TOPIC_PATTERN.match(group):
         raise RescoreError(f"--group {group!r}: use letters, digits, '.', '_' and '-' only")
     return RescorePlan(source_run=source.run, source_topic=source.rollouts, target_run=to_run, scored_topic=scored,
-                       dlq_topic=dlq, group=group, scorer=rescore_scorer(cfg.scorer, reward, reward_model),
+                       dlq_topic=dlq, group=group, scorer=rescore_scorer(scfg, reward, reward_model),
                        start=parse_offsets(from_offset, "--from-offset", "earliest"),
                        until=parse_offsets(until_offset, "--until-offset", "end"), append=append)
 
@@ -287,8 +289,7 @@ def _score_ranges(transport: Transport, plan: RescorePlan, scoring: Scoring, sta
                   stop_event: threading.Event | None) -> None:
     sink = transport.sink()
     bounded = BoundedSource.open(transport, plan.source_topic, stats.ranges, plan.group, "rollout", sink,
-                                 plan.dlq_topic)
-    bounded.source.rejections = []  # edge dead letters: their groups get a MemberRejected on the target
+                                 plan.dlq_topic, keep_rejections=True)  # their groups: a MemberRejected on the target
     counts = ScorerStats()
     log.info("rescore %s -> %s in group %s, ranges %s", plan.source_topic, plan.scored_topic, plan.group,
              stats.ranges)

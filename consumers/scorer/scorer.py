@@ -50,8 +50,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from consumers.scorer.config import ScorerConfig
 from consumers.scorer.scoring import Rejected, Scoring, batch_metrics, load_scoring, score_rollouts
 from schemas import MemberRejected
 from stream_rl.config.shared import SharedConfig
@@ -91,35 +91,35 @@ class ScorerDeps:
     """What a caller hands :func:`run_scorer` instead of building it (tests do); None: the production one."""
 
     scoring: Scoring | None = None
-    """Already loaded models; None: ``load_scoring(cfg.scorer, scorer_id)``."""
+    """Already loaded models; None: ``load_scoring(scfg, scorer_id)``."""
     tracing: Tracing | None = None
     """Tracing owned (and shut down) by the caller; None: one built from ``cfg.tracing``, shut down on return."""
 
 
-def run_scorer(cfg: Any, stop_event: threading.Event | None = None, max_batches: int | None = None, *,
-               deps: ScorerDeps | None = None) -> ScorerStats:
+def run_scorer(shared: SharedConfig, scfg: ScorerConfig, stop_event: threading.Event | None = None,
+               max_batches: int | None = None, *, deps: ScorerDeps | None = None) -> ScorerStats:
     """Score rollouts until ``stop_event`` is set or ``max_batches`` non-empty batches were handled (scored or,
-    for a batch of undecodable records, dead-lettered). ``cfg`` is the root config (:class:`stream_rl.cli.config.StreamRLConfig`, duck-typed: a role never imports the
-    CLI layer): the shared sections and ``cfg.scorer``."""
+    for a batch of undecodable records, dead-lettered). ``shared``: the shared sections; ``scfg``: the scorer's
+    own section (``scorer``)."""
     deps = deps if deps is not None else ScorerDeps()
-    scfg = cfg.scorer
-    transport = Transport(cfg, "scorer", tracing=deps.tracing)
+    transport = Transport(shared, "scorer", tracing=deps.tracing)
     scoring = deps.scoring if deps.scoring is not None else load_scoring(scfg, scfg.scorer_id or
                                                                           transport.instance_id)
     _ensure_run_topics(transport)
     sink = transport.sink()
-    source = transport.source([transport.names.rollouts], scorer_group(cfg), "rollout", sink)
-    source.rejections = []  # every edge dead letter: its group gets a MemberRejected on the scored topic
-    telemetry = RoleTelemetry(cfg, "scorer", transport, group=scorer_group(cfg), topics=[transport.names.rollouts])
+    telemetry = RoleTelemetry(shared, "scorer", transport, group=scorer_group(shared),
+                              topics=[transport.names.rollouts])
+    source = transport.source([transport.names.rollouts], scorer_group(shared), "rollout", sink,
+                              keep_rejections=True,  # every edge dead letter: a MemberRejected on the scored topic
+                              pause_when=lambda: telemetry.paused)  # alerts: "pause"
     telemetry.attach(source, sink).set_ready(model_loaded=True, version=0)  # scores do not depend on the policy
     stats = ScorerStats()
-    log.info("scorer %s subscribed to %s in group %s", scoring.scorer_id, transport.names.rollouts, scorer_group(cfg))
+    log.info("scorer %s subscribed to %s in group %s", scoring.scorer_id, transport.names.rollouts, scorer_group(shared))
     try:
         while not (stop_event is not None and stop_event.is_set()) and \
                 (max_batches is None or stats.batches < max_batches):
             telemetry.tick()  # alerts: "stop" ends here, after the previous batch was committed
             telemetry.check_stop()
-            source.paused = telemetry.paused
             dead_before = source.dead_lettered
             records = source.poll(scfg.poll_timeout_s, max_records=scfg.batch_size)
             send_notices(source, sink, transport.names.scored, transport.instance_id)
@@ -196,8 +196,7 @@ def score_and_send(records: Sequence[Consumed], source: Source, sink: Sink, scor
 
 def send_notices(source: Source, sink: Sink, scored_topic: str, consumer_id: str) -> None:
     """A MemberRejected for every rollout the edge dead-lettered in the last poll that names its group."""
-    rejections, source.rejections = source.rejections or [], []
-    for rejection in rejections:
+    for rejection in source.take_rejections():
         _send_notice(sink, scored_topic, notice_of(rejection, consumer_id))
 
 

@@ -28,11 +28,12 @@ from typing import Any
 import numpy as np
 
 from schemas import ScoredRollout
+from stream_rl.algorithms.catalogue import TOKEN_LEVEL_ADVANTAGES
 
 ERROR_TYPE = "AdmissionError"
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 DR_GRPO_AGG = "seq-mean-token-sum-norm"
-TOKEN_ESTIMATORS = ("reinforce_pp", "gae")
+TOKEN_ESTIMATORS = TOKEN_LEVEL_ADVANTAGES  # per-token advantages (the catalogue's token-level estimators)
 
 
 @dataclass(frozen=True)

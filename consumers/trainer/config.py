@@ -1,8 +1,11 @@
 """The trainer's configuration section (``cfg.trainer``).
 
 Consumes: values from the config file, ``STREAM_RL_TRAINER__*`` variables and ``--set trainer.x=y`` flags.
-Produces: a validated :class:`TrainerConfig` with the nested :class:`KLConfig`, :class:`LossConfig` and
-:class:`LoraConfig`.
+Produces: a validated :class:`TrainerConfig` with the nested :class:`OverlongConfig` (DAPO's overlong handling;
+DAPO's other option, ``dynamic_sampling``, is a flag of the section), :class:`KLConfig`, :class:`LossConfig` and
+:class:`LoraConfig`: the whole section in one module.
+Choices and per-kind defaults (loss kinds, advantage estimators, KL estimators, aggregation and IS modes) come from
+the torch-free catalogue ``stream_rl/algorithms/catalogue.py``, where each is declared once.
 Guarantees: every field has a description and bounds; combinations that cannot work (a decaying learning-rate
 schedule without ``max_steps``, k1 as a loss term, an adaptive KL starting at 0) are rejected here, not at step
 1000; defaults that depend on another field (the GSPO clip range, the in-loss KL estimator, whitening for GAE) are
@@ -23,21 +26,46 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from consumers.trainer.config_dapo import OverlongConfig
+from stream_rl.algorithms import catalogue as cat
 from stream_rl.config.base import DEVICE_PATTERN, Section
 
-ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae")
+# The choices and per-kind defaults are the catalogue's (stream_rl/algorithms/catalogue.py, torch-free): declared
+# there once, re-exported here under the names the config has always used.
+ADVANTAGES = cat.ADVANTAGE_NAMES
+KL_IN_LOSS_DEFAULT = cat.KL_IN_LOSS_DEFAULT
+KL_IN_REWARD_DEFAULT = cat.KL_IN_REWARD_DEFAULT
+LOSS_DEFAULTS: dict[str, dict[str, float | str]] = cat.LOSS_DEFAULTS
+PPO_RANGE_CLIP = cat.PPO_RANGE_CLIP
 
 
-KL_IN_LOSS_DEFAULT = "k2"  # expected gradient grad KL(pi || ref): stream_rl.algorithms.kl
-KL_IN_REWARD_DEFAULT = "k3"  # an unbiased, low-variance value of KL(pi || ref) on sampled tokens
-# The defaults of stream_rl.algorithms.POLICY_LOSS_DEFAULTS (repeated here so that loading a config imports no
-# torch; a test checks that the two tables agree).
-LOSS_DEFAULTS: dict[str, dict[str, float | str]] = {
-    "ppo": {"clip_low": 0.2, "clip_high": 0.2, "agg": "token-mean"},
-    "gspo": {"clip_low": 3e-4, "clip_high": 4e-4, "agg": "seq-mean-token-mean"},
-}
-PPO_RANGE_CLIP = 0.01  # a GSPO clip at or above this is PPO-sized (the paper's are 3e-4 / 4e-4): warned about
+class OverlongConfig(Section):
+    """DAPO's overlong handling: mask truncated responses out of the loss and/or a soft length penalty.
+
+    Formulas: ``stream_rl.algorithms.shaping`` (DAPO, Yu et al. 2025, section 3.4). ``max_len`` None takes
+    ``producer.max_new_tokens`` (resolved by the root config, so ``--dry-run`` prints the number used).
+    """
+
+    filter: bool = Field(False, description="overlong filtering: a response cut at the length budget "
+                                            "(finish_reason 'length') gets no loss; its reward still counts in its "
+                                            "group's advantage statistics")
+    buffer: int | None = Field(None, ge=1, description="soft overlong punishment: over the last `buffer` tokens of "
+                               "`max_len` the reward falls linearly by up to `factor` (DAPO eq. 13), and by "
+                               "`factor` beyond max_len; None: no penalty")
+    max_len: int | None = Field(None, ge=1, description="the penalty's length budget L_max; None: "
+                                                        "producer.max_new_tokens")
+    factor: float = Field(1.0, gt=0.0, description="size of the full penalty (the reward falls by at most this)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> OverlongConfig:
+        if self.buffer is not None and self.max_len is not None and self.buffer > self.max_len:
+            raise ValueError(f"buffer={self.buffer} > max_len={self.max_len}: the penalty's ramp must fit in the "
+                             f"length budget")
+        return self
+
+
+def _defaults_text(name: str) -> str:
+    """``'0.2 for ppo, 0.0003 for gspo, ...'``: a loss knob's per-kind defaults, from the catalogue."""
+    return ", ".join(f"{row_defaults[name]} for {kind}" for kind, row_defaults in LOSS_DEFAULTS.items())
 
 
 class KLConfig(Section):
@@ -45,7 +73,7 @@ class KLConfig(Section):
 
     coef: float = Field(0.0, ge=0.0, description="initial KL coefficient beta; 0 switches the penalty off "
                                                   "(KL to the reference is still reported when available)")
-    kind: Literal["k1", "k2", "k3"] | None = Field(
+    kind: Literal[cat.KL_KINDS] | None = Field(
         None, description="per-token KL estimator (Schulman 2020); None: k2 in the loss (expected gradient "
                           "grad KL(pi||ref)), k3 in the reward; k3 in the loss has the gradient of KL(ref||pi); "
                           "k1 in the loss is rejected (zero expected gradient)")
@@ -70,7 +98,7 @@ class KLConfig(Section):
     def _consistent(self) -> KLConfig:
         if self.kind is None:
             self.kind = KL_IN_LOSS_DEFAULT if self.placement == "loss" else KL_IN_REWARD_DEFAULT
-        if self.kind == "k1" and self.placement == "loss":
+        if self.kind not in cat.KL_LOSS_KINDS and self.placement == "loss":
             raise ValueError("kind='k1' with placement='loss' has zero expected gradient: use kind='k2' "
                              "(gradient of KL(pi||ref)) or 'k3' (gradient of KL(ref||pi)), or placement='reward'")
         if self.adaptive and self.coef == 0:
@@ -80,23 +108,25 @@ class KLConfig(Section):
 
 
 class LossConfig(Section):
-    """The clipped policy loss of ``stream_rl.algorithms.policy_loss`` and its off-policy correction."""
+    """The policy loss of ``stream_rl.algorithms.policy_loss`` (its ``LossSpec``) and its off-policy correction."""
 
-    kind: Literal["ppo", "gspo"] = Field("ppo", description="per-token ratio (PPO) or per-sequence ratio (GSPO)")
-    clip_low: float | None = Field(None, gt=0.0, le=1.0, description="ratio lower clip: 1 - clip_low; None: "
-                                   "0.2 for ppo, 3e-4 for gspo (the GSPO paper's)")
+    kind: Literal[cat.LOSS_KIND_NAMES] = Field(
+        "ppo", description="policy-loss kind (stream_rl/algorithms/catalogue.py): " + cat.choices_text(cat.LOSS_KIND_ROWS))
+    clip_low: float | None = Field(None, gt=0.0, le=1.0, description="ratio lower clip: 1 - clip_low; None: the "
+                                   "kind's default: " + _defaults_text("clip_low"))
     clip_high: float | None = Field(None, gt=0.0, description="ratio upper clip: 1 + clip_high (> clip_low: DAPO); "
-                                    "None: 0.2 for ppo, 4e-4 for gspo")
-    dual_clip: float | None = Field(None, gt=1.0, description="dual-clip constant c > 1 for A < 0; None: off")
+                                    "None: the kind's default: " + _defaults_text("clip_high"))
+    dual_clip: float | None = Field(None, gt=1.0, description="dual-clip constant c > 1 for A < 0 (ppo, gspo); "
+                                                              "None: off")
     off_policy_correction: bool = Field(
         True, description="multiply each token's loss by pi_prox / mu (decoupled PPO / truncated IS), with mu the "
                           "generator's behaviour logprobs; gspo uses the sequence weight (geometric mean)")
     is_cap: float | None = Field(5.0, gt=0.0, description="cap C on the importance weight; None: uncapped; "
                                                         "ignored without off_policy_correction")
-    is_mode: Literal["clamp", "mask"] = Field("clamp", description="'clamp': min(w, C); 'mask': w = 0 where w > C")
-    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None = Field(
-        None, description="loss aggregation over tokens and sequences (see docs/algorithms.md); None: token-mean "
-                          "for ppo, seq-mean-token-mean for gspo")
+    is_mode: Literal[cat.IS_MODES] = Field("clamp", description="'clamp': min(w, C); 'mask': w = 0 where w > C")
+    agg: Literal[cat.AGG_MODES] | None = Field(
+        None, description="loss aggregation over tokens and sequences (see docs/algorithms.md); None: the kind's "
+                          "default: " + _defaults_text("agg"))
     max_len: int | None = Field(
         None, ge=1, description="seq-mean-token-sum-norm (Dr. GRPO): the constant length normaliser; None: "
                                 "producer.max_new_tokens (the generation budget)")
@@ -106,6 +136,10 @@ class LossConfig(Section):
         for name, value in LOSS_DEFAULTS[self.kind].items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
+        row = cat.LOSS_KINDS[self.kind]
+        if self.dual_clip is not None and "dual_clip" not in row.options:
+            raise ValueError(f"dual_clip={self.dual_clip} does not apply to kind={self.kind!r} (it uses "
+                             f"{', '.join(row.options)}): leave dual_clip unset")
         return self
 
 
@@ -142,8 +176,10 @@ class TrainerConfig(Section):
     collective_timeout_s: float = Field(
         600.0, gt=0.0, description="data-parallel ranks (stream-rl train --nproc N, torchrun): a collective that "
                                    "does not complete in this many seconds (a rank died or hung) stops the trainer")
-    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"] = Field(
-        "grpo", description="advantage estimator; 'gae' adds a value head trained with the clipped value loss")
+    advantage: Literal[cat.ADVANTAGE_NAMES] = Field(
+        "grpo", description="advantage estimator (stream_rl/algorithms/catalogue.py): "
+                            + cat.choices_text(cat.ADVANTAGE_ROWS) + "; 'gae' adds a value head trained with the "
+                            "clipped value loss")
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount for reinforce_pp and gae")
     lam: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda")
     whiten_advantages: bool | None = Field(
@@ -232,12 +268,14 @@ class TrainerConfig(Section):
     @model_validator(mode="after")
     def _consistent(self) -> TrainerConfig:
         if self.whiten_advantages is None:
-            self.whiten_advantages = self.advantage == "gae"
+            self.whiten_advantages = cat.ADVANTAGES[self.advantage].whiten
         if not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"betas must each be in [0, 1), got {self.betas}")
-        if self.dynamic_sampling and self.advantage in ("reinforce_pp", "gae"):
+        if self.dynamic_sampling and self.advantage in cat.TOKEN_LEVEL_ADVANTAGES:
+            sequence_level = [a for a in cat.ADVANTAGE_NAMES if a not in cat.TOKEN_LEVEL_ADVANTAGES]
             raise ValueError(f"dynamic_sampling=true with advantage={self.advantage!r}: equal rewards still give "
-                             f"token-level advantages there; use grpo, dr_grpo or rloo, or dynamic_sampling=false")
+                             f"token-level advantages there; use {', '.join(sequence_level[:-1])} or "
+                             f"{sequence_level[-1]}, or dynamic_sampling=false")
         if self.packing and self.share_prompts:
             raise ValueError("packing=true with share_prompts=true: they are alternative forward paths (packed rows, "
                              "or each distinct prompt once on a key/value cache); set share_prompts=false to pack")

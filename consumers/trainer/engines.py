@@ -1,4 +1,5 @@
-"""Training engines behind one interface: plain torch and DeepSpeed ZeRO, on one rank or many (gloo/NCCL).
+"""Training engines behind one interface (:class:`TrainEngine`): plain torch and DeepSpeed ZeRO, on one rank or many
+(gloo/NCCL).
 
 Consumes: a :class:`TrainModule` (the policy plus an optional value head), the trainer config and the
 :class:`~consumers.trainer.ranks.Ranks` it trains on (one by default).
@@ -45,7 +46,8 @@ import socket
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from contextlib import nullcontext
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -116,6 +118,34 @@ class TrainModule(nn.Module):
 class StepOutcome:
     applied: bool
     grad_norm: float
+
+
+@runtime_checkable
+class TrainEngine(Protocol):
+    """What the trainer's loop uses of an engine (``train_step``, ``update``, ``forward``, the versions' broadcast,
+    ``keep_best``, the replica's restore, checkpoints): :class:`TorchEngine` and :class:`DeepSpeedEngine` are two.
+
+    ``module`` is read for its shape only (``policy.config``, ``value_head``, ``packing``); the weights change
+    through ``backward`` + ``step`` alone."""
+
+    module: TrainModule
+    ranks: Ranks
+    device: torch.device
+    lora: bool
+    lora_settings: dict[str, Any] | None
+
+    def forward(self, batch) -> tuple[Tensor, Tensor | None]: ...  # logits [B, T, V], values [B, T] or None
+    def backward(self, loss: Tensor, *, last_micro: bool = True) -> None: ...
+    def step(self, lr: float) -> StepOutcome: ...  # clip, finite-norm guard, AdamW update
+    def zero_grad(self) -> None: ...
+    def state_dict(self) -> dict[str, Tensor]: ...
+    def load_state_dict(self, tensors: dict[str, Tensor]) -> None: ...
+    def policy_state_dict(self) -> dict[str, Tensor]: ...  # Hugging Face names: what a broadcast sends
+    def full_state(self) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Any]]: ...
+    def optimizer_state(self) -> tuple[dict[str, Tensor], dict[str, Any]]: ...
+    def load_optimizer_state(self, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None: ...
+    def save(self, directory: str | os.PathLike) -> None: ...
+    def load(self, directory: str | os.PathLike) -> None: ...
 
 
 def make_optimizer(module: nn.Module, cfg: TrainerConfig) -> torch.optim.AdamW:
@@ -311,7 +341,7 @@ class DeepSpeedEngine(_EngineBase):
 
         if self.stage == 3:
             return deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=0)
-        return _NullContext()
+        return nullcontext()
 
     def state_dict(self) -> dict[str, Tensor]:
         with self._gathered():
@@ -376,15 +406,7 @@ def _tensor_for(name: str, tensors: dict[str, Tensor], module: nn.Module) -> Ten
     return tensors[name]
 
 
-class _NullContext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-def build_engine(module: TrainModule, cfg: TrainerConfig, ranks: Ranks = SOLO) -> TorchEngine | DeepSpeedEngine:
+def build_engine(module: TrainModule, cfg: TrainerConfig, ranks: Ranks = SOLO) -> TrainEngine:
     """The engine ``cfg.engine`` names, around ``module``, on ``ranks``."""
     engines = {"torch": TorchEngine, "deepspeed": DeepSpeedEngine}
     return engines[cfg.engine](module, cfg, ranks)

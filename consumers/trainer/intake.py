@@ -1,7 +1,7 @@
 """The trainer's intake: polled records into the batcher, and the groups it drops out to the broker.
 
 Consumes: each polled ``ScoredRollout`` or ``MemberRejected`` record, the records the transport edge dead-lettered
-in the last poll (``source.rejections``), the :class:`~consumers.trainer.admit.ModelLimits` of the policy, and the
+in the last poll (``source.take_rejections()``), the :class:`~consumers.trainer.admit.ModelLimits` of the policy, and the
 :class:`~consumers.trainer.batcher.StaleDrop` lists the batcher returns (here, or from the trainer's step).
 Produces: records added to the batcher; a dead letter (``AdmissionError``, with the reason) for a rollout the model
 cannot take; ``StaleRollout`` records on ``names.stale`` (key ``group_id``) and re-queued ``Prompt`` records on
@@ -67,7 +67,7 @@ class Intake:
     def edge_rejections(self, version: int) -> None:
         """The records the transport edge dead-lettered in the last poll: each counts as seen (safe offsets move
         past it), and a group one names (decoded, or keyed by a group id) is dropped (it can never complete)."""
-        rejections, self.source.rejections = self.source.rejections, []
+        rejections = self.source.take_rejections()
         drops = []
         for rejection in rejections:
             named = group_of(rejection.value, rejection.key)

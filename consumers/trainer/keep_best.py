@@ -1,9 +1,9 @@
 """The trainer's hook for ``trainer.keep_best``: save the weights of each version the evaluator will judge, and
 judge the evaluations as they arrive (:class:`stream_rl.evaluation.best.BestKeeper` does the bookkeeping).
 
-Consumes: the root config (``trainer.keep_best``, ``keep_best_mode``, ``keep_best_pending``; ``eval``'s
-``every_versions`` and ``before_train`` say which versions will be evaluated), the trainer's engine and ranks, and
-``RUN_DIR/evals.jsonl``.
+Consumes: the trainer's section (``trainer.keep_best``, ``keep_best_mode``, ``keep_best_pending``), the
+:class:`~stream_rl.config.shared.Agreements` (``eval``'s ``every_versions`` and ``before_train``, handed over by the
+CLI, say which versions will be evaluated), the trainer's engine and ranks, and ``RUN_DIR/evals.jsonl``.
 Produces: ``{checkpoint_dir}/eval-pending/v{N:08d}/`` candidates and ``{checkpoint_dir}/best/`` (module docstring
 of :mod:`stream_rl.evaluation.best`); the candidate's ``model.safetensors`` is the engine's full ``state_dict``
 (fp32 master weights, the value head included) as a ``step-*`` checkpoint holds it, with ``lora.json`` for LoRA,
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from consumers.trainer.engines import LORA_META, MODEL_FILE
 from consumers.trainer.ranks import Command, Ranks
+from stream_rl.config.shared import Agreements
 from stream_rl.evaluation.best import BestKeeper, Judgement, is_due
 from stream_rl.storage.checkpoint import write_json, write_tensors
 
@@ -30,8 +31,12 @@ class KeepBest:
         self.keeper, self.engine, self.ranks = keeper, engine, ranks
 
     @classmethod
-    def open(cls, cfg, root: Path, engine, ranks: Ranks) -> KeepBest:
-        return cls(BestKeeper.from_config(cfg, root), engine, ranks)
+    def open(cls, tcfg, agreements: Agreements, run_dir: Path, root: Path, engine, ranks: Ranks) -> KeepBest:
+        """No keeper without ``tcfg.keep_best``; else one over ``root`` judging ``run_dir/evals.jsonl``."""
+        keeper = None if tcfg.keep_best is None else BestKeeper(
+            root, Path(run_dir) / "evals.jsonl", tcfg.keep_best, tcfg.keep_best_mode, agreements.eval_every_versions,
+            agreements.eval_before_train, tcfg.keep_best_pending)
+        return cls(keeper, engine, ranks)
 
     def hold(self, version: int, step: int) -> Path | None:
         """Save the weights of ``version`` (just published) when the evaluator will evaluate it."""

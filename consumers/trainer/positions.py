@@ -80,9 +80,10 @@ def assign_and_position(source, reader, topic: str, checkpoint: Mapping[Key, int
     return start
 
 
-def assigned_source(transport, group: str, kind: str | tuple[str, ...], sink):
+def assigned_source(transport, group: str, kind: str | tuple[str, ...], sink, **edge):
     """The transport's :class:`~stream_rl.transport.edge.Source` on the scored topic, without its subscription
-    (the caller assigns the partitions: :func:`assign_and_position`); ``group`` is used for commits only."""
-    source = transport.source([transport.names.scored], group, kind, sink)
+    (the caller assigns the partitions: :func:`assign_and_position`); ``group`` is used for commits only;
+    ``edge``: the source's options (``keep_rejections``, ``pause_when``, see ``Transport.source``)."""
+    source = transport.source([transport.names.scored], group, kind, sink, **edge)
     source.unsubscribe()  # before any poll: no join was started, so nothing is sent to the group
     return source

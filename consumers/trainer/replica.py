@@ -1,7 +1,7 @@
 """What every trainer rank holds (the restored model and engine), and the loop of the ranks that follow the leader.
 
-Consumes: the resolved config, this process's :class:`~consumers.trainer.ranks.Ranks`, and with ``resume`` the
-newest complete checkpoint under the trainer's checkpoint directory.
+Consumes: the shared config and the trainer's section, this process's :class:`~consumers.trainer.ranks.Ranks`,
+and with ``resume`` the newest complete checkpoint under the trainer's checkpoint directory.
 Produces: :class:`Replica` (engine, pad id, the checkpoint it resumed from) for the leader and for every follower;
 :func:`run_follower`, the loop of a rank > 0; :func:`step_payload` / :func:`read_step`, the leader's STEP message.
 Guarantees:
@@ -24,11 +24,13 @@ from pathlib import Path
 
 import msgpack
 
+from consumers.trainer.config import TrainerConfig
 from consumers.trainer.engines import MODEL_FILE, OPTIMIZER_FILE, OPTIMIZER_META, TrainModule, build_engine
 from consumers.trainer.ranks import Command, Ranks
 from consumers.trainer.tensors import build_batch
 from consumers.trainer.train_step import TrainState, train_step
 from schemas import ScoredRollout, decode, encode
+from stream_rl.config.shared import SharedConfig, checkpoint_root
 from stream_rl.storage.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, read_json, read_tensors
 
 log = logging.getLogger(__name__)
@@ -44,16 +46,12 @@ class Replica:
     path: Path | None
 
 
-def checkpoint_root(cfg) -> Path:
-    return Path(cfg.trainer.checkpoint_dir or Path(cfg.run_dir) / "checkpoints")
-
-
-def restore(cfg, ranks: Ranks, resume: bool) -> Replica:
-    """Load the initial policy (or, with ``resume``, the newest checkpoint's weights, optimizer state and RNG)."""
+def restore(cfg: SharedConfig, tcfg: TrainerConfig, ranks: Ranks, resume: bool) -> Replica:
+    """Load the initial policy (or, with ``resume``, the newest checkpoint's weights, optimizer state and RNG);
+    ``cfg``: the shared sections (``run_dir``), ``tcfg``: the trainer's section."""
     from consumers.trainer.lora import load_module_state, wrap_policy
     from stream_rl.models import load_policy
 
-    tcfg = cfg.trainer
     policy, tokenizer = load_policy(tcfg.model_dir)
     if tcfg.lora.enabled:  # adapters on the frozen base (consumers.trainer.lora)
         policy = wrap_policy(policy, tcfg.lora)
@@ -61,7 +59,7 @@ def restore(cfg, ranks: Ranks, resume: bool) -> Replica:
     module = TrainModule(policy, value_head=tcfg.advantage == "gae", share_prompts=tcfg.share_prompts,
                          packing=tcfg.packing, pack_length=tcfg.pack_length,
                          gradient_checkpointing=tcfg.gradient_checkpointing)
-    path = latest_checkpoint(checkpoint_root(cfg)) if resume else None
+    path = latest_checkpoint(checkpoint_root(cfg.run_dir, tcfg.checkpoint_dir)) if resume else None
     ckpt = load_checkpoint(path) if path is not None else None
     if ckpt is not None:
         load_module_state(module, read_tensors(path / MODEL_FILE), tcfg.lora.enabled)
@@ -82,9 +80,9 @@ def read_step(payload: bytes) -> tuple[TrainState, list[ScoredRollout]]:
     return TrainState.from_json(data["state"]), [decode(r, "scored_rollout") for r in data["records"]]
 
 
-def run_follower(cfg, ranks: Ranks, resume: bool) -> None:
+def run_follower(cfg: SharedConfig, tcfg: TrainerConfig, ranks: Ranks, resume: bool) -> None:
     """Rank > 0: mirror the leader's engine calls until it says STOP (module docstring)."""
-    replica = restore(cfg, ranks, resume)
+    replica = restore(cfg, tcfg, ranks, resume)
     engine, steps = replica.engine, 0
     log.info("rank %d follows the leader (%s)", ranks.rank,
              f"resumed from {replica.path}" if replica.path else "initial weights")
@@ -93,7 +91,7 @@ def run_follower(cfg, ranks: Ranks, resume: bool) -> None:
             command, payload = ranks.receive()
             if command is Command.STEP:
                 state, scored = read_step(payload)
-                train_step(engine, build_batch(scored, replica.pad_id), cfg.trainer, state)
+                train_step(engine, build_batch(scored, replica.pad_id), tcfg, state)
                 steps += 1
             elif command is Command.WEIGHTS:
                 engine.policy_state_dict()

@@ -6,7 +6,8 @@ membership; the group ``{prefix}.{run}.trainer`` only holds the committed offset
 Produces: ``StaleRollout`` records on ``names.stale`` (key ``group_id``) and re-queued ``Prompt`` records on
 ``names.prompts`` (key ``prompt_id``); dead letters on ``names.dlq`` for records the model cannot take;
 policy versions through :class:`~stream_rl.weights.WeightsPublisher`
-(floating tensors in ``producer.dtype``, the dtype the generators run; with ``trainer.lora`` the adapters only);
+(floating tensors in ``Agreements.weights_dtype``: ``producer.dtype``, the dtype the generators run, handed over by
+the CLI; with ``trainer.lora`` the adapters only);
 one JSON line of metrics per step in ``run_dir/metrics.jsonl``; one line per step in ``run_dir/trained.jsonl``
 naming the rollouts it trained (``{"step", "version", "rollout_ids"}``, ``version`` = the policy version the
 batch was trained at; a step that applied no update has ``rollout_ids: []``, ``skipped_ids`` and ``skipped``,
@@ -76,19 +77,21 @@ import torch
 
 from consumers.trainer.admit import ModelLimits
 from consumers.trainer.batcher import Batcher, Group, rollout_lag
+from consumers.trainer.config import TrainerConfig
 from consumers.trainer.history import REQUEUE_LOG, append_line, metrics_row, read_requeues, truncate_steps
 from consumers.trainer.intake import Intake
 from consumers.trainer.keep_best import KeepBest
 from consumers.trainer.lineage import Lineage
 from consumers.trainer.positions import assign_and_position, assigned_source
 from consumers.trainer.ranks import SOLO, Command, Ranks
-from consumers.trainer.replica import checkpoint_root, restore, run_follower, step_payload
+from consumers.trainer.replica import restore, run_follower, step_payload
 from consumers.trainer.rollout_metrics import rollout_metrics
 from consumers.trainer.telemetry_names import exported_metrics, step_alert_values
 from consumers.trainer.tensors import build_batch
 from consumers.trainer.train_step import TrainState, skip_reason, train_step
 from consumers.trainer.versions import PolicyVersions, check_fresh
 from stream_rl.alerts.monitor import AlertStop
+from stream_rl.config.shared import Agreements, SharedConfig, checkpoint_root
 from stream_rl.runtime import failpoints
 from stream_rl.storage.checkpoint import prune_checkpoints, save_checkpoint
 from stream_rl.telemetry.role import RoleTelemetry
@@ -127,10 +130,13 @@ class StepRun:
 class Trainer:
     """One trainer process: transport, model, engine, batcher, intake, versions (see the module docstring)."""
 
-    def __init__(self, cfg, resume: bool = False, ranks: Ranks = SOLO):
+    def __init__(self, cfg: SharedConfig, tcfg: TrainerConfig, resume: bool = False, ranks: Ranks = SOLO,
+                 agreements: Agreements = Agreements()):
+        """``cfg``: the shared sections; ``tcfg``: the trainer's own section (``trainer``); ``agreements``: what
+        it follows of the other roles' sections (the broadcast dtype, the evaluator's cadence)."""
         from stream_rl.transport.client import Transport
 
-        self.cfg, self.tcfg, self.ranks = cfg, cfg.trainer, ranks
+        self.cfg, self.tcfg, self.ranks = cfg, tcfg, ranks
         if self.tcfg.model_dir is None:
             raise ValueError("trainer.model_dir is not set: point it at the initial policy's directory")
         _seed_everything(self.tcfg.seed)
@@ -141,13 +147,13 @@ class Trainer:
         self.names = self.transport.names
         self.telemetry = RoleTelemetry(cfg, "trainer", self.transport, group=trainer_group(cfg),
                                        topics=[self.names.scored])
-        self.root = checkpoint_root(cfg)
+        self.root = checkpoint_root(cfg.run_dir, tcfg.checkpoint_dir)
         self.metrics_path = Path(cfg.run_dir) / "metrics.jsonl"
         self.trained_path = Path(cfg.run_dir) / "trained.jsonl"
         self.requeue_path = Path(cfg.run_dir) / REQUEUE_LOG
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         self.checkpoint_s = 0.0  # duration of the checkpoint written since the last metrics row
-        replica = restore(cfg, ranks, resume)
+        replica = restore(cfg, tcfg, ranks, resume)
         self.engine, self.pad_id, ckpt = replica.engine, replica.pad_id, replica.checkpoint
         if ckpt is not None:
             log.info("resumed from %s (step %d, version %d) on %d rank(s)", replica.path, ckpt.step, ckpt.version,
@@ -160,20 +166,22 @@ class Trainer:
             self.telemetry.restart()  # resumed from a checkpoint
         self.telemetry.set_step(self.state.step)
         self.sink = self.transport.sink()
-        self.versions = PolicyVersions(cfg, self.transport, self.sink, self.engine, ranks)
+        self.versions = PolicyVersions(cfg.weights, tcfg.lora, agreements.weights_dtype, self.transport, self.sink,
+                                       self.engine, ranks)
         if resume:
             self.versions.reconcile(self.state)
             self.batcher.lineage = Lineage.of(self.state.lineage)
         self.source = assigned_source(self.transport, trainer_group(cfg), ("scored_rollout", "member_rejected"),
-                                      self.sink)
-        self.source.rejections = []  # what the edge dead-letters: offsets seen, groups named are dropped
+                                      self.sink, keep_rejections=True,  # edge dead letters: seen, their groups dropped
+                                      pause_when=lambda: self.telemetry.paused)  # alerts: "pause"
         self.intake = Intake(self.batcher, self.limits, self.source, self.sink, self.names, self.requeue_path)
         self.start = self._position(ckpt.offsets if ckpt else {})
         self.telemetry.attach(self.source, self.sink)
         self.telemetry.set_ready(model_loaded=True, version=self.state.version)
         # experiment trackers (telemetry.trackers): a resumed run continues its tracker runs after the checkpoint
         self.trackers = Trackers.open(cfg, (ckpt.step if ckpt else 0) if resume else None)
-        self.best = KeepBest.open(cfg, self.root, self.engine, ranks)  # trainer.keep_best (keep_best.py)
+        self.best = KeepBest.open(tcfg, agreements, Path(cfg.run_dir), self.root, self.engine,
+                                  ranks)  # trainer.keep_best (keep_best.py)
         if ckpt is None:
             self.best.hold(self.state.version, self.state.step)  # the initial weights, when evaluated
         self.best.poll()  # evaluations that arrived while no trainer ran
@@ -226,7 +234,6 @@ class Trainer:
         waiting_since = time.monotonic()
         while not (stop_event is not None and stop_event.is_set()) and not self._finished():
             self.telemetry.tick()
-            self.source.paused = self.telemetry.paused
             for record in self.source.poll(self.tcfg.poll_timeout_s):
                 self.intake.admit(record, self.state.version)  # its drops continue the record's trace
             self.intake.edge_rejections(self.state.version)
@@ -391,22 +398,24 @@ def _seed_everything(seed: int) -> None:
     random.seed(seed)
 
 
-def run_trainer(cfg, stop_event: threading.Event | None = None, resume: bool = False) -> TrainState | None:
+def run_trainer(cfg: SharedConfig, tcfg: TrainerConfig, stop_event: threading.Event | None = None,
+                resume: bool = False, *, agreements: Agreements = Agreements()) -> TrainState | None:
     """Train until ``stop_event`` is set or ``trainer.max_steps`` steps are done; returns the final state.
+    ``cfg``: the shared sections; ``tcfg``: the trainer's own section; ``agreements``: see :class:`Trainer`.
 
     Under torchrun (``WORLD_SIZE`` > 1) rank 0 is the trainer of this module and every other rank runs
     :func:`~consumers.trainer.replica.run_follower` (returns None)."""
     from consumers.trainer.engines import resolve_device
 
-    use_cuda = resolve_device(cfg.trainer.device).type == "cuda"
-    ranks = Ranks.from_env(cfg.trainer.collective_timeout_s, use_cuda=use_cuda)
+    use_cuda = resolve_device(tcfg.device).type == "cuda"
+    ranks = Ranks.from_env(tcfg.collective_timeout_s, use_cuda=use_cuda)
     if ranks.world > 1:
         from stream_rl.launch.orchestrator import die_with_parent
 
         die_with_parent()  # no rank outlives its launcher (the leader then checkpoints and stops the followers)
     if not ranks.leader:
-        return run_follower(cfg, ranks, resume)
-    trainer = Trainer(cfg, resume=resume, ranks=ranks)
+        return run_follower(cfg, tcfg, ranks, resume)
+    trainer = Trainer(cfg, tcfg, resume=resume, ranks=ranks, agreements=agreements)
     try:
         return trainer.run(stop_event)
     finally:

@@ -10,8 +10,11 @@ Guarantees:
   every micro batch's loss is divided by it, so the micro losses sum to the minibatch's loss for every ``agg`` and
   their gradients to its gradient. Every rank holds the whole batch, so this one number is the global count, and
   data-parallel ranks, each back-propagating its own micro batches, sum to the one-rank gradient.
+- The loss's hyper-parameters are one frozen :class:`~stream_rl.algorithms.LossSpec`, built from ``trainer.loss``
+  once per update (``LossSpec.from_config``); the loss kind selects its registered surrogate, nothing here branches
+  on it.
 - Off-policy correction weights the KL-in-loss term like the policy term: each token by the same importance weight
-  pi_prox / mu (the sequence weight for GSPO), so both are expectations under pi_prox, not under mu.
+  pi_prox / mu at the loss kind's level (the sequence weight for GSPO), so both are expectations under pi_prox.
 - NaN/Inf guard: a non-finite micro loss is back-propagated as NaN, so the (global) gradient norm is not finite and
   the engine skips the update on every rank, through the path ZeRO itself uses for overflows; a non-finite
   gradient norm alone does the same. Either way the weights and the optimizer state are untouched. The remaining
@@ -61,34 +64,34 @@ class ForwardRecord:
         self.seen = seen.bool()
 
 
-def _is_weights(prox_logp: Tensor, sub: RolloutBatch, cfg: TrainerConfig) -> Tensor | None:
-    """The policy term's importance weights ``[b, T]`` (None without off-policy correction)."""
-    lc = cfg.loss
-    if not lc.off_policy_correction:
+def _is_weights(prox_logp: Tensor, sub: RolloutBatch, cfg: TrainerConfig, spec: alg.LossSpec) -> Tensor | None:
+    """The policy term's importance weights ``[b, T]`` at the loss kind's level (None without off-policy
+    correction)."""
+    if not cfg.loss.off_policy_correction:
         return None
-    level = "token" if lc.kind == "ppo" else "sequence"
-    weights, _ = alg.importance_weights(prox_logp, sub.behavior_logp, sub.response_mask, is_cap=lc.is_cap,
-                                        is_mode=lc.is_mode, level=level)
+    weights, _ = alg.importance_weights(prox_logp, sub.behavior_logp, sub.response_mask, is_cap=spec.is_cap,
+                                        is_mode=spec.is_mode, level=spec.level)
     return weights
 
 
 def micro_loss(engine, sub: RolloutBatch, tg: BatchTargets, idx: Tensor, cfg: TrainerConfig, kl_coef: float,
-               normaliser: Tensor, record: ForwardRecord | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+               normaliser: Tensor, spec: alg.LossSpec,
+               record: ForwardRecord | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """One micro batch's share of the minibatch loss (policy + KL-in-loss + value), over ``normaliser``."""
     logp, ent, values = evaluate(engine, sub, entropy=record is not None)
-    mask, lc = sub.response_mask, cfg.loss
+    mask = sub.response_mask
     prox = tg.prox_logp[idx] if tg.prox_logp is not None else logp.detach()  # [b, T]
     if record is not None:
         record.logp[idx], record.entropy[idx], record.seen[idx] = prox.float(), ent.float(), True
-    common = {"agg": lc.agg, "max_len": lc.max_len, "normaliser": normaliser}
-    loss, metrics = alg.policy_loss(
-        logp, prox, tg.advantages[idx], mask, kind=lc.kind, clip_low=lc.clip_low, clip_high=lc.clip_high,
-        dual_clip=lc.dual_clip, behavior_logp=sub.behavior_logp if lc.off_policy_correction else None,
-        is_cap=lc.is_cap if lc.off_policy_correction else None, is_mode=lc.is_mode, **common)
+    common = {"agg": spec.agg, "max_len": spec.max_len, "normaliser": normaliser}
+    behavior = sub.behavior_logp if cfg.loss.off_policy_correction else None
+    loss, metrics = alg.policy_loss(logp, prox, tg.advantages[idx], mask, spec, behavior_logp=behavior,
+                                    normaliser=normaliser)
     metrics = {f"policy/{k}": v for k, v in metrics.items()}
     metrics["loss/policy"] = loss.detach()
     if cfg.kl.placement == "loss" and kl_coef > 0:
-        kl = alg.kl_loss(logp, sub.ref_logp, mask, kind=cfg.kl.kind, weights=_is_weights(prox, sub, cfg), **common)
+        kl = alg.kl_loss(logp, sub.ref_logp, mask, kind=cfg.kl.kind, weights=_is_weights(prox, sub, cfg, spec),
+                         **common)
         loss = loss + kl_coef * kl
         metrics["loss/kl"] = kl.detach()
     if tg.returns is not None:
@@ -117,15 +120,15 @@ def update(engine, batch: RolloutBatch, tg: BatchTargets, rows: Tensor, cfg: Tra
            lr: float, record: ForwardRecord | None = None) -> tuple[bool, float, dict[str, float]]:
     """One optimizer update on the minibatch ``rows``; returns (applied, grad norm, metrics); after a non-finite
     loss: (False, nan, {"loss/total": that loss})."""
-    lc = cfg.loss
-    total = alg.loss_normaliser(batch.response_mask[rows], lc.agg, max_len=lc.max_len)
+    spec = alg.LossSpec.from_config(cfg.loss)  # built once per update; checked when built
+    total = alg.loss_normaliser(batch.response_mask[rows], spec.agg, max_len=spec.max_len)
     micros = micro_batches(engine.ranks, batch, rows, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch,
                            packed=engine.module.packing)
     acc: dict[str, float] = {}
     bad: float | None = None
     for i, (idx, real) in enumerate(micros):
         sub = batch.select(idx)
-        loss, metrics = micro_loss(engine, sub, tg, idx, cfg, kl_coef, total, record if real else None)
+        loss, metrics = micro_loss(engine, sub, tg, idx, cfg, kl_coef, total, spec, record if real else None)
         if not bool(torch.isfinite(loss)):
             log.warning("non-finite loss %s in micro batch %d: update skipped, gradients discarded",
                         float(loss.detach()), i)
@@ -133,7 +136,7 @@ def update(engine, batch: RolloutBatch, tg: BatchTargets, rows: Tensor, cfg: Tra
             loss = loss * math.nan  # NaN gradients: the engine's finite-norm guard skips the update on every rank
         engine.backward(loss if real else loss * 0.0, last_micro=i == len(micros) - 1)
         if real:
-            share = float(alg.loss_normaliser(sub.response_mask, lc.agg, max_len=lc.max_len) / total)
+            share = float(alg.loss_normaliser(sub.response_mask, spec.agg, max_len=spec.max_len) / total)
             merge(acc, {**metrics, "loss/total": loss.detach()}, share)
     parts = engine.ranks.gather_json({"metrics": acc, "bad": bad})
     outcome = engine.step(lr)

@@ -1,11 +1,12 @@
 """The trainer's policy versions on the weights topics: publish, broadcast, reconcile on resume.
 
 Consumes: the engine's policy weights (gathered from every rank first: ``Command.WEIGHTS``), the
-:class:`~consumers.trainer.train_step.TrainState` (step, version, lineage), ``cfg.weights`` and, on resume, the newest
-manifest on the broker (:class:`~stream_rl.weights.WeightsReceiver`).
-Produces: policy versions through :class:`~stream_rl.weights.WeightsPublisher`: floating tensors in
-``producer.dtype`` (the dtype the generators run); with ``trainer.lora`` the adapters only, stamped with
-(rank, alpha). Every ``weights.keep_last`` versions a broadcast collects the older ones.
+:class:`~consumers.trainer.train_step.TrainState` (step, version, lineage), the shared ``weights`` section, the
+broadcast dtype (:class:`~stream_rl.config.shared.Agreements`) and, on resume, the newest manifest on the broker
+(:class:`~stream_rl.weights.WeightsReceiver`).
+Produces: policy versions through :class:`~stream_rl.weights.WeightsPublisher`: floating tensors in the
+broadcast dtype (``producer.dtype``, the dtype the generators run); with ``trainer.lora`` the adapters only,
+stamped with (rank, alpha). Every ``weights.keep_last`` versions a broadcast collects the older ones.
 Guarantees:
 - Versions never go backwards or repeat with different weights: on resume the newest published manifest is read;
   if it is newer than the checkpoint (weights published after the last checkpoint were lost), the checkpoint's
@@ -64,17 +65,20 @@ def check_fresh(transport, weights_cfg, version: int) -> None:
 class PolicyVersions:
     """Publishes the trainer's policy (see the module docstring)."""
 
-    def __init__(self, cfg, transport, sink, engine, ranks: Ranks):
+    def __init__(self, weights_cfg, lora, dtype: str, transport, sink, engine, ranks: Ranks):
+        """``weights_cfg``: the shared ``weights`` section; ``lora``: ``trainer.lora``; ``dtype``: the broadcast
+        dtype (``Agreements.weights_dtype``)."""
         from stream_rl.weights import WeightsPublisher
 
-        self.cfg, self.transport, self.engine, self.ranks = cfg, transport, engine, ranks
-        self.publisher = WeightsPublisher(transport, sink, cfg.weights, transport.instance_id)
+        self.weights_cfg, self.lora, self.dtype = weights_cfg, lora, dtype
+        self.transport, self.engine, self.ranks = transport, engine, ranks
+        self.publisher = WeightsPublisher(transport, sink, weights_cfg, transport.instance_id)
 
     def publish(self, state: TrainState) -> WeightsManifest:
-        """Publish the policy as ``state.version``, in the dtype the generators run (``producer.dtype``)."""
+        """Publish the policy as ``state.version``, in the dtype the generators run (``self.dtype``)."""
         self.ranks.send(Command.WEIGHTS)
-        weights = cast_floating(self.engine.policy_state_dict(), self.cfg.producer.dtype)
-        lora = self.cfg.trainer.lora  # a LoRA version carries the adapters only, stamped with (rank, alpha)
+        weights = cast_floating(self.engine.policy_state_dict(), self.dtype)
+        lora = self.lora  # a LoRA version carries the adapters only, stamped with (rank, alpha)
         adapter = (lora.rank, lora.alpha) if lora.enabled else None
         return self.publisher.publish(weights, state.version, state.step, adapter=adapter)
 
@@ -82,13 +86,13 @@ class PolicyVersions:
         """Publish ``state.version`` (just advanced) and, every ``keep_last`` versions, collect the older ones;
         returns the bytes sent."""
         sent = self.publish(state).sent_bytes
-        keep = self.cfg.weights.keep_last
+        keep = self.weights_cfg.keep_last
         if state.version % keep == 0:  # GC lists topics: not every version
             self.publisher.collect_garbage(keep)
         return sent
 
     def _latest(self) -> WeightsManifest | None:
-        return newest_manifest(self.transport, self.cfg.weights)
+        return newest_manifest(self.transport, self.weights_cfg)
 
     def reconcile(self, state: TrainState) -> None:
         """On resume: continue the numbering after the newest published version (module docstring)."""

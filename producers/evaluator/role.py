@@ -22,7 +22,8 @@ Guarantees:
   done), completes ``evals.jsonl`` from it, and evaluates what is still due; an evaluation interrupted before its
   record was acknowledged is redone. One evaluator per run (two would evaluate the same versions).
 - A version that fails verification or does not fit the model is logged and skipped (never evaluated on a mix).
-- Version 0 is the engine's initial weights (``producer.model_dir``), evaluated first with ``eval.before_train``.
+- Version 0 is the engine's initial weights (the engine settings' ``model_dir``: the CLI hands over the producers'
+  section), evaluated first with ``eval.before_train``.
 """
 
 from __future__ import annotations
@@ -33,8 +34,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from producers.config import ProducerConfig
+from producers.evaluator.config import EvalConfig
 from producers.evaluator.step import evaluate, load_sets, set_options, tokenize_sets
 from schemas import Evaluation
+from stream_rl.config.shared import SharedConfig
 from stream_rl.telemetry.role import RoleTelemetry
 
 log = logging.getLogger(__name__)
@@ -56,45 +60,48 @@ class EvaluatorDeps:
     """What a caller hands :func:`run_evaluator` instead of building it; None: the production one."""
 
     engine: object | None = None
-    """A loaded engine at version 0 to reuse (closed by its owner); None: built from ``cfg.producer``."""
+    """A loaded engine at version 0 to reuse (closed by its owner); None: built from the engine settings."""
     stats: EvaluatorStats | None = None
     on_evaluation: Callable[[Evaluation], None] | None = None
     """Called after each evaluation is recorded: the hook for experiment trackers
     (``log_evaluation(step, metrics)``, stream_rl.telemetry)."""
 
 
-def run_evaluator(cfg, stop_event: threading.Event | None = None, max_evaluations: int | None = None, *,
+def run_evaluator(shared: SharedConfig, ecfg: EvalConfig | None, engine_cfg: ProducerConfig,
+                  stop_event: threading.Event | None = None, max_evaluations: int | None = None, *,
                   deps: EvaluatorDeps | None = None) -> EvaluatorStats:
     """Evaluate due versions until ``stop_event`` is set or ``max_evaluations`` were recorded by this call.
 
-    ``cfg`` is the root config: the role reads ``cfg.eval``, ``cfg.producer`` (the engine) and ``cfg.weights``."""
+    ``shared``: the shared sections (``weights``, ``data``); ``ecfg``: the evaluator's own section (``eval``; None
+    is refused); ``engine_cfg``: the generation engine's settings, the producers' (``producer``), handed over by
+    the CLI so that the evaluator generates as the producers do."""
     from producers.engines import build_engine
     from stream_rl.evaluation.ledger import Ledger, ensure_evals_topic, read_done
     from stream_rl.evaluation.scoring import load_extractor, load_reward
     from stream_rl.transport.client import Transport
     from stream_rl.weights.receiver import WeightsReceiver
 
-    deps, ecfg = deps or EvaluatorDeps(), cfg.eval
+    deps = deps or EvaluatorDeps()
     if ecfg is None:
         raise ValueError("stream-rl evaluate needs an [eval] section (eval.sets at least)")
     stop_event = stop_event or threading.Event()
     stats = deps.stats if deps.stats is not None else EvaluatorStats()
     reward = load_reward(ecfg.reward_fn, ecfg.reward_routes, ecfg.source_key)
     extract = load_extractor(ecfg.extractor)
-    sets = load_sets(ecfg, set_options(cfg))
-    transport = Transport(cfg, "evaluator")
+    sets = load_sets(ecfg, set_options(shared.data, engine_cfg.model_dir))
+    transport = Transport(shared, "evaluator")
     transport.ensure_topics()
     topic = ensure_evals_topic(transport)
-    engine = deps.engine if deps.engine is not None else build_engine(cfg.producer)
+    engine = deps.engine if deps.engine is not None else build_engine(engine_cfg)
     token_ids = tokenize_sets(sets, engine, ecfg.max_new_tokens)
     done = read_done(transport, topic)
     stats.resumed = sorted(done)
     sink = transport.sink()
-    ledger = Ledger(sink, topic, cfg.run_dir)
+    ledger = Ledger(sink, topic, shared.run_dir)
     stats.rows_restored = ledger.sync_file(done)
-    receiver = WeightsReceiver(transport, cfg.weights)
+    receiver = WeightsReceiver(transport, shared.weights)
     loop = _Loop(engine, receiver, ledger, ecfg, stats, set(done), deps.on_evaluation)
-    telemetry = loop.telemetry = RoleTelemetry(cfg, "evaluator", transport)  # heartbeats (stream-rl status)
+    telemetry = loop.telemetry = RoleTelemetry(shared, "evaluator", transport)  # heartbeats (stream-rl status)
     telemetry.set_ready(model_loaded=True, version=engine.version)
     loop.evaluator_id = ecfg.evaluator_id or transport.instance_id
     loop.work = (sets, token_ids, reward, extract)
@@ -179,20 +186,20 @@ class _Loop:
             self.on_evaluation(msg)
 
 
-def evaluate_once(cfg, engine=None) -> Evaluation:
-    """Evaluate the weights of ``cfg.producer.model_dir`` (or ``engine``'s) once, with no broker: the Evaluation
-    of version 0 at step 0 (``stream-rl evaluate --model / --checkpoint``)."""
+def evaluate_once(shared: SharedConfig, ecfg: EvalConfig | None, engine_cfg: ProducerConfig,
+                  engine=None) -> Evaluation:
+    """Evaluate the weights of ``engine_cfg.model_dir`` (or ``engine``'s) once, with no broker: the Evaluation
+    of version 0 at step 0 (``stream-rl evaluate --model / --checkpoint``). Arguments as :func:`run_evaluator`'s."""
     from producers.engines import build_engine
     from stream_rl.evaluation.scoring import load_extractor, load_reward
 
-    ecfg = cfg.eval
     if ecfg is None:
         raise ValueError("stream-rl evaluate needs an [eval] section (eval.sets at least)")
     reward = load_reward(ecfg.reward_fn, ecfg.reward_routes, ecfg.source_key)
     extract = load_extractor(ecfg.extractor)
-    sets = load_sets(ecfg, set_options(cfg))
+    sets = load_sets(ecfg, set_options(shared.data, engine_cfg.model_dir))
     own = engine is None
-    engine = build_engine(cfg.producer) if own else engine
+    engine = build_engine(engine_cfg) if own else engine
     try:
         start = time.monotonic()
         metrics = evaluate(engine, sets, tokenize_sets(sets, engine, ecfg.max_new_tokens), ecfg, reward, extract)

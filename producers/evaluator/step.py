@@ -47,12 +47,13 @@ class EvalSet:
     rows: Sequence[PromptRow]
 
 
-def set_options(cfg):
+def set_options(data, policy_dir: Path | None):
     """The prompt loader's options for the eval sets, as ``stream-rl run`` loads its prompts: ``data`` (layout,
-    column mapping, chat template) with the policy's tokenizer (``producer.model_dir``), no dedup."""
+    column mapping, chat template; the shared section) with the policy's tokenizer (``policy_dir``: the engine's
+    ``model_dir``), no dedup."""
     from stream_rl.prompts import check_options
 
-    return check_options(cfg.data, policy_dir=cfg.producer.model_dir, dedup="none")
+    return check_options(data, policy_dir=policy_dir, dedup="none")
 
 
 def load_sets(ecfg: EvalConfig, options=None) -> list[EvalSet]:

@@ -2,7 +2,8 @@
 
 Consumes: samples of the observation keys (``loss/total``, ``optim/grad_norm``, ``kl/ref_mean``, ``reward/mean``,
 ``mismatch/logp_abs_diff``, ``step``, ``lag/position_total``, ``process/rss_bytes``, ``gpu/allocated_bytes``,
-``dlq/total``), oldest first, and the rule's config section (:mod:`stream_rl.alerts.config`).
+``dlq/total``), oldest first; each rule's row of the rule table (:mod:`stream_rl.alerts.table`: keys, bound,
+history, roles) and its config section (:mod:`stream_rl.alerts.config`).
 Produces: a :class:`Verdict` (holds or not, the value seen, the bound, a message made of numbers and key names
 only, never sample text), or ``None`` when there is no data to judge: a rule never fires on missing data.
 Guarantees: every comparison with a bound is strict (a value equal to the bound does not fire); the formulas::
@@ -37,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from stream_rl.alerts.config import AlertsConfig
+from stream_rl.alerts.table import RULES, RuleSpec
 
 Sample = tuple[float, float]
 """``(time in seconds, value)``."""
@@ -124,27 +126,22 @@ def _fmt(value: float) -> str:
 
 
 class Rule:
-    """One alert rule: its name, action, the keys it reads and how much history it needs."""
+    """One alert rule: its row of the rule table (:mod:`stream_rl.alerts.table`), its config section, and the
+    history the engine keeps for it (``horizon_s``: samples this recent plus the newest older one; ``keep``: at
+    least this many of the latest)."""
 
-    name: str = ""
-    keys: tuple[str, ...] = ()
-    roles: tuple[str, ...] | None = None  # None: any role with data
-    horizon_s: float = 0.0  # keep samples this recent (plus the newest older one)
-    keep: int = 1  # and at least this many of the latest
-
-    def __init__(self, section) -> None:
-        self.cfg = section
+    def __init__(self, spec: RuleSpec, section, role: str) -> None:
+        self.spec, self.cfg, self.role = spec, section, role
+        self.name, self.keys, self.roles = spec.name, spec.reads, spec.roles
         self.action: str = section.action
+        self.horizon_s, self.keep = spec.window(section)
+        self.bound = getattr(section, spec.bound) if spec.bound else None
 
     def evaluate(self, series: Mapping[str, Sequence[Sample]], now: float) -> Verdict | None:
         raise NotImplementedError
 
 
 class NonFinite(Rule):
-    def __init__(self, section, name: str, key: str) -> None:
-        super().__init__(section)
-        self.name, self.keys = name, (key,)
-
     def evaluate(self, series, now):
         samples = series.get(self.keys[0])
         if not samples:
@@ -155,11 +152,6 @@ class NonFinite(Rule):
 
 
 class AboveBound(Rule):
-    def __init__(self, section, name: str, key: str, bound: float) -> None:
-        super().__init__(section)
-        self.name, self.keys, self.bound = name, (key,), bound
-        self.keep = section.consecutive
-
     def evaluate(self, series, now):
         samples = series.get(self.keys[0], ())
         c = self.cfg.consecutive
@@ -173,12 +165,6 @@ class AboveBound(Rule):
 
 
 class RewardDrop(Rule):
-    name, keys = "reward_drop", ("reward/mean",)
-
-    def __init__(self, section) -> None:
-        super().__init__(section)
-        self.keep = section.window_steps * (section.lookback_windows + 1)
-
     def evaluate(self, series, now):
         w = self.cfg.window_steps
         values = [v for _, v in series.get("reward/mean", ()) if math.isfinite(v)]
@@ -187,29 +173,23 @@ class RewardDrop(Rule):
         means = window_means(values, w)
         current, best = means[-1], max(means[: len(means) - w])  # earlier windows end before the current starts
         drop = best - current
-        return Verdict(drop > self.cfg.max_drop, drop, self.cfg.max_drop,
+        return Verdict(drop > self.bound, drop, self.bound,
                        f"reward/mean over the last {w} steps = {_fmt(current)}, best earlier window "
-                       f"{_fmt(best)}: drop {_fmt(drop)} vs max_drop {_fmt(self.cfg.max_drop)}")
+                       f"{_fmt(best)}: drop {_fmt(drop)} vs max_drop {_fmt(self.bound)}")
 
 
 class ConsumerLag(Rule):
-    name, keys = "consumer_lag", ("lag/position_total",)
-
-    def __init__(self, section, by_growth: bool = False) -> None:
-        super().__init__(section)
-        self.horizon_s = section.for_s
-        self.keep = 2
-        self.by_growth = by_growth
+    """Producers read prompts loaded ahead: for them the lag must also be growing."""
 
     def evaluate(self, series, now):
         samples = series.get(self.keys[0])
         if not samples:
             return None
-        n, lag, for_s = self.cfg.max_records, samples[-1][1], self.cfg.for_s
+        n, lag, for_s = self.bound, samples[-1][1], self.cfg.for_s
         since = above_since(samples, n)
         holds = since is not None and since <= now - for_s
         text = f"for {_fmt(now - since)} s" if holds else f"(needs > {n} for {_fmt(for_s)} s)"
-        if self.by_growth:
+        if self.role == "producer":
             grew, growing = lag_growth(samples, now, for_s)
             holds = holds and grew > 0 and growing >= GROWING_FRACTION
             text += f", {grew:+g} records over the last {_fmt(for_s)} s ({growing:.0%} of measurements rising)"
@@ -229,12 +209,6 @@ def lag_growth(samples: Sequence[Sample], now: float, window_s: float) -> tuple[
 
 
 class TrainerStalled(Rule):
-    name, keys, roles = "trainer_stalled", ("step",), ("trainer",)
-
-    def __init__(self, section) -> None:
-        super().__init__(section)
-        self.horizon_s = section.stall_s
-
     def evaluate(self, series, now):
         samples = series.get("step")
         if not samples:
@@ -247,12 +221,6 @@ class TrainerStalled(Rule):
 
 
 class MemoryGrowth(Rule):
-    name, keys = "memory_growth", ("process/rss_bytes", "gpu/allocated_bytes")
-
-    def __init__(self, section) -> None:
-        super().__init__(section)
-        self.horizon_s = section.window_s
-
     def _judge(self, key: str, samples: Sequence[Sample], now: float) -> Verdict | None:
         c = self.cfg
         window = [s for s in samples if s[0] >= now - c.window_s and math.isfinite(s[1])]
@@ -275,38 +243,29 @@ class MemoryGrowth(Rule):
 
 
 class DlqRate(Rule):
-    name, keys = "dlq_rate", ("dlq/total",)
-
-    def __init__(self, section) -> None:
-        super().__init__(section)
-        self.horizon_s = section.window_s
-        self.keep = 2
-
     def evaluate(self, series, now):
         samples = series.get("dlq/total", ())
         if len(samples) < 2:
             return None
         rate = dlq_rate_per_minute(samples, now, self.cfg.window_s)
-        bound = self.cfg.max_per_minute
+        bound = self.bound
         return Verdict(rate > bound, rate, bound,
                        f"dead letters {_fmt(rate)}/min over {_fmt(self.cfg.window_s)} s "
                        f"({'>' if rate > bound else '<='} {_fmt(bound)}/min)")
 
 
+EVALUATORS: dict[str, type[Rule]] = {
+    "nonfinite": NonFinite, "above": AboveBound, "reward_drop": RewardDrop, "lag": ConsumerLag,
+    "stalled": TrainerStalled, "growth": MemoryGrowth, "rate": DlqRate,
+}
+"""The evaluator of each ``kind`` of the rule table."""
+
+
 def build_rules(cfg: AlertsConfig, role: str) -> list[Rule]:
-    """The enabled rules that apply to ``role`` (none when alerts are disabled)."""
+    """The enabled rules of the rule table that apply to ``role``, in table order (none when alerts are
+    disabled)."""
     if not cfg.enabled:
         return []
-    rules: list[Rule] = [
-        NonFinite(cfg.loss_nonfinite, "loss_nonfinite", "loss/total"),
-        NonFinite(cfg.grad_norm_nonfinite, "grad_norm_nonfinite", "optim/grad_norm"),
-        AboveBound(cfg.kl_ref_high, "kl_ref_high", "kl/ref_mean", cfg.kl_ref_high.max_kl),
-        RewardDrop(cfg.reward_drop),
-        ConsumerLag(cfg.consumer_lag, by_growth=role == "producer"),
-        TrainerStalled(cfg.trainer_stalled),
-        MemoryGrowth(cfg.memory_growth),
-        AboveBound(cfg.logprob_mismatch, "logprob_mismatch", "mismatch/logp_abs_diff",
-                   cfg.logprob_mismatch.max_abs_diff),
-        DlqRate(cfg.dlq_rate),
-    ]
-    return [r for r in rules if r.cfg.enabled and (r.roles is None or role in r.roles)]
+    sections = [(spec, getattr(cfg, spec.name)) for spec in RULES]
+    return [EVALUATORS[spec.kind](spec, section, role) for spec, section in sections
+            if section.enabled and (spec.roles is None or role in spec.roles)]

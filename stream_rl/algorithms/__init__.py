@@ -13,20 +13,41 @@ coefficient). Conventions:
 - the three policies are named the same everywhere: ``logp`` (pi_theta, being trained), ``prox_logp`` (pi_prox, the
   proximal policy the ratio is taken against) and ``behavior_logp`` (mu, the generator's); the reference is
   ``ref_logp``.
+
+The catalogue of choices (``catalogue.py``) and the loss spec (``spec.py``) import no torch, so a config can use
+them without it; every other name is imported from its module on first use (PEP 562 ``__getattr__``).
 """
 
-from .advantages import (grpo_advantages, reinforce_pp_advantages, rloo_advantages, sequence_to_tokens,
-                         whiten_advantages)
-from .reductions import AGG_MODES, aggregate, loss_normaliser, masked_mean, masked_sum
-from .kl import (KL_KINDS, KL_LOSS_KINDS, AdaptiveKLController, FixedKLController, adaptive_kl_coef, kl_loss,
-                 kl_penalty)
-from .logprobs import entropy_from_logits, logprobs_from_logits
-from .offpolicy import IS_LEVELS, IS_MODES, importance_weights
-from .policy import POLICY_LOSS_DEFAULTS, POLICY_LOSS_KINDS, clipped_surrogate, policy_loss
-from .returns import discounted_returns, gae
-from .shaping import overlong_keep, overlong_penalty, zero_variance_groups
-from .staleness import max_lag_filter, policy_lag
-from .value import value_loss
+from importlib import import_module
+
+from .catalogue import AGG_MODES, IS_MODES, KL_KINDS, KL_LOSS_KINDS
+from .spec import LossSpec
+
+_LAZY = {  # name -> module: the torch-using modules load on first access
+    **dict.fromkeys(("grpo_advantages", "reinforce_pp_advantages", "rloo_advantages", "sequence_to_tokens",
+                     "whiten_advantages"), "advantages"),
+    **dict.fromkeys(("aggregate", "loss_normaliser", "masked_mean", "masked_sum"), "reductions"),
+    **dict.fromkeys(("AdaptiveKLController", "FixedKLController", "adaptive_kl_coef", "kl_loss", "kl_penalty"), "kl"),
+    **dict.fromkeys(("entropy_from_logits", "logprobs_from_logits"), "logprobs"),
+    **dict.fromkeys(("IS_LEVELS", "importance_weights"), "offpolicy"),
+    **dict.fromkeys(("POLICY_LOSS_DEFAULTS", "POLICY_LOSS_KINDS", "policy_loss"), "policy"),
+    **dict.fromkeys(("SURROGATES", "clipped_surrogate", "register_surrogate", "surrogate_for"), "surrogates"),
+    **dict.fromkeys(("discounted_returns", "gae"), "returns"),
+    **dict.fromkeys(("overlong_keep", "overlong_penalty", "zero_variance_groups"), "shaping"),
+    **dict.fromkeys(("max_lag_filter", "policy_lag"), "staleness"),
+    "value_loss": "value",
+}
+
+
+def __getattr__(name: str):
+    """Import ``name`` from its torch-using module on first access (then it is a plain module attribute)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AGG_MODES",
@@ -36,8 +57,10 @@ __all__ = [
     "KL_LOSS_KINDS",
     "POLICY_LOSS_DEFAULTS",
     "POLICY_LOSS_KINDS",
+    "SURROGATES",
     "AdaptiveKLController",
     "FixedKLController",
+    "LossSpec",
     "adaptive_kl_coef",
     "aggregate",
     "clipped_surrogate",
@@ -57,9 +80,11 @@ __all__ = [
     "overlong_penalty",
     "policy_lag",
     "policy_loss",
+    "register_surrogate",
     "reinforce_pp_advantages",
     "rloo_advantages",
     "sequence_to_tokens",
+    "surrogate_for",
     "value_loss",
     "whiten_advantages",
     "zero_variance_groups",

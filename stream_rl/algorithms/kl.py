@@ -38,10 +38,8 @@ import torch
 from torch import Tensor
 
 from ._checks import as_bool_mask, check_choice, check_float, check_positive, check_same_shape
+from .catalogue import KL_KINDS, KL_LOSS_KINDS
 from .reductions import aggregate
-
-KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3")
-KL_LOSS_KINDS: tuple[str, ...] = ("k2", "k3")
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str, *, mask: Tensor | None = None) -> Tensor:

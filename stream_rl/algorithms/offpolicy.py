@@ -29,8 +29,7 @@ import torch
 from torch import Tensor
 
 from ._checks import as_bool_mask, check_choice, check_float, check_positive, check_same_shape
-
-IS_MODES: tuple[str, ...] = ("clamp", "mask")
+from .catalogue import IS_MODES
 IS_LEVELS: tuple[str, ...] = ("token", "sequence")
 
 

@@ -31,8 +31,7 @@ import torch
 from torch import Tensor
 
 from ._checks import as_bool_mask, check_choice, check_float, check_tensor
-
-AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+from .catalogue import AGG_MODES
 
 
 def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:

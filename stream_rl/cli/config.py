@@ -24,7 +24,7 @@ from producers.config import ProducerConfig
 from producers.evaluator.config import EvalConfig
 from stream_rl.config.base import CrossFieldError, Section
 from stream_rl.config.loading import resolve_config
-from stream_rl.config.shared import SharedConfig
+from stream_rl.config.shared import Agreements, SharedConfig
 from stream_rl.launch.gpus import GpuLayout, RoleCounts, layout_errors
 
 
@@ -136,6 +136,15 @@ def gpu_counts(cfg: StreamRLConfig) -> RoleCounts:
     return RoleCounts(cfg.run.producers, cfg.run.scorers, cfg.run.trainer_ranks, cfg.eval is not None,
                       cfg.producer.vllm.tensor_parallel_size if vllm else 1,
                       cfg.producer.vllm.gpu_memory_utilization if vllm else None)
+
+
+def agreements(cfg: StreamRLConfig) -> Agreements:
+    """What the trainer must follow of the other roles' sections (:class:`stream_rl.config.shared.Agreements`):
+    the producers' engine dtype and the evaluator's cadence (defaults without an [eval] section)."""
+    ev = cfg.eval
+    return Agreements(weights_dtype=cfg.producer.dtype,
+                      eval_every_versions=ev.every_versions if ev is not None else 1,
+                      eval_before_train=ev.before_train if ev is not None else True)
 
 
 def load_config(path: Path | None = None, env: Mapping[str, str] | None = None,

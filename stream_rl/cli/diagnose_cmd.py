@@ -38,12 +38,25 @@ def doctor(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOp
     cfg = resolve(config, set_, {"kafka.bootstrap_servers": bootstrap, "topics.run": run}, dry_run)
     if cfg.run.demo_dir is not None:
         apply_demo(cfg, Path(cfg.run.demo_dir))
-    checks = run_checks(cfg, model_dir or [], min_free_gib)
+    checks = run_checks(cfg, role_facts(cfg), model_dir or [], min_free_gib)
     if as_json:
         typer.echo(json.dumps({"ok": exit_code(checks) == 0, "checks": [asdict(c) for c in checks]}, indent=2))
     else:
         _render(checks)
     raise typer.Exit(exit_code(checks))
+
+
+def role_facts(cfg):
+    """What the doctor checks of the roles' sections (:class:`stream_rl.operator_tools.doctor.RoleFacts`), read
+    from the root config here, the one layer that holds every section."""
+    from stream_rl.operator_tools.doctor import MODEL_SETTINGS, RoleFacts
+
+    return RoleFacts(
+        producer_engine=cfg.producer.engine, trainer_engine=cfg.trainer.engine, start_broker=cfg.run.start_broker,
+        demo_dir=cfg.run.demo_dir, checkpoint_dir=cfg.trainer.checkpoint_dir,
+        keep_checkpoints=cfg.trainer.keep_checkpoints,
+        model_dirs=tuple((name, getattr(getattr(cfg, name.split(".")[0]), name.split(".")[1]))
+                         for name in MODEL_SETTINGS))
 
 
 def _render(checks) -> None:

@@ -66,7 +66,8 @@ def _follow(cfg, max_evaluations: int | None) -> None:
 
     setup_logging()
     try:
-        run_role(run_evaluator, cfg, stop_event=stop_on_signals(), max_evaluations=max_evaluations)
+        run_role(run_evaluator, cfg, cfg.eval, cfg.producer, stop_event=stop_on_signals(),
+                 max_evaluations=max_evaluations)
     except (PromptFileError, ValueError) as exc:
         fail(f"evaluate: {exc}", 2)
 
@@ -78,7 +79,7 @@ def _once(cfg, model: Path | None, checkpoint: Path | None) -> None:
     with tempfile.TemporaryDirectory(prefix="stream-rl-eval-") as tmp:
         cfg.producer.model_dir = model if model is not None else _exported(cfg, checkpoint, Path(tmp) / "policy")
         try:
-            msg = evaluate_once(cfg)
+            msg = evaluate_once(cfg, cfg.eval, cfg.producer)
         except (PromptFileError, ValueError) as exc:
             fail(f"evaluate: {exc}", 2)
     source = str(model if model is not None else checkpoint)

@@ -30,8 +30,8 @@ def export(out: Annotated[Path, typer.Option("--out", help="directory to write (
            overwrite: Annotated[bool, typer.Option(help="replace an existing --out")] = False,
            dry_run: DryRunOpt = False) -> None:
     """Write a checkpoint's policy as a standalone Hugging Face model directory (LoRA adapters merged)."""
-    from consumers.trainer.replica import checkpoint_root
     from stream_rl.cli.run_cmd import apply_demo
+    from stream_rl.config.shared import checkpoint_root
     from stream_rl.storage.checkpoint import CheckpointError, latest_checkpoint
 
     cfg = resolve(config, set_, None, dry_run)
@@ -42,9 +42,10 @@ def export(out: Annotated[Path, typer.Option("--out", help="directory to write (
     base = base or cfg.trainer.model_dir
     if base is None:
         fail("no base model: pass --base or set trainer.model_dir", 2)
-    checkpoint = checkpoint or latest_checkpoint(checkpoint_root(cfg))
+    root = checkpoint_root(cfg.run_dir, cfg.trainer.checkpoint_dir)
+    checkpoint = checkpoint or latest_checkpoint(root)
     if checkpoint is None:
-        fail(f"no complete checkpoint in {checkpoint_root(cfg)}: pass --checkpoint", 2)
+        fail(f"no complete checkpoint in {root}: pass --checkpoint", 2)
     from consumers.trainer.export import export_checkpoint
 
     try:

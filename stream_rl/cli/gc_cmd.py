@@ -47,7 +47,7 @@ def gc(config: ConfigOpt = None, set_: SetOpt = None,
             older_than_s=None if older_than is None else older_than * DAY_S)
     except ValueError as exc:
         fail(f"invalid gc policy: {exc}", 2)
-    actions = plan_gc(paths_from_config(cfg), policy, time.time())
+    actions = plan_gc(paths_from_config(cfg, cfg.trainer.checkpoint_dir), policy, time.time())
     if not dry_run:
         actions = apply_gc(actions)
     typer.echo(format_actions(actions, dry_run), nl=False)

@@ -58,8 +58,8 @@ def rescore(
 
     cfg = _config(config, set_, bootstrap, dry_run)
     try:
-        plan = plan_rescore(cfg, from_run=from_run, to_run=to_run, to_topic=to_topic, group=group, reward=reward,
-                            reward_model=Path(reward_model) if reward_model is not None else None,
+        plan = plan_rescore(cfg, cfg.scorer, from_run=from_run, to_run=to_run, to_topic=to_topic, group=group,
+                            reward=reward, reward_model=Path(reward_model) if reward_model is not None else None,
                             from_offset=from_offset, until_offset=until_offset, append=append)
     except RescoreError as exc:
         fail(f"rescore: {exc}", 2)

@@ -140,7 +140,7 @@ def produce(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapO
     setup_logging()
     from producers.generator import run_producer
 
-    run_role(run_producer, cfg, stop_event=stop_on_signals(), max_batches=max_batches)
+    run_role(run_producer, cfg, cfg.producer, stop_event=stop_on_signals(), max_batches=max_batches)
 
 
 def score(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt = None, run: RunOpt = None,
@@ -155,7 +155,7 @@ def score(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt
     setup_logging()
     from consumers.scorer.scorer import run_scorer
 
-    run_role(run_scorer, cfg, stop_event=stop_on_signals(), max_batches=max_batches)
+    run_role(run_scorer, cfg, cfg.scorer, stop_event=stop_on_signals(), max_batches=max_batches)
 
 
 NprocOpt = Annotated[int, typer.Option(min=1, help="data-parallel trainer ranks on this machine (torchrun's "
@@ -182,8 +182,10 @@ def train(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt
         return
     from consumers.trainer.launch import exit_rank_cleanly, record_errors, running_as_rank
     from consumers.trainer.trainer import run_trainer
+    from stream_rl.cli.config import agreements
 
-    run_role(record_errors(run_trainer), cfg, stop_event=stop_on_signals(), resume=resume)
+    run_role(record_errors(run_trainer), cfg, cfg.trainer, stop_event=stop_on_signals(), resume=resume,
+             agreements=agreements(cfg))
     if running_as_rank():
         exit_rank_cleanly()
 

@@ -3,7 +3,8 @@ environment, then CLI flags.
 
 - :mod:`~stream_rl.config.base`: :class:`Section` (every section's base), :class:`ConfigError`, error rendering.
 - :mod:`~stream_rl.config.sections`: Kafka, topics, tracing and local-broker sections.
-- :mod:`~stream_rl.config.shared`: :class:`SharedConfig`, the sections every role reads.
+- :mod:`~stream_rl.config.shared`: :class:`SharedConfig`, the sections every role reads; :class:`Agreements` and
+  :func:`checkpoint_root`, what two roles must agree on, declared once.
 - :mod:`~stream_rl.config.loading`: defaults < file < environment < flags, for any root model.
 - :mod:`~stream_rl.config.doc`: docs/configuration.md, generated from the models.
 

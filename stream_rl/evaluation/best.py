@@ -132,16 +132,6 @@ class BestKeeper:
         self._backlog = True  # the rows present at start were (mostly) judged before
         self._recover()
 
-    @classmethod
-    def from_config(cls, cfg, root: Path) -> BestKeeper | None:
-        """None without ``trainer.keep_best``; ``cfg`` is the root config (the trainer's section and ``eval``)."""
-        tcfg, ecfg = cfg.trainer, cfg.eval
-        if tcfg.keep_best is None:
-            return None
-        every, before = (ecfg.every_versions, ecfg.before_train) if ecfg is not None else (1, True)
-        return cls(root, Path(cfg.run_dir) / "evals.jsonl", tcfg.keep_best, tcfg.keep_best_mode, every, before,
-                   tcfg.keep_best_pending)
-
     # -- state ---------------------------------------------------------------------------------------------------
 
     @property

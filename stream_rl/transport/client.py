@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer
 
@@ -87,14 +87,16 @@ class Transport:
                     bootstrap=self.bootstrap, max_request_size=kafka.max_request_size)
 
     def source(self, topics: Sequence[str], group_id: str, expected_kind: str | tuple[str, ...] | None,
-               sink: Sink) -> Source:
-        """A group consumer on ``topics`` (full names) whose invalid records go to the run's DLQ via ``sink``."""
+               sink: Sink, *, keep_rejections: bool = False, pause_when: Callable[[], bool] | None = None) -> Source:
+        """A group consumer on ``topics`` (full names) whose invalid records go to the run's DLQ via ``sink``;
+        ``keep_rejections`` and ``pause_when`` configure the edge (:class:`~stream_rl.transport.edge.Source`)."""
         probe = ClientProbe()
         consumer = self.consumer(group_id, probe)
         source = Source(consumer, sink, self.names.dlq, expected_kind, self.instance_id, self.tracing,
                         probe=probe if self.bus is None else None, broker_timeout_s=self.cfg.kafka.broker_timeout_s,
                         bootstrap=self.bootstrap, assignment_timeout_s=self.cfg.kafka.assignment_timeout_s,
-                        leave_group=self.cfg.kafka.leave_group_on_close)
+                        leave_group=self.cfg.kafka.leave_group_on_close, keep_rejections=keep_rejections,
+                        pause_when=pause_when)
         consumer.subscribe(list(topics), listener=_Forget(source))
         return source
 

@@ -34,12 +34,16 @@ Guarantees (the delivery contract every role loop relies on)::
 - A group member that is given no partition within ``kafka.assignment_timeout_s`` while its group is not
   stable raises :class:`~stream_rl.transport.membership.NoAssignment` (the role exits non-zero naming the group);
   a member of a stable group that got nothing (more members than partitions) logs that once and idles.
-- ``paused`` (set by the loop while an alert with action ``pause`` fires) pauses every assigned partition, so
-  ``poll`` returns nothing while the consumer stays in its group; clearing it resumes them.
-- An ``observer`` (the role's telemetry) is told of every record fetched, sent (per topic, when a flush has seen
-  it acknowledged) and dead-lettered; a role that
-  sets ``rejections`` to a list is handed every record the edge dead-lettered (:mod:`~stream_rl.transport.rejections`),
-  to name the group that can no longer complete.
+- A role configures its source when it builds it (``Transport.source``), never by setting attributes afterwards:
+  ``pause_when`` (the role's ``telemetry.paused``: an alert with action ``pause`` fires) is asked at every
+  ``poll``; while it holds, every assigned partition is paused, so ``poll`` returns nothing while the consumer
+  stays in its group, and once it no longer holds they resume. ``keep_rejections``: every record the edge
+  dead-lettered is kept (:mod:`~stream_rl.transport.rejections`) until the role takes them
+  (:meth:`Source.take_rejections`), to name the group that can no longer complete.
+- An ``observer`` (the role's telemetry, attached by it) is told of every record fetched, sent (per topic, when a
+  flush has seen it acknowledged) and dead-lettered. ``holds``, the partitions kept paused by a reader that
+  positions the source by its own rules, is that reader's state: the producer's epoch gate, built on the source,
+  hands it its ``held`` map; a bounded range read (:mod:`~stream_rl.transport.ranges`) its finished partitions.
 - Business code never sees a client object: a :class:`Source` answers where reading stands (``assignment``,
   ``position``, ``committed``, ``highwater``) and moves it (``seek``, ``assign``, ``unsubscribe``) in plain
   ``(topic, partition)`` pairs, and ``commit`` takes ``{(topic, partition): next offset}``.
@@ -51,7 +55,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,7 +105,8 @@ class Source:
     def __init__(self, consumer, sink: Sink, dlq_topic: str, expected_kind: str | tuple[str, ...] | None,
                  consumer_id: str, tracing: Tracing, *, probe: ClientProbe | None = None,
                  broker_timeout_s: float = DEFAULT_BROKER_TIMEOUT_S, bootstrap: str = "?",
-                 assignment_timeout_s: float | None = None, leave_group: bool = False):
+                 assignment_timeout_s: float | None = None, leave_group: bool = False,
+                 keep_rejections: bool = False, pause_when: Callable[[], bool] | None = None):
         self._consumer = consumer
         self._leave_group = leave_group
         self._watch = AssignmentWatch(assignment_timeout_s)
@@ -114,9 +119,22 @@ class Source:
         self._next: dict[Any, int] = {}  # TopicPartition -> offset after the last record handed out
         self.dead_lettered = 0
         self.observer = None  # telemetry (records_in, dead_lettered); set by RoleTelemetry.attach
-        self.rejections: list | None = None  # a role that sets a list gets an EdgeRejection per edge dead letter
-        self.paused = False  # while True, poll() fetches nothing (an alert's "pause"), group membership stays
+        self.rejections: list | None = [] if keep_rejections else None  # an EdgeRejection per edge dead letter
+        self._pause_when = pause_when  # while it returns True, poll() fetches nothing; group membership stays
         self.holds: Container = ()  # partitions a role holds paused on its own (the producer's epoch gate)
+
+    @property
+    def paused(self) -> bool:
+        """Whether ``poll`` fetches nothing now (``pause_when``: an alert's "pause")."""
+        return self._pause_when is not None and bool(self._pause_when())
+
+    def take_rejections(self) -> list:
+        """The :class:`EdgeRejection` of every record dead-lettered here since the last call (``keep_rejections``;
+        always empty without it)."""
+        taken = self.rejections or []
+        if self.rejections is not None:
+            self.rejections = []
+        return taken
 
     # -- where reading stands, in plain (topic, partition) pairs (business code never sees the client) ------------
 

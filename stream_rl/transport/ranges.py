@@ -77,13 +77,14 @@ class BoundedSource:
 
     @classmethod
     def open(cls, transport: Transport, topic: str, ranges: Mapping[int, tuple[int, int]], group: str,
-             expected_kind: str, sink: Sink, dlq_topic: str) -> BoundedSource:
+             expected_kind: str, sink: Sink, dlq_topic: str, *, keep_rejections: bool = False) -> BoundedSource:
         """Assign ``topic``'s partitions in ``ranges``, each positioned at its start; invalid records go to
-        ``dlq_topic`` through ``sink``."""
+        ``dlq_topic`` through ``sink`` (``keep_rejections``: see :class:`~stream_rl.transport.edge.Source`)."""
         kafka, probe = transport.cfg.kafka, ClientProbe()
         consumer = transport.consumer(group, probe)
         source = Source(consumer, sink, dlq_topic, expected_kind, transport.instance_id, transport.tracing,
-                        probe=probe if transport.bus is None else None, broker_timeout_s=kafka.broker_timeout_s, bootstrap=transport.bootstrap)
+                        probe=probe if transport.bus is None else None, broker_timeout_s=kafka.broker_timeout_s, bootstrap=transport.bootstrap,
+                        keep_rejections=keep_rejections)
         bounded = cls(source, topic, ranges, group, kafka.broker_timeout_s)
         consumer.assign(list(bounded.ranges))
         for tp, (start, _) in bounded.ranges.items():

@@ -18,7 +18,7 @@ from schemas import MemberRejected, Rollout, ScoredRollout, is_group_id
 
 
 class EdgeRejection(NamedTuple):
-    """One record a source dead-lettered itself, before any role saw it (``Source.rejections``)."""
+    """One record a source dead-lettered itself, before any role saw it (``Source.take_rejections``)."""
 
     topic: str
     partition: int

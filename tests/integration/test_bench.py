@@ -155,7 +155,8 @@ def test_offpolicy_tiny_run_produces_every_figure_and_paired_differences(demo_bu
         assert len(values) == 3 and all(0.0 <= v <= 1.0 for v in values)  # one per seed; rewards are 0/1 means
         assert result["figures"][name] == sorted(values)[1]
     assert result["diagnostics"]["lag0.decoupled"]["is_weight_mean"] == pytest.approx(1.0, abs=1e-3)  # mu = pi_prox
-    assert "## 5. Off-policy robustness" in doc and "Does the correction matter here?" in doc
+    assert "## 5. Off-policy robustness" in doc and " correction on vs this |" in doc  # does the correction matter:
+    assert f"| {offpolicy.verdict(offpolicy.paired_difference(result, 2, 'uncorrected'))} |" in doc  # per lag
     fake = {"samples": {"lag4.decoupled.final_reward": [0.5, 0.4, 0.3],
                         "lag4.uncorrected.final_reward": [0.25, 0.5, 0.2]}}
     assert offpolicy.paired_difference(fake, 4, "uncorrected") == pytest.approx((0.1, -0.1, 0.25))

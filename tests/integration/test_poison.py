@@ -180,7 +180,7 @@ def test_oversized_null_invalid_and_unscorable_records_are_dead_lettered_and_the
     sink.flush()
     stop, box = threading.Event(), {}
     thread = threading.Thread(target=lambda: box.update(stats=run_scorer(
-        cfg.model_copy(update={"scorer": ScorerConfig(batch_size=4, poll_timeout_s=0.3)}), stop,
+        cfg, ScorerConfig(batch_size=4, poll_timeout_s=0.3), stop,
         deps=ScorerDeps(scoring=reference_scoring()))))
     thread.start()
     try:

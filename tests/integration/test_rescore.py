@@ -59,7 +59,7 @@ def score_source_run(cfg, t: Transport, count: int) -> None:
 
     def _run():
         try:
-            run_scorer(cfg.model_copy(update={"scorer": scfg}), stop)
+            run_scorer(cfg, scfg, stop)
         except BaseException as exc:  # handed to the test thread below
             errors.append(exc)
 

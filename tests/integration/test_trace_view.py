@@ -40,7 +40,7 @@ def test_spans_of_the_real_edge_and_scorer_form_one_tree_per_rollout(make_config
     sink.flush()
     sink.close()
     scorer_tracing = tracing("scorer")
-    stats = run_scorer(cfg, max_batches=1, deps=ScorerDeps(tracing=scorer_tracing))
+    stats = run_scorer(cfg, cfg.scorer, max_batches=1, deps=ScorerDeps(tracing=scorer_tracing))
     assert stats.scored == 2
     trainer = Transport(cfg, "trainer", tracing=tracing("trainer"))
     tsink = trainer.sink()

@@ -139,7 +139,7 @@ def start_generator(cfg, pcfg, engine, weights_cfg=None):
 
     def target():
         try:
-            out["stats"] = run_producer(cfg, stop, deps=ProducerDeps(engine=engine, stats=stats))
+            out["stats"] = run_producer(cfg, cfg.producer, stop, deps=ProducerDeps(engine=engine, stats=stats))
         except BaseException as exc:  # surfaced by the test after join
             out["error"] = exc
 

@@ -36,8 +36,7 @@ class ScorerThread:
 
     def _run(self, cfg, scorer_cfg, tracing):
         try:
-            self.stats = run_scorer(cfg.model_copy(update={"scorer": scorer_cfg}), self.stop,
-                                    deps=ScorerDeps(tracing=tracing))
+            self.stats = run_scorer(cfg, scorer_cfg, self.stop, deps=ScorerDeps(tracing=tracing))
         except BaseException as exc:  # handed to the test thread by finish()
             self.error = exc
 

@@ -32,7 +32,8 @@ def start(cfg, resume: bool = False):
 
     def target():
         try:
-            result["state"] = run_trainer(cfg, stop_event=stop, resume=resume)
+            from stream_rl.cli.config import agreements  # what the CLI hands the trainer of the other sections
+            result["state"] = run_trainer(cfg, cfg.trainer, stop_event=stop, resume=resume, agreements=agreements(cfg))
         except BaseException as exc:  # surfaced by finish()
             errors.append(exc)
 

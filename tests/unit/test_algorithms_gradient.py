@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from stream_rl.algorithms import grpo_advantages, logprobs_from_logits, policy_loss, sequence_to_tokens
+from stream_rl.algorithms import LossSpec, grpo_advantages, logprobs_from_logits, policy_loss, sequence_to_tokens
 
 VOCAB, HIDDEN, MAX_LEN = 16, 32, 8
 
@@ -54,7 +54,7 @@ def test_one_step_raises_the_good_token_and_lowers_the_bad_one(kind):
 
     before = response_logprobs(model, prompt, responses).detach()  # [B, T]
     logp = response_logprobs(model, prompt, responses)
-    loss, metrics = policy_loss(logp, before, advantages, mask, kind=kind)
+    loss, metrics = policy_loss(logp, before, advantages, mask, LossSpec(kind=kind))
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()

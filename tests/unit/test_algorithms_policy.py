@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from stream_rl.algorithms import AGG_MODES, POLICY_LOSS_DEFAULTS, aggregate, importance_weights, policy_loss
+from stream_rl.algorithms import (AGG_MODES, POLICY_LOSS_DEFAULTS, LossSpec, aggregate, importance_weights,
+                                  policy_loss)
 
 LOG = math.log
 
@@ -47,7 +48,7 @@ def test_clip_higher_by_hand():
     # t3 is still clipped from below (0.5 < 0.8). loss = (-1.5 - 0.5 + 1.5 + 1.6) / 4 = 0.275; clipfrac = 1 / 4.
     logp = leaf([[LOG(1.5), LOG(0.5), LOG(1.5), LOG(0.5)]])
     advantages = torch.tensor([[1.0, 1.0, -1.0, -2.0]])
-    loss, metrics = policy_loss(logp, torch.zeros(1, 4), advantages, torch.ones(1, 4), clip_high=0.6)
+    loss, metrics = policy_loss(logp, torch.zeros(1, 4), advantages, torch.ones(1, 4), LossSpec(clip_high=0.6))
     assert loss.item() == pytest.approx(0.275, abs=1e-6)
     assert metrics["clipfrac"].item() == pytest.approx(0.25)
 
@@ -58,7 +59,8 @@ def test_dual_clip_by_hand():
     #   t1: A = +1: max(-4, -1.2) = -1.2 (ordinary clip; dual clip only acts on A < 0)
     # loss = (3 - 1.2) / 2 = 0.9; dual_clipfrac = 0.5; clipfrac = 0.5 (t1 only: at t0 pg_loss1 > pg_loss2).
     logp = leaf([[LOG(4.0), LOG(4.0)]])
-    loss, metrics = policy_loss(logp, torch.zeros(1, 2), torch.tensor([[-1.0, 1.0]]), torch.ones(1, 2), dual_clip=3.0)
+    loss, metrics = policy_loss(logp, torch.zeros(1, 2), torch.tensor([[-1.0, 1.0]]), torch.ones(1, 2),
+                                LossSpec(dual_clip=3.0))
     assert loss.item() == pytest.approx(0.9, abs=1e-6)
     assert metrics["dual_clipfrac"].item() == pytest.approx(0.5)
     assert metrics["clipfrac"].item() == pytest.approx(0.5)
@@ -86,13 +88,13 @@ def test_gspo_by_hand():
     advantages = torch.tensor([[2.0, 9.0, 9.0], [1.0, 1.0, 0.0]])
     for agg, value in expected.items():
         logp = leaf([[0.3, -0.1, 0.1], [0.5, 0.3, 123.0]])
-        loss, metrics = policy_loss(logp, torch.zeros(2, 3), advantages, mask, kind="gspo", agg=agg, max_len=3,
-                                    clip_low=0.2, clip_high=0.2)
+        loss, metrics = policy_loss(logp, torch.zeros(2, 3), advantages, mask,
+                                    LossSpec(kind="gspo", agg=agg, max_len=3, clip_low=0.2, clip_high=0.2))
         assert loss.item() == pytest.approx(value, abs=1e-6), agg
         assert metrics["clipfrac"].item() == pytest.approx(0.4)
         assert metrics["ratio_max"].item() == pytest.approx(math.exp(0.4), abs=1e-6)
     loss, _ = policy_loss(logp := leaf([[0.3, -0.1, 0.1], [0.5, 0.3, 123.0]]), torch.zeros(2, 3), advantages, mask,
-                          kind="gspo", agg="token-mean", clip_low=0.2, clip_high=0.2)
+                          LossSpec(kind="gspo", agg="token-mean", clip_low=0.2, clip_high=0.2))
     loss.backward()
     g = -2 * s0 / 5
     torch.testing.assert_close(logp.grad, torch.tensor([[g, g, g], [0.0, 0.0, 0.0]]))
@@ -120,7 +122,7 @@ def test_ratio_one_gives_minus_advantage_and_the_reinforce_gradient(kind, agg):
     if kind == "gspo":  # GSPO uses one advantage per sequence: make it constant along each row
         advantages = advantages[:, :1].expand_as(advantages).contiguous()
     x = logp.clone().requires_grad_(True)
-    loss, metrics = policy_loss(x, logp, advantages, mask, kind=kind, agg=agg, **budget(agg))
+    loss, metrics = policy_loss(x, logp, advantages, mask, LossSpec(kind=kind, agg=agg, **budget(agg)))
     torch.testing.assert_close(loss.detach(), aggregate(-advantages, mask, agg, **budget(agg)))
     reference = x.clone().detach().requires_grad_(True)
     aggregate(-advantages * reference, mask, agg, **budget(agg)).backward()
@@ -142,8 +144,8 @@ def test_masked_tokens_change_neither_loss_nor_gradient(kind, agg):
         x = torch.where(mask, logp, fill).requires_grad_(True)
         loss, metrics = policy_loss(
             x, torch.where(mask, prox_logp, fill), torch.where(mask, advantages, fill), mask,
-            kind=kind, agg=agg, behavior_logp=torch.where(mask, behavior, -fill), is_cap=2.0, dual_clip=3.0,
-            **budget(agg))
+            LossSpec(kind=kind, agg=agg, is_cap=2.0, dual_clip=3.0, **budget(agg)),
+            behavior_logp=torch.where(mask, behavior, -fill))
         loss.backward()
         assert bool((x.grad[~mask] == 0).all())
         results.append((loss.detach(), x.grad, {k: v.item() for k, v in metrics.items()}))
@@ -171,12 +173,12 @@ def test_agg_modes_agree_on_equal_lengths_and_differ_otherwise():
     assert aggregate(equal, mask, "seq-mean-token-sum-norm", max_len=4).item() == pytest.approx(1.25)
     # Through policy_loss on random data: equal lengths n = 4 of T = 6 -> first two agree, third is 4/6 of them.
     logp, prox_logp, advantages, mask = random_case(2, equal_lengths=True)
-    losses = {agg: policy_loss(logp, prox_logp, advantages, mask, agg=agg, **budget(agg))[0].item()
+    losses = {agg: policy_loss(logp, prox_logp, advantages, mask, LossSpec(agg=agg, **budget(agg)))[0].item()
               for agg in AGG_MODES}
     assert losses["token-mean"] == pytest.approx(losses["seq-mean-token-mean"], abs=1e-6)
     assert losses["seq-mean-token-sum-norm"] == pytest.approx(losses["token-mean"] * 4 / 6, abs=1e-6)
     logp, prox_logp, advantages, mask = random_case(2)
-    losses = {agg: policy_loss(logp, prox_logp, advantages, mask, agg=agg, **budget(agg))[0].item()
+    losses = {agg: policy_loss(logp, prox_logp, advantages, mask, LossSpec(agg=agg, **budget(agg)))[0].item()
               for agg in AGG_MODES}
     assert losses["token-mean"] != pytest.approx(losses["seq-mean-token-mean"], abs=1e-4)
 
@@ -196,8 +198,8 @@ def test_off_policy_weights_clamp_and_mask_at_the_cap_boundary():
     expected = {"clamp": [1.0, 1.0, w2], "mask": [1.0, 0.0, w2]}
     for mode, weights in expected.items():
         logp = prox_logp.detach().clone().requires_grad_(True)
-        loss, metrics = policy_loss(logp, prox_logp, torch.ones(1, 4), mask, behavior_logp=behavior, is_cap=1.0,
-                                    is_mode=mode)
+        loss, metrics = policy_loss(logp, prox_logp, torch.ones(1, 4), mask, LossSpec(is_cap=1.0, is_mode=mode),
+                                    behavior_logp=behavior)
         assert loss.item() == pytest.approx(-sum(weights) / 3, abs=1e-6), mode
         loss.backward()
         torch.testing.assert_close(logp.grad, torch.tensor([[-w / 3 for w in weights] + [0.0]]))
@@ -208,15 +210,16 @@ def test_off_policy_weights_clamp_and_mask_at_the_cap_boundary():
     # A cap equal to a weight that is not 1 (float32 rounding included) also leaves that weight alone.
     w_exact = float(torch.exp(torch.tensor(0.5)))
     for mode in ("clamp", "mask"):
-        _, metrics = policy_loss(prox_logp, prox_logp, torch.ones(1, 4), mask, behavior_logp=behavior,
-                                 is_cap=w_exact, is_mode=mode)
+        _, metrics = policy_loss(prox_logp, prox_logp, torch.ones(1, 4), mask, LossSpec(is_cap=w_exact, is_mode=mode),
+                                 behavior_logp=behavior)
         assert metrics["is_clipped_frac"].item() == 0.0
 
 
 def test_decoupled_ppo_reduces_to_ppo_when_behavior_equals_proximal():
     logp, prox_logp, advantages, mask = random_case(3)
     plain, _ = policy_loss(logp, prox_logp, advantages, mask)
-    decoupled, metrics = policy_loss(logp, prox_logp, advantages, mask, behavior_logp=prox_logp.clone(), is_cap=5.0)
+    decoupled, metrics = policy_loss(logp, prox_logp, advantages, mask, LossSpec(is_cap=5.0),
+                                     behavior_logp=prox_logp.clone())
     torch.testing.assert_close(decoupled, plain)
     assert metrics["is_weight_mean"].item() == pytest.approx(1.0) and metrics["is_clipped_frac"].item() == 0.0
 
@@ -227,7 +230,7 @@ def test_truncated_is_configuration_matches_its_formula():
     logp, _, advantages, mask = random_case(4)
     behavior = logp + torch.randn_like(logp) * 0.05
     x = logp.clone().requires_grad_(True)
-    loss, _ = policy_loss(x, x.detach(), advantages, mask, behavior_logp=behavior, is_cap=1.02)
+    loss, _ = policy_loss(x, x.detach(), advantages, mask, LossSpec(is_cap=1.02), behavior_logp=behavior)
     loss.backward()
     y = logp.clone().requires_grad_(True)
     weight = torch.exp(y.detach() - behavior).clamp(max=1.02)
@@ -238,7 +241,8 @@ def test_truncated_is_configuration_matches_its_formula():
 
 def test_no_valid_tokens_gives_zero_loss_and_metrics():
     logp = torch.zeros(2, 3, requires_grad=True)
-    loss, metrics = policy_loss(logp, logp.detach(), torch.ones(2, 3), torch.zeros(2, 3), agg="seq-mean-token-mean")
+    loss, metrics = policy_loss(logp, logp.detach(), torch.ones(2, 3), torch.zeros(2, 3),
+                                LossSpec(agg="seq-mean-token-mean"))
     assert loss.item() == 0.0 and all(v.item() == 0.0 for v in metrics.values())
     loss.backward()
     assert bool((logp.grad == 0).all())
@@ -252,22 +256,24 @@ def test_extreme_log_ratios_do_not_produce_nan_gradients():
 
 
 def test_bad_arguments_raise_value_errors():
+    # A bad hyper-parameter is refused when the spec is built, a bad tensor (or a cap without behaviour logprobs)
+    # by policy_loss; either way one ValueError naming the argument.
     logp, prox_logp, advantages, mask = random_case(5)
     cases = [
-        ({"kind": "trpo"}, "kind"),
-        ({"agg": "mean"}, "agg"),
-        ({"is_mode": "drop"}, "is_mode"),
-        ({"clip_low": 0.0}, "clip_low"),
-        ({"clip_low": 1.5}, "clip_low"),
-        ({"clip_high": -0.1}, "clip_high"),
-        ({"dual_clip": 1.0}, "dual_clip"),
-        ({"is_cap": 2.0}, "behavior_logp"),
-        ({"behavior_logp": logp, "is_cap": 0.0}, "is_cap"),
-        ({"behavior_logp": logp[:, :3]}, "behavior_logp"),
+        ({"kind": "trpo"}, {}, "kind"),
+        ({"agg": "mean"}, {}, "agg"),
+        ({"is_mode": "drop"}, {}, "is_mode"),
+        ({"clip_low": 0.0}, {}, "clip_low"),
+        ({"clip_low": 1.5}, {}, "clip_low"),
+        ({"clip_high": -0.1}, {}, "clip_high"),
+        ({"dual_clip": 1.0}, {}, "dual_clip"),
+        ({"is_cap": 2.0}, {}, "behavior_logp"),
+        ({"is_cap": 0.0}, {"behavior_logp": logp}, "is_cap"),
+        ({}, {"behavior_logp": logp[:, :3]}, "behavior_logp"),
     ]
-    for kwargs, name in cases:
+    for spec_kwargs, call_kwargs, name in cases:
         with pytest.raises(ValueError, match=name):
-            policy_loss(logp, prox_logp, advantages, mask, **kwargs)
+            policy_loss(logp, prox_logp, advantages, mask, LossSpec(**spec_kwargs), **call_kwargs)
     with pytest.raises(ValueError, match="advantages"):
         policy_loss(logp, prox_logp, advantages[:, 0], mask)
     with pytest.raises(ValueError, match="mask"):
@@ -282,14 +288,14 @@ def test_gspo_defaults_are_the_papers_and_its_clip_acts_on_a_sequence_ratio_of_o
     mask = torch.ones(1, 4, dtype=torch.bool)
     for sign, expected in ((1.0, -(1 + 4e-4)), (-1.0, 1 - 3e-4)):
         logp = leaf([[sign * 1e-3] * 4])
-        loss, metrics = policy_loss(logp, torch.zeros(1, 4), torch.full((1, 4), sign), mask, kind="gspo")
+        loss, metrics = policy_loss(logp, torch.zeros(1, 4), torch.full((1, 4), sign), mask, LossSpec(kind="gspo"))
         assert loss.item() == pytest.approx(expected, abs=1e-7)
         assert metrics["clipfrac"].item() == 1.0
         loss.backward()
         assert float(logp.grad.abs().max()) == 0.0
         logp = leaf([[sign * 1e-3] * 4])
-        loss, metrics = policy_loss(logp, torch.zeros(1, 4), torch.full((1, 4), sign), mask, kind="gspo",
-                                    clip_low=0.2, clip_high=0.2)
+        loss, metrics = policy_loss(logp, torch.zeros(1, 4), torch.full((1, 4), sign), mask,
+                                    LossSpec(kind="gspo", clip_low=0.2, clip_high=0.2))
         assert metrics["clipfrac"].item() == 0.0 and loss.item() == pytest.approx(-sign * math.exp(sign * 1e-3))
 
 
@@ -312,5 +318,5 @@ def test_gspo_importance_weight_is_the_geometric_mean_of_the_token_weights():
     assert metrics["is_clipped_frac"].item() == pytest.approx(1 / 4)
     # policy_loss(kind="gspo") multiplies each sequence's loss by that weight: ratio 1, A = 1 -> loss -w per token;
     # seq-mean-token-mean: (-e^0.1 - e^0.3) / 2
-    loss, _ = policy_loss(prox.clone(), prox, torch.ones(2, 3), mask, kind="gspo", behavior_logp=behavior)
+    loss, _ = policy_loss(prox.clone(), prox, torch.ones(2, 3), mask, LossSpec(kind="gspo"), behavior_logp=behavior)
     assert loss.item() == pytest.approx(-(e1 + e3) / 2, abs=1e-6)

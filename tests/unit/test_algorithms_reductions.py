@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stream_rl.algorithms import AGG_MODES, aggregate, loss_normaliser, policy_loss
+from stream_rl.algorithms import AGG_MODES, LossSpec, aggregate, loss_normaliser, policy_loss
 
 
 def rows(lengths, width, seed=0):
@@ -65,8 +65,8 @@ def test_dr_grpo_through_policy_loss_is_invariant_to_padding_width():
     for width in (6, 12):
         pad = (0, width - 6)
         x = torch.nn.functional.pad(logp, pad).requires_grad_(True)
-        loss, _ = policy_loss(x, x.detach(), torch.nn.functional.pad(adv, pad),
-                              torch.nn.functional.pad(mask, pad), agg="seq-mean-token-sum-norm", max_len=12)
+        loss, _ = policy_loss(x, x.detach(), torch.nn.functional.pad(adv, pad), torch.nn.functional.pad(mask, pad),
+                              LossSpec(agg="seq-mean-token-sum-norm", max_len=12))
         loss.backward()
         grads.append(x.grad[:, :6])
     torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)

@@ -39,7 +39,8 @@ def test_evaluate_model_once_prints_the_metrics_of_that_policy(model_dir, tmp_pa
     cfg = load_config(None, env={}, overrides={"eval": {"sets": {"heldout": str(prompts)}, "n": 2, "k": [1, 2],
                                                         "max_new_tokens": 4,
                                                         "reward_fn": "support.evaluation:even_length"}})
-    want = evaluate_once(cfg, engine=HFEngine.from_dir(model_dir)).metrics  # the same policy, in process
+    # the same policy, in process
+    want = evaluate_once(cfg, cfg.eval, cfg.producer, engine=HFEngine.from_dir(model_dir)).metrics
     assert line["metrics"] == pytest.approx(want)
     assert line["metrics"]["heldout/prompts"] == 3.0
 

@@ -53,7 +53,8 @@ def test_the_evaluator_heartbeats_and_status_lists_it(cfg):
         publisher.publish(perturbed_state_dict(model_dir, seed=v), version=v, step=10 * v)
     sink.close()
     stats = EvaluatorStats()
-    run_evaluator(cfg, threading.Event(), 2, deps=EvaluatorDeps(engine=HFEngine.from_dir(model_dir), stats=stats))
+    run_evaluator(cfg, cfg.eval, cfg.producer, threading.Event(), 2,
+                  deps=EvaluatorDeps(engine=HFEngine.from_dir(model_dir), stats=stats))
     assert stats.evaluated == [0, 2]
     beats = [r.value for r in read_records(transport, transport.names.status, "heartbeat")]
     mine = [b for b in beats if b.role == "evaluator"]

@@ -62,7 +62,7 @@ def _publish(cfg, model_dir, versions):
 
 def _run(cfg, model_dir, max_evaluations):
     stats = EvaluatorStats()
-    run_evaluator(cfg, threading.Event(), max_evaluations,
+    run_evaluator(cfg, cfg.eval, cfg.producer, threading.Event(), max_evaluations,
                   deps=EvaluatorDeps(engine=HFEngine.from_dir(model_dir), stats=stats))
     return stats
 

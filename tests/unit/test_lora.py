@@ -124,7 +124,8 @@ def test_broadcast_carries_the_adapters_under_wire_names():
 
 def test_the_trainer_restores_a_lora_run_from_its_checkpoint(tmp_path):
     from consumers.trainer.ranks import SOLO
-    from consumers.trainer.replica import checkpoint_root, restore
+    from consumers.trainer.replica import restore
+    from stream_rl.config.shared import checkpoint_root
     from stream_rl.demo.tokenizer import build_tokenizer
 
     base_dir = tmp_path / "base"
@@ -133,12 +134,13 @@ def test_the_trainer_restores_a_lora_run_from_its_checkpoint(tmp_path):
     cfg = StreamRLConfig(run_dir=tmp_path / "run", trainer={
         "model_dir": base_dir, "lora": LORA, "groups_per_step": 2, "micro_batch_size": 4, "lr": 1e-2,
         "grad_clip": None})
-    first = restore(cfg, SOLO, resume=False).engine
+    first = restore(cfg, cfg.trainer, SOLO, resume=False).engine
     assert first.lora and set(first.state_dict()) == {n for n, p in first.module.named_parameters()
                                                       if p.requires_grad}
     train_once(first, cfg.trainer)
-    save_checkpoint(checkpoint_root(cfg), step=1, version=1, engine=first, offsets={}, ledger={}, state={})
-    again = restore(cfg, SOLO, resume=True)
+    save_checkpoint(checkpoint_root(cfg.run_dir, cfg.trainer.checkpoint_dir), step=1, version=1, engine=first,
+                    offsets={}, ledger={}, state={})
+    again = restore(cfg, cfg.trainer, SOLO, resume=True)
     assert again.checkpoint.step == 1
     assert all(torch.equal(again.engine.state_dict()[n], t) for n, t in first.state_dict().items())
     moments, restored = first.optimizer_state()[0], again.engine.optimizer_state()[0]

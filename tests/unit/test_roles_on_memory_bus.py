@@ -213,7 +213,7 @@ def test_the_scorer_scores_in_batches_of_batch_size_and_commits_each(bus_transpo
     sink.flush()
     cfg = t.cfg.model_copy(update={"scorer": ScorerConfig(
         reward_fn="consumers.scorer.builtin_rewards:exact_match", batch_size=5, poll_timeout_s=0.01)})
-    stats = run_scorer(cfg, max_batches=3, deps=ScorerDeps(tracing=Tracing("scorer-unit")))
+    stats = run_scorer(cfg, cfg.scorer, max_batches=3, deps=ScorerDeps(tracing=Tracing("scorer-unit")))
     assert (stats.batches, stats.scored, stats.rejected, stats.commits) == (3, 12, 0, 3)  # 5 + 5 + 2
     with t.reader() as reader:
         scored = [decode(r.value, "scored_rollout") for r in reader.read_range((t.names.scored, 0), 0, None)]

@@ -151,7 +151,7 @@ def test_a_1024_token_rollout_is_compact():
 
 
 def test_defaults_are_fresh_per_message(monkeypatch):
-    monkeypatch.setattr("schemas.messages.time.time", lambda: 123.5)
+    monkeypatch.setattr("schemas.declare.time.time", lambda: 123.5)
     one, two = Prompt(prompt_id="a", epoch=0, text="t", group_size=1), Prompt(prompt_id="b", epoch=0, text="t",
                                                                               group_size=1)
     assert one.created_at == 123.5 and one.metadata == {} and one.metadata is not two.metadata

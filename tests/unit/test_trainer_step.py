@@ -88,7 +88,8 @@ class _Capture(TorchEngine):
 
 
 @pytest.mark.parametrize("agg,kind", [("token-mean", "ppo"), ("seq-mean-token-mean", "ppo"),
-                                      ("seq-mean-token-sum-norm", "ppo"), ("token-mean", "gspo")])
+                                      ("seq-mean-token-sum-norm", "ppo"), ("token-mean", "gspo"),
+                                      ("token-mean", "cispo")])
 def test_gradient_accumulation_is_exact_for_every_aggregation(agg, kind):
     ref_model, rng = tiny_policy(seed=5), np.random.default_rng(2)
     model = tiny_policy(seed=0)

@@ -1,27 +1,21 @@
-"""DAPO's dynamic sampling through the real trainer loop: uniform groups go to the stale topic, the others train.
-The formulas, batcher, targets, step and config rules: tests/unit/test_dapo_options.py."""
+"""DAPO's dynamic sampling through the real trainer loop on the in-process bus: uniform groups go to the stale topic,
+the others train. The formulas, batcher, targets, step and config rules: tests/unit/test_dapo_options.py.
+(Moved from tests/integration/test_dapo.py, same assertions.)"""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from support.trainer import scored, tiny_policy
+from support.topics import read_values
+from support.trainer import scored
+from support.trainer_loop import finish, metric_rows, start
+
+from stream_rl.transport.client import Transport
 
 torch.set_num_threads(1)
 
 
-# -- through the trainer loop, on the real broker ---------------------------------------------------------------------
-
-@pytest.mark.broker
-def test_the_trainer_loop_sends_uniform_groups_to_the_stale_topic_and_trains_the_others(make_config, tmp_path):
-    from support.topics import read_values
-    from support.trainer_loop import finish, metric_rows, start
-
-    from stream_rl.demo.tokenizer import build_tokenizer
-    from stream_rl.models import save_model
-    from stream_rl.transport.client import Transport
-
-    model_dir = save_model(tiny_policy(seed=0), build_tokenizer(), tmp_path / "policy")
+def test_the_trainer_loop_sends_uniform_groups_to_the_stale_topic_and_trains_the_others(make_config, model_dir):
     cfg = make_config(**{"trainer.model_dir": str(model_dir), "trainer.groups_per_step": 2,
                          "trainer.max_steps": 1, "trainer.dynamic_sampling": True, "trainer.micro_batch_size": 4,
                          "trainer.poll_timeout_s": 0.2, "topics.partitions.scored": 1})

@@ -1,4 +1,9 @@
-"""The trainer loop against the real local broker: steps, stale drops with re-queue, weights, checkpoint, resume."""
+"""The trainer loop on the in-process bus (``memory://``, proved equal to the broker by
+tests/integration/test_edge_contract.py): steps, stale drops with re-queue, weights, checkpoint, resume.
+
+The same role code as on the broker (:func:`~consumers.trainer.trainer.run_trainer` on a thread, the transport
+edge, the weights publisher, checkpoints); only the clients under the edge are the bus's. The one real-broker run
+of the trainer is tests/integration/test_trainer_broker.py."""
 
 from __future__ import annotations
 
@@ -6,7 +11,6 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
 import torch
 from support.topics import committed, read_values
 from support.trainer_loop import finish, metric_rows, send_groups, start
@@ -19,17 +23,6 @@ from stream_rl.storage.checkpoint import complete_checkpoints, load_checkpoint
 from stream_rl.transport.client import Transport
 
 torch.set_num_threads(1)
-pytestmark = pytest.mark.broker
-
-
-
-
-
-
-
-
-
-
 
 
 def test_trainer_loop_trains_drops_stale_groups_broadcasts_checkpoints_and_resumes(make_config, model_dir):

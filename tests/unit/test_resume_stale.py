@@ -1,4 +1,4 @@
-"""Issue 35.3 on the real broker: the versions a resumed trainer publishes widen no producer's backpressure budget.
+"""Issue 35.3 on the in-process bus: the versions a resumed trainer publishes widen no producer's backpressure budget.
 
 The cause of the stale tail after a crash-resume: a trainer killed after publishing versions past its last complete
 checkpoint resumes from that checkpoint and republishes its weights under the next number (``versions.reconcile``:
@@ -7,11 +7,14 @@ as five more trained versions, so about five versions' worth of groups more stay
 run, trained at lag up to ``max_lag`` + 5: ~28 % dropped as stale (1,452 of 5,216), long after the kill. Here a real
 producer follows the exact manifest sequence such a crash leaves on the weights topic (versions and trainer steps,
 published with the trainer's own publisher) and its in-flight groups are counted against the trained line. The
-budget's arithmetic is unit-tested with hand-computed values in tests/unit/test_resume_stale_budget.py."""
+budget's arithmetic is unit-tested with hand-computed values in tests/unit/test_resume_stale_budget.py.
+
+Moved from tests/integration (same assertions). Where it slept for "several iterations over budget", it now reads
+the version each group was generated at (every rollout carries it): the producer decides whether to generate right
+after loading a version, before it can load the next one, so a group the budget wrongly allowed at v4..v6 would
+carry that version."""
 
 from __future__ import annotations
-
-import time
 
 import pytest
 from safetensors.torch import load_file
@@ -32,9 +35,15 @@ def _groups(transport) -> int:
     return len(read_records(transport, transport.names.rollouts, "rollout")) // GROUP
 
 
-@pytest.mark.broker
+def _group_versions(transport) -> list[int]:
+    """The policy version each group was generated at, in the order they were sent."""
+    rollouts = [r.value for r in read_records(transport, transport.names.rollouts, "rollout")]
+    return [int(r.token_policy_versions.max()) for r in rollouts if r.sample_index == 0]
+
+
+@pytest.mark.timeout(120)
 def test_a_republished_checkpoint_keeps_the_producers_in_flight_groups_on_the_trained_line(make_config, model_dir):
-    cfg = make_config(**{"topics.partitions": {"prompts": 1, "rollouts": 1}, "kafka.fetch_max_wait_ms": 100})
+    cfg = make_config(**{"topics.partitions": {"prompts": 1, "rollouts": 1}})
     transport = Transport(cfg, "test")
     transport.ensure_topics()
     wcfg = WeightsConfig(mode="inline", chunk_size=200_000)
@@ -54,16 +63,15 @@ def test_a_republished_checkpoint_keeps_the_producers_in_flight_groups_on_the_tr
         # killed after checkpoint step 1 (v2, v3 published past it); resumed: step 1's weights as v4
         publisher.publish(weights, version=4, step=1)
         wait_for(lambda: 4 in stats.weight_updates, "the producer to load v4", 30, watch=[out])
-        time.sleep(3 * pcfg.poll_timeout_s + 1.0)  # several iterations over budget: before the fix, a 4th group
-        assert _groups(transport) == 3, "v4 is no trained version: 3 groups in flight already exceed the budget"
         # the resumed trainer trains steps 2, 3, 4 (v5..v7): only past step 3 is there room for a 4th group
         publisher.publish(weights, version=5, step=2)
         publisher.publish(weights, version=6, step=3)
         wait_for(lambda: 6 in stats.weight_updates, "the producer to load v6", 30, watch=[out])
-        time.sleep(3 * pcfg.poll_timeout_s + 1.0)
-        assert _groups(transport) == 3
+        # v4 is no trained version: 3 groups in flight already exceed the budget (then at v5, v6 too)
+        assert _groups(transport) == 3 and _group_versions(transport) == [1, 2, 3]
         publisher.publish(weights, version=7, step=4)
         wait_for(lambda: _groups(transport) == 4, "the group of step 4 (v7)", 60, watch=[out])
     finally:
         final = stop_generator(thread, stop, out)
+    assert _group_versions(transport) == [1, 2, 3, 7]  # nothing was generated while holding v4, v5 or v6
     assert final.budget_resets == 0 and final.weight_updates[-1] == 7

@@ -1,6 +1,7 @@
-"""``trainer.keep_best`` end to end on the real broker: the trainer publishes versions, the real evaluator evaluates
-some of them, the trainer keeps the best one in ``checkpoints/best/`` (the weights of that very version), and an
-evaluation that arrives after the trainer stopped is judged when it starts again (``--resume``)."""
+"""``trainer.keep_best`` end to end on the in-process bus (``memory://``): the trainer publishes versions, the real
+evaluator evaluates some of them, the trainer keeps the best one in ``checkpoints/best/`` (the weights of that very
+version), and an evaluation that arrives after the trainer stopped is judged when it starts again (``--resume``).
+(Moved from tests/integration/test_keep_best_run.py, same assertions.)"""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import json
 import threading
 from pathlib import Path
 
-import pytest
 import torch
 from support.evaluation import eval_section, write_prompts
 from support.trainer_loop import finish, metric_rows, send_groups, start
@@ -22,13 +22,13 @@ from stream_rl.storage.checkpoint import read_tensors
 from stream_rl.transport.client import Transport
 
 torch.set_num_threads(1)
-pytestmark = pytest.mark.broker
 METRIC = "eval/heldout/mean@4"
 
 
 def _evaluate(cfg, model_dir, count: int) -> list[int]:
     stats = EvaluatorStats()
-    run_evaluator(cfg, threading.Event(), count, deps=EvaluatorDeps(engine=HFEngine.from_dir(model_dir), stats=stats))
+    run_evaluator(cfg, cfg.eval, cfg.producer, threading.Event(), count,
+                  deps=EvaluatorDeps(engine=HFEngine.from_dir(model_dir), stats=stats))
     return stats.evaluated
 
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 import math
-import urllib.error
-import urllib.request
 
 import pytest
 import torch
+from support.http_get import get
 from support.waiting import wait_for
 
 from schemas import Heartbeat
@@ -20,14 +19,6 @@ from stream_rl.telemetry.lag import LagMonitor, compute_lag
 from stream_rl.transport.client import Transport
 
 torch.set_num_threads(1)
-
-
-def get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 # -- pure parts -----------------------------------------------------------------------------------------------------

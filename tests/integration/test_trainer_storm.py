@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from support.topics import committed
-from support.trainer import scored
+from support.storm import group, send, storm_config
 from support.trainer_loop import finish, start
 
 from consumers.trainer.trainer import trainer_group
@@ -23,23 +23,6 @@ from stream_rl.storage.checkpoint import latest_checkpoint, load_checkpoint
 from stream_rl.transport.client import Transport
 
 torch.set_num_threads(1)
-
-
-def storm_config(make_config, model_dir, **extra):
-    base = {"trainer.model_dir": str(model_dir), "trainer.groups_per_step": 1, "trainer.micro_batch_size": 2,
-            "trainer.poll_timeout_s": 0.2, "trainer.lr": 1e-3, "topics.partitions.scored": 1}
-    base.update(extra)
-    return make_config(**base)
-
-
-def send(transport, sink, records) -> None:
-    for r in records:
-        sink.send(transport.names.scored, r, key=r.group_id)
-    sink.flush()
-
-
-def group(p: int, version: int = 0, **kw) -> list:
-    return [scored(p, s, version=version, reward=float(s == 0), response_ids=[6 + s, 7], **kw) for s in range(2)]
 
 
 MEMBER = """

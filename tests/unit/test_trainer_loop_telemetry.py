@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
+from support.http_get import get
 from support.topics import heartbeats, read_values
 from support.trainer import scored, tiny_policy
 from support.waiting import wait_for
@@ -20,14 +19,6 @@ from support.waiting import wait_for
 from stream_rl.transport.client import Transport
 
 torch.set_num_threads(1)
-
-
-def get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 def samples(text: bytes) -> dict[tuple[str, frozenset], float]:

@@ -83,8 +83,10 @@ class Storm:
         return max((r["step"] for r in rows), default=0)
 
     def wait_steps(self, more: int, timeout_s: float = 240) -> None:
-        target = self.steps() + more
-        self.pipe.wait_until(lambda: self.steps() >= target, f"step {target}", timeout_s)
+        """Wait for ``more`` further steps, or for the run's last step: the trainer may reach its budget (exit 0)."""
+        target = min(self.steps() + more, STEPS)
+        self.pipe.wait_until(lambda: self.steps() >= target, f"step {target}", timeout_s,
+                             may_exit=[self.roles["train"]])
 
     def crash_trainer_at(self, point: str, root) -> None:
         """Arm a failpoint, wait for the trainer to die there (SIGKILL from itself), restart it with --resume."""
@@ -99,7 +101,9 @@ class Storm:
 
     def kill_broker(self) -> None:
         """kill -9 tansu and its store, wait a moment, `broker up`; restart the roles that exited meanwhile
-        (each must have named the broker)."""
+        (each must have named the broker). A trainer that already fetched the rest of its rollouts may instead
+        finish its step budget through the outage (its sends wait for the broker to return): exit 0 is accepted
+        from it only with every step in ``trained.jsonl``."""
         state = broker_mod.read_state(self.broker_cfg.state_dir)
         store = object_store.read_state(self.broker_cfg.state_dir)
         for pid in (state.pid, store.pid):
@@ -114,6 +118,10 @@ class Storm:
             if code is None:
                 continue
             self.pipe.running.remove(child)
+            if role == "train" and code == 0:
+                steps = [ln["step"] for ln in self.pipe.trained()]
+                assert steps[-1:] == [STEPS], f"the trainer exited 0 before step {STEPS}: {steps}"
+                continue
             log = child.log.read_text(errors="replace")
             assert code != 0 and state.bootstrap in log[-4000:], f"{role} exited ({code}) without naming the broker"
             self.restart(role)

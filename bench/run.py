@@ -81,6 +81,10 @@ BENCHMARKS: tuple[BenchSpec, ...] = (
               "the trainer's wait per step (a measured trainer step replayed as the consumer), with the batch "
               "barrier, with groups streamed as they finish (`producer.stream_groups`), and streamed with "
               "`producer.oversample`; interleaved rounds, medians of 3."),
+    BenchSpec("elastic", 14, "Elastic cores", "bench.elastic",
+              "`stream-rl run` on the demo with `run.placement` none, auto and elastic (the trainer's update on every "
+              "core while the other roles idle): trainer steps/s, and the CPU-seconds of each process per step "
+              "against the floor (all the run's CPU-seconds per step / cores); interleaved rounds, medians of 3."),
 )
 NAMED_ONLY: tuple[BenchSpec, ...] = (
     BenchSpec("trl", 9, "Against TRL", "bench.trl_peer",

@@ -78,6 +78,7 @@ from producers.stale_feed import StaleFeed
 from producers.weights_follower import ProducerStats, WeightsFollower, inflight_hook, make_follower
 from schemas import group_id_for
 from stream_rl.config.shared import SharedConfig
+from stream_rl.launch.lease import Lender
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,7 @@ def run_producer(shared: SharedConfig, pcfg: ProducerConfig, stop_event: threadi
                      transport.names.rollouts)
     batch.gate = _epoch_gate(transport, source, pcfg) if pcfg.epoch_order else None
     batch.turns = turns
+    batch.lease = Lender.from_env()  # a no-op unless `stream-rl run` placed the run elastically
     try:
         while not stop_event.is_set() and (max_batches is None or stats.batches < max_batches):
             _iterate(batch, follower, budget, stale, stats, telemetry)
@@ -134,7 +136,7 @@ def run_producer(shared: SharedConfig, pcfg: ProducerConfig, stop_event: threadi
         telemetry.error(type(exc).__name__)
         raise
     finally:
-        for closable in (telemetry, follower.receiver if follower else None, stale, source, sink,
+        for closable in (batch.lease, telemetry, follower.receiver if follower else None, stale, source, sink,
                          batch.gate.reader if batch.gate else None):
             if closable is not None:
                 closable.close()
@@ -159,8 +161,10 @@ def _iterate(batch: _Batcher, follower: WeightsFollower | None, budget: Budget, 
     if stale is not None:
         stats.groups_returned += budget.returned_stale(stale.poll())
     if budget.over(engine.version, time.monotonic()) and not (batch.gate and batch.gate.finishing()):
+        batch.lease.lend()  # run.placement = "elastic": the trainer may use this core until the budget opens
         follower.update(timeout_s=pcfg.poll_timeout_s, wait_for_newer=True)  # backpressure
         return
+    batch.lease.reclaim()
     result = batch.run_once(stats, telemetry)
     if result is not None:
         budget.charge({r.group_id: r.group_size for r in result.rollouts})
@@ -178,6 +182,7 @@ class _Batcher:
         self.carry: list = []
         self._committed: dict = {}  # (topic, partition) -> the offset last committed by this process
         self.gate = None  # producers.epoch_gate.EpochGate: epoch order across partitions (producer.epoch_order)
+        self.lease = Lender(None)  # run.placement = "elastic": set by run_producer (stream_rl.launch.lease)
         self.turns: Turns | None = None  # multi-turn episodes (producer.environment)
         self.aborted: set[tuple] = set()  # (topic, partition, offset) of prompts aborted in the last batch
 

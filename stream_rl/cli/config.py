@@ -48,11 +48,22 @@ class RunConfig(Section):
                                    "their memory shares, e.g. [run.gpus] producers = \"0-5\", trainer = \"6-7\" "
                                    "(stream_rl/launch/gpus.py, docs/operations.md); None: roles see the "
                                    "environment's GPUs")
-    placement: Literal["auto", "none"] = Field(
+    placement: Literal["auto", "elastic", "none"] = Field(
         "auto", description="'auto': once training starts each trainer rank runs on cores of its own (with their "
         "threads), producers on the rest (1 thread each), scorers and the local broker where the kernel finds "
         "room, and the prompts/rollouts/scored topics get one partition per consumer unless topics.partitions is "
-        "set (stream_rl/launch/placement.py); 'none': nothing pinned, one thread per process")
+        "set (stream_rl/launch/placement.py); 'elastic': as 'auto', and while every producer, scorer and "
+        "evaluator has nothing to do (backpressure, an empty poll) the trainer's update runs on all the run's "
+        "cores, one thread each (stream_rl/launch/lease.py; one trainer rank); 'none': nothing pinned, one thread "
+        "per process")
+
+    @model_validator(mode="after")
+    def _elastic_one_rank(self) -> RunConfig:
+        if self.placement == "elastic" and self.trainer_ranks > 1:
+            raise CrossFieldError(("run.placement", "run.trainer_ranks"), (
+                f"run.placement='elastic' with run.trainer_ranks={self.trainer_ranks}: the lent cores widen one "
+                f"trainer process; with several ranks use 'auto'"))
+        return self
 
     @field_validator("demo_dir", mode="before")
     @classmethod

@@ -181,11 +181,11 @@ def _load_prompts(cfg) -> None:
 
 
 def _place(cfg):
-    """The run's :class:`~stream_rl.launch.placement.Placement`; with ``run.placement = "auto"`` and
+    """The run's :class:`~stream_rl.launch.placement.Placement`; with ``run.placement`` "auto" or "elastic" and
     ``topics.partitions`` not set by the user, the data topics get one partition per consumer."""
     from stream_rl.launch import placement
 
-    if cfg.run.placement == "auto" and "partitions" not in cfg.topics.model_fields_set:
+    if cfg.run.placement != "none" and "partitions" not in cfg.topics.model_fields_set:
         cfg.topics.partitions = placement.sized_partitions(cfg.topics.partitions, cfg.run.producers,
                                                            cfg.run.scorers)
     return placement.plan(placement.usable_cores(), cfg.run.trainer_ranks, cfg.run.placement)
@@ -198,6 +198,23 @@ def _pin_all(sup, chosen) -> None:
     for child in sup.children:
         role = child.role.rsplit("-", 1)[0]
         pin_tree(child.proc.pid, chosen.cores["produce" if role == "evaluate" else role])
+
+
+def _lease(cfg, chosen):
+    """Each process's lease environment under ``run.placement = "elastic"`` (:mod:`stream_rl.launch.lease`): a
+    fresh ``run_dir/lease`` (a loan left by an earlier process of this run dir means nothing now), every producer,
+    scorer and evaluator a lender. Otherwise every process gets none."""
+    import shutil
+
+    from stream_rl.launch.lease import lease_env
+
+    if not chosen.elastic:
+        return lambda name: {}
+    directory = Path(cfg.run_dir) / "lease"
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    lenders = cfg.run.producers + cfg.run.scorers + (cfg.eval is not None)
+    return lambda name: lease_env(directory, name, lenders, chosen.all_cores())
 
 
 def _gpu_lines(cfg) -> list[str]:
@@ -240,13 +257,18 @@ def _launch(cfg, chosen, resume: bool = False, devices: dict[str, str] | None = 
     try:
         try:
             args = (["--nproc", str(ranks)] if ranks > 1 else []) + (["--resume"] if resume else [])
-            sup.start("train", 0, args, threads=chosen.threads["train"], cuda_devices=gpus("train-0"))
+            lease = _lease(cfg, chosen)  # process name -> its lease environment (empty unless elastic)
+            sup.start("train", 0, args, threads=chosen.threads["train"], cuda_devices=gpus("train-0"),
+                      extra_env=lease("train-0"))
             for i in range(cfg.run.scorers):
-                sup.start("score", i, threads=chosen.threads["score"], cuda_devices=gpus(f"score-{i}"))
+                sup.start("score", i, threads=chosen.threads["score"], cuda_devices=gpus(f"score-{i}"),
+                          extra_env=lease(f"score-{i}"))
             for i in range(cfg.run.producers):
-                sup.start("produce", i, threads=chosen.threads["produce"], cuda_devices=gpus(f"produce-{i}"))
+                sup.start("produce", i, threads=chosen.threads["produce"], cuda_devices=gpus(f"produce-{i}"),
+                          extra_env=lease(f"produce-{i}"))
             if cfg.eval is not None:  # held-out evaluation: its own process, placed with the producers
-                sup.start("evaluate", 0, threads=chosen.threads["produce"], cuda_devices=gpus("evaluate-0"))
+                sup.start("evaluate", 0, threads=chosen.threads["produce"], cuda_devices=gpus("evaluate-0"),
+                          extra_env=lease("evaluate-0"))
         except BaseException:
             sup.stop_all()  # a signal between two starts: the roles already started are stopped, not orphaned
             raise

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
+import queue
 import threading
 import time
 import weakref
@@ -145,7 +146,11 @@ class RewardCaller:
                                         daemon=True)
         self._thread.start()
         self._slots = asyncio.Semaphore(policy.concurrency)
+        self._pool = None if inspect.iscoroutinefunction(fn) else DaemonPool(policy.concurrency,
+                                                                              f"reward-call-{self.name}")
         weakref.finalize(self, self._loop.call_soon_threadsafe, self._loop.stop)  # an unclosed caller's thread ends
+        if self._pool is not None:
+            weakref.finalize(self, self._pool.close)  # and its pool's idle threads
 
     def submit(self, requests: Sequence[RewardRequest]) -> concurrent.futures.Future[list[CallOutcome]]:
         return asyncio.run_coroutine_threadsafe(self._call_all(list(requests)), self._loop)
@@ -154,7 +159,9 @@ class RewardCaller:
         return self.submit(requests).result()
 
     def close(self) -> None:
-        """Stop the loop thread (calls still in flight are abandoned)."""
+        """Stop the loop thread and the pool's idle threads (calls still in flight are abandoned)."""
+        if self._pool is not None:
+            self._pool.close()
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
@@ -211,9 +218,12 @@ class RewardCaller:
 
     async def _attempt(self, chunk: list[RewardRequest]) -> list[Any]:
         async with self._slots:
+            awaitable, job = self._invoke(chunk)
             try:
-                values = await asyncio.wait_for(self._invoke(chunk), self.policy.timeout_s)
+                values = await asyncio.wait_for(awaitable, self.policy.timeout_s)
             except asyncio.TimeoutError:
+                if job is not None:
+                    self._pool.abandon(job)  # its thread still runs the call: another one takes its place
                 raise _CallFailed(f"reward call to {self.name} timed out after {self.policy.timeout_s:g} s", 0,
                                   timed_out=True, error_type="Timeout") from None
         if not self.batch:
@@ -226,8 +236,9 @@ class RewardCaller:
                               f"{len(chunk)} rollouts", 0)
         return list(values)
 
-    def _invoke(self, chunk: list[RewardRequest]) -> Any:
-        """An awaitable of the function's value on ``chunk`` (a coroutine, or a sync call on a daemon thread)."""
+    def _invoke(self, chunk: list[RewardRequest]) -> tuple[Any, concurrent.futures.Future | None]:
+        """An awaitable of the function's value on ``chunk`` (a coroutine, or a sync call on a thread of the daemon
+        pool, whose job is returned too)."""
         if self.batch:
             args: tuple = ([r.prompt for r in chunk], [r.response for r in chunk], [r.answer for r in chunk],
                            [dict(r.metadata) for r in chunk])
@@ -235,21 +246,71 @@ class RewardCaller:
             one = chunk[0]
             args = (one.prompt, one.response, one.answer, dict(one.metadata))
         if inspect.iscoroutinefunction(self.fn):
-            return self.fn(*args)
-        return asyncio.wrap_future(_on_daemon_thread(self.fn, args))
+            return self.fn(*args), None
+        job = self._pool.submit(self.fn, args)
+        return asyncio.wrap_future(job), job
 
 
-def _on_daemon_thread(fn: Callable, args: tuple) -> concurrent.futures.Future:
-    """Run ``fn(*args)`` on a fresh daemon thread: a hung call cannot block the pool or the process's exit."""
-    future: concurrent.futures.Future = concurrent.futures.Future()
+class DaemonPool:
+    """Daemon threads that run sync reward calls, ``size`` of them free for new work.
 
-    def run() -> None:
-        if not future.set_running_or_notify_cancel():
-            return
-        try:
-            future.set_result(fn(*args))
-        except BaseException as exc:  # handed to the caller, who decides (retry, reason)
-            future.set_exception(exc)
+    A fresh thread per call cost ~0.3 ms of CPU per rollout (measured: 256 calls of the demo's reward took 76 ms of
+    CPU through :class:`RewardCaller`, the calls themselves 0.2 ms), more than most verifiers take. The guarantee a
+    fresh thread gave is kept: a hung call holds only its own thread (a daemon, so never the process's exit);
+    :meth:`abandon` (a call past its deadline) starts a replacement, and the abandoned call's thread ends once the
+    call returns, so ``size`` threads stay free."""
 
-    threading.Thread(target=run, name="reward-call", daemon=True).start()
-    return future
+    def __init__(self, size: int, name: str = "reward-call"):
+        self.size, self.name = size, name
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._abandoned: set[concurrent.futures.Future] = set()
+        self._threads = 0  # alive workers, those running an abandoned call included
+        for _ in range(size):
+            self._start()
+
+    def _start(self) -> None:
+        with self._lock:
+            self._threads += 1
+        threading.Thread(target=self._work, name=self.name, daemon=True).start()
+
+    def submit(self, fn: Callable, args: tuple) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._jobs.put((future, fn, args))
+        return future
+
+    def abandon(self, future: concurrent.futures.Future) -> None:
+        """``future``'s call ran past its deadline: unless it has just finished, its thread ends when the call
+        returns, and a new thread takes its place now."""
+        with self._lock:
+            if future.done():
+                return
+            self._abandoned.add(future)
+        self._start()
+
+    def close(self) -> None:
+        """Let every idle worker end (one running a call ends when the call returns)."""
+        with self._lock:
+            count = self._threads
+        for _ in range(count):
+            self._jobs.put(None)
+
+    @property
+    def threads(self) -> int:
+        with self._lock:
+            return self._threads
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, fn, args = job
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as exc:  # handed to the caller, who decides (retry, reason)
+                    future.set_exception(exc)
+            with self._lock:
+                if future in self._abandoned:  # a replacement took this thread's place
+                    self._abandoned.discard(future)
+                    break
+        with self._lock:
+            self._threads -= 1

@@ -12,6 +12,7 @@ import pytest
 
 from stream_rl.rewards.calls import (
     CallPolicy,
+    DaemonPool,
     RetriableRewardError,
     RewardCaller,
     RewardRequest,
@@ -92,6 +93,45 @@ def test_hanging_function_times_out_and_others_go_on():
     assert outcomes[1].timed_out and outcomes[1].attempts == 1  # a timeout is not retried
     assert "timed out after 0.3 s" in outcomes[1].reason
     assert elapsed < 2.0
+
+
+def test_a_hung_call_holds_only_its_own_thread_and_the_pool_keeps_its_free_threads():
+    release, names = threading.Event(), []
+
+    def reward(prompt, response, answer, metadata):
+        names.append(threading.current_thread().name)
+        if prompt == "p0":
+            release.wait(30)
+        return 1.0
+
+    policy = CallPolicy(timeout_s=0.3, concurrency=2, max_retries=0)
+    with RewardCaller(reward, policy, name="hang") as caller:
+        first = caller.call(requests(1))
+        assert first[0].timed_out and caller._pool.threads == 3  # the hung one + 2 free
+        again = caller.call(requests(5)[1:])  # both free threads serve, the hung one keeps hanging
+        assert all(o.ok for o in again)
+        release.set()
+        deadline = time.monotonic() + 5
+        while caller._pool.threads != 2 and time.monotonic() < deadline:  # the hung thread ended once released
+            time.sleep(0.01)
+        assert caller._pool.threads == 2
+        assert all(o.ok for o in caller.call(requests(4)))
+    assert set(names) == {"reward-call-hang"} and len(names) == 9  # every call on the pool's threads
+
+
+def test_the_pool_reuses_its_threads_and_an_abandoned_finished_job_starts_nothing():
+    pool = DaemonPool(2, "t")
+    seen = {pool.submit(lambda: threading.get_ident(), ()).result(timeout=5) for _ in range(50)}
+    assert len(seen) <= 2 and pool.threads == 2  # 50 calls, at most 2 threads: none started per call
+    done = pool.submit(lambda: 1, ())
+    assert done.result(timeout=5) == 1
+    pool.abandon(done)  # it returned before its deadline was noticed: nothing to replace
+    assert pool.threads == 2
+    pool.close()
+    deadline = time.monotonic() + 5
+    while pool.threads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.threads == 0
 
 
 def test_concurrency_is_bounded_and_used():

@@ -166,11 +166,11 @@ def run_trl(ctx: BenchContext, demo: Path, w: Workload) -> Trace:
 def stream_command(ctx: BenchContext, demo: Path, w: Workload, run: str, run_dir: Path) -> list[str]:
     """``stream-rl run`` on the demo config exactly as ``make run`` runs it (its own local broker with durable
     storage, started and stopped by the command, in a state directory of this run; the demo's checkpoints and
-    placement), a fresh run; the step budget and response length of ``w`` (and its policy when it is not the
-    demo's)."""
+    placement), a fresh run, without the demo's held-out evaluator (TRL runs none); the step budget and response
+    length of ``w`` (and its policy when it is not the demo's)."""
     sets = {"broker.state_dir": run_dir / "broker", "topics.run": run, "run_dir": run_dir, "run.demo_dir": demo,
             "trainer.max_steps": w.steps, "producer.max_new_tokens": w.max_new_tokens,
-            "run.max_wall_s": deadline_s(w)}
+            "run.max_wall_s": deadline_s(w), "eval": "null"}  # TRL evaluates nothing: neither does this run
     if w.untrained:
         policy = policy_dir(ctx, demo, w)
         sets.update({"producer.model_dir": policy, "trainer.model_dir": policy})

@@ -29,9 +29,9 @@ Guarantees:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch

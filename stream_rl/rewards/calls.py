@@ -254,9 +254,8 @@ class RewardCaller:
 class DaemonPool:
     """Daemon threads that run sync reward calls, ``size`` of them free for new work.
 
-    A fresh thread per call cost ~0.3 ms of CPU per rollout (measured: 256 calls of the demo's reward took 76 ms of
-    CPU through :class:`RewardCaller`, the calls themselves 0.2 ms), more than most verifiers take. The guarantee a
-    fresh thread gave is kept: a hung call holds only its own thread (a daemon, so never the process's exit);
+    A fresh thread per call cost more CPU than the demo's verifier itself (benchmark 14, docs/benchmarks.md: the
+    scorer's CPU per step fell by a third with this pool). The guarantee a fresh thread gave is kept: a hung call holds only its own thread (a daemon, so never the process's exit);
     :meth:`abandon` (a call past its deadline) starts a replacement, and the abandoned call's thread ends once the
     call returns, so ``size`` threads stay free."""
 

@@ -100,6 +100,7 @@ class Borrower:
         self.dir, self.lenders, self.cores = directory, lenders, frozenset(cores)
         self._set_threads = set_threads  # torch.set_num_threads (injected: this module imports no torch)
         self.narrow_state: tuple[frozenset[int], int] | None = None  # (affinity, threads) while wide
+        self._wide_set: frozenset[int] = frozenset()
         self.wide_updates = 0
 
     @classmethod
@@ -138,18 +139,21 @@ class Borrower:
             (self.dir / BORROWED).unlink(missing_ok=True)
             return False
         self.narrow_state = (frozenset(os.sched_getaffinity(0)), threads_now)
-        _set_affinity(self.cores | self.narrow_state[0])
+        self._wide_set = self.cores | self.narrow_state[0]
+        _set_affinity(self._wide_set)
         self._set_threads(len(self.cores | self.narrow_state[0]))
         self.wide_updates += 1
         return True
 
     def narrow(self) -> None:
-        """Back to the trainer's own cores and threads, then release the lenders. Idempotent."""
+        """Back to the trainer's own cores and threads, then release the lenders. Idempotent. Pinned by someone
+        else while wide (``stream-rl run`` pins its roles once training starts), it keeps that pinning."""
         if self.narrow_state is None:
             return
         cores, threads = self.narrow_state
         self._set_threads(threads)
-        _set_affinity(cores)
+        if frozenset(os.sched_getaffinity(0)) == self._wide_set:
+            _set_affinity(cores)
         self.narrow_state = None
         (self.dir / BORROWED).unlink(missing_ok=True)
 

@@ -42,6 +42,12 @@ def _config(bootstrap: str, tmp_path, run_name: str):
     overrides = role_overrides(model_dir, **{
         "trainer.max_steps": STEPS, "trainer.groups_per_step": GROUPS_PER_STEP, "trainer.checkpoint_every": 2,
         "trainer.max_lag": 4, "kafka.bootstrap_servers": bootstrap, "topics.run": run_name,
+        # every group must train for the run to reach STEPS; each resume republishes versions, so the storm drops
+        # many groups as stale (40 re-queues of 48 groups, attempts up to 2, in a run here). With the default cap
+        # of 3 re-queues a slower machine dropped one group a 4th time: it went to the stale topic for good (not
+        # lost, but never trained) and the trainer waited for step 12 forever (CI, stop 38). The cap has its own
+        # tests (test_trainer_loop*.py); here it must not end the run early.
+        "trainer.max_requeues": 100,
         "run_dir": str(tmp_path / "run")})
     return load_config(None, env={}, overrides=overrides)
 

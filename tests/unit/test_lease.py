@@ -67,6 +67,17 @@ def test_real_torch_threads_and_affinity_follow_the_lease(tmp_path, narrow_proce
 
 
 @two_cores
+def test_a_pinning_that_arrives_while_wide_is_kept_when_the_trainer_narrows(tmp_path, narrow_process):
+    os.sched_setaffinity(0, set(CORES))  # before `stream-rl run` pins its roles (at the first step)
+    borrower, lenders, _ = _pair(tmp_path, ("produce-0",))
+    lenders[0].lend()
+    assert borrower.widen(1)
+    os.sched_setaffinity(0, {CORES[1]})  # the supervisor pins the trainer mid-step
+    borrower.narrow()
+    assert os.sched_getaffinity(0) == {CORES[1]}  # its pinning stands, not the unpinned set from before
+
+
+@two_cores
 def test_a_lender_that_reclaims_waits_until_the_trainer_narrows(tmp_path, narrow_process):
     borrower, (producer, scorer), _ = _pair(tmp_path)
     producer.lend()

@@ -27,6 +27,7 @@ from typing import Any
 
 from bench import demo_runs as dr
 from bench.common import BenchContext, fmt, interleave, medians
+from stream_rl.launch.placement import descendants
 
 TITLE = "Elastic cores"
 VARIANTS = ("none", "auto", "elastic")
@@ -48,13 +49,6 @@ def group_of(cmdline: str) -> str:
                 return role
         return "supervisor"
     return "broker"
-
-
-def process_tree(root: int) -> list[int]:
-    """``root`` and every process below it, from ``/proc``."""
-    from stream_rl.launch.placement import descendants
-
-    return descendants(root)
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -92,7 +86,7 @@ class CpuSampler:
             self._stop.wait(self.period_s)
 
     def sample(self) -> None:
-        for pid in process_tree(self.root):
+        for pid in descendants(self.root):  # the run's process tree, from /proc
             seconds = cpu_seconds(pid)
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")

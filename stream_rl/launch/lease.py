@@ -84,7 +84,6 @@ class Lender:
             time.sleep(self.poll_s)
         return time.monotonic() - start
 
-
     def close(self) -> None:
         """A role that ends withdraws its loan without waiting (a process that is gone computes nothing)."""
         if self.dir is not None:
@@ -141,7 +140,7 @@ class Borrower:
         self.narrow_state = (frozenset(os.sched_getaffinity(0)), threads_now)
         self._wide_set = self.cores | self.narrow_state[0]
         _set_affinity(self._wide_set)
-        self._set_threads(len(self.cores | self.narrow_state[0]))
+        self._set_threads(len(self._wide_set))
         self.wide_updates += 1
         return True
 

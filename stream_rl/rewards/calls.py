@@ -245,7 +245,7 @@ class RewardCaller:
         else:
             one = chunk[0]
             args = (one.prompt, one.response, one.answer, dict(one.metadata))
-        if inspect.iscoroutinefunction(self.fn):
+        if self._pool is None:  # an async function: awaited on the loop itself
             return self.fn(*args), None
         job = self._pool.submit(self.fn, args)
         return asyncio.wrap_future(job), job
@@ -255,8 +255,8 @@ class DaemonPool:
     """Daemon threads that run sync reward calls, ``size`` of them free for new work.
 
     A fresh thread per call cost more CPU than the demo's verifier itself (benchmark 14, docs/benchmarks.md: the
-    scorer's CPU per step fell by a third with this pool). The guarantee a fresh thread gave is kept: a hung call holds only its own thread (a daemon, so never the process's exit);
-    :meth:`abandon` (a call past its deadline) starts a replacement, and the abandoned call's thread ends once the
+    scorer's CPU per step fell by a third with this pool). The guarantee a fresh thread gave is kept: a hung call
+    holds only its own thread (a daemon, so never the process's exit); :meth:`abandon` (a call past its deadline) starts a replacement, and the abandoned call's thread ends once the
     call returns, so ``size`` threads stay free."""
 
     def __init__(self, size: int, name: str = "reward-call"):

@@ -44,9 +44,10 @@ def _config(bootstrap: str, tmp_path, run_name: str):
         "trainer.max_lag": 4, "kafka.bootstrap_servers": bootstrap, "topics.run": run_name,
         # every group must train for the run to reach STEPS; each resume republishes versions, so the storm drops
         # many groups as stale (40 re-queues of 48 groups, attempts up to 2, in a run here). With the default cap
-        # of 3 re-queues a slower machine dropped one group a 4th time: it went to the stale topic for good (not
-        # lost, but never trained) and the trainer waited for step 12 forever (CI, stop 38). The cap has its own
-        # tests (test_trainer_loop*.py); here it must not end the run early.
+        # of 3 re-queues a group dropped a 4th time goes to the stale topic for good (not lost, but never trained),
+        # which is the likely cause of a slower machine's trainer waiting for step 12 forever (CI, stop 38; read
+        # from the log tails, the 4th drop itself was not seen). The cap has its own
+        # test (tests/unit/test_trainer_admission.py); here it must not end the run early.
         "trainer.max_requeues": 100,
         "run_dir": str(tmp_path / "run")})
     return load_config(None, env={}, overrides=overrides)

@@ -115,11 +115,23 @@ def load_scoring(cfg: ScorerConfig, scorer_id: str) -> Scoring:
                                                device=device)
     reward_fn = load_reward_fn(cfg.reward_fn) if cfg.reward_fn else None
     router = RewardRouter.load(cfg.rewards.to_routes()) if cfg.rewards is not None else None
+    preflight_rewards([reward_fn, *(router.fns.values() if router is not None else ())])
     return Scoring(
         scorer_id=scorer_id, reward_fn=reward_fn, reward_fn_weight=cfg.reward_fn_weight, reward_model=reward_model,
         reward_model_weight=cfg.reward_model_weight, reference=reference,
         token_level_rewards=cfg.token_level_rewards, router=router,
         services=build_services(cfg, reward_fn=reward_fn, router=router, reward_fn_weight=cfg.reward_fn_weight))
+
+
+def preflight_rewards(fns: Sequence[RewardFn | None]) -> None:
+    """Each reward function's own start-up check (its ``preflight`` attribute, e.g. ``code_tests``: can this host
+    sandbox programs?), once per function; its error propagates: the role refuses to start."""
+    seen: set[int] = set()
+    for fn in fns:
+        check = getattr(fn, "preflight", None)
+        if callable(check) and id(check) not in seen:
+            seen.add(id(check))
+            check()
 
 
 def score_rollouts(rollouts: Sequence[Rollout], scoring: Scoring, *,

@@ -141,6 +141,7 @@ EXPECTED: dict[str, tuple[int, Callable[[BaseException], str]]] = {
     "stream_rl.alerts.monitor.AlertStop": (3, _alert),
     "stream_rl.models.loading.ModelLoadError": (2, _model),
     "stream_rl.rewards.contract.RewardFnError": (2, _named),
+    "stream_rl.rewards.jail.SandboxUnavailable": (1, lambda e: f"{e} (see `stream-rl doctor`, docs/reward-services.md)"),
     "stream_rl.prompts.schema.PromptFileError": (2, _plain),
     "stream_rl.weights.payload.WeightsError": (1, _named),
     "producers.engines.base.EngineError": (1, _named),

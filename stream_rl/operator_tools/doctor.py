@@ -8,11 +8,13 @@ and the exit code (1 when any check fails, else 0); ``stream_rl.cli.diagnose_cmd
 
 Checks (see :func:`run_checks`): Python, packages against the declared version ranges, CUDA (driver, NCCL), broker
 Metadata round trip, then when reachable the run's topics (partitions, retention), the largest record against the
-size limits, free disk for checkpoints and weights, the broker port, and every model directory.
+size limits, free disk for checkpoints and weights, the broker port, whether this host can sandbox ``code_tests``
+programs (a probe program run in a real box; ``warn`` when not: only configs that use it need it), and every
+model directory.
 
 Guarantees:
 - Every check is a function of its inputs (config, version lookup, torch module, paths) returning rows; nothing
-  is created, started or written: topics are only listed and described, model weights are compared on the
+  is created, started or written (outside the sandbox probe's own throw-away box): topics are only listed and described, model weights are compared on the
   meta device (no tensor memory), the broker is never started.
 - Only the errors a check expects (Kafka, OS, model-loading errors) become rows; anything else propagates.
 - Status policy: ``fail`` is what stops a launch or a role at start-up (a required package missing, a broker that
@@ -374,6 +376,19 @@ def _compare_keys(path: Path, config: Any, reward_model: bool) -> str:
     return f"{type(skeleton).__name__} weight keys match"
 
 
+def check_sandbox() -> Check:
+    """Whether this host can run the ``code_tests`` sandbox: its real probe program, run in a real box."""
+    from stream_rl.rewards.jail import host_check
+
+    ok, detail = host_check()
+    if ok:
+        return Check("code sandbox", "pass", detail)
+    return Check("code sandbox", "warn", f"code_tests cannot run here: {detail}",
+                 "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, "
+                 "user.max_user_namespaces > 0; in a container: a seccomp profile that allows unshare) and "
+                 "install util-linux; docs/reward-services.md, 'Threat model'")
+
+
 def run_checks(cfg, roles: RoleFacts, extra_model_dirs: Iterable[Path] = (),
                min_free_gib: float = 10.0) -> list[Check]:
     """Every check, in the order of the module docstring; ``cfg``: the shared sections."""
@@ -386,6 +401,7 @@ def run_checks(cfg, roles: RoleFacts, extra_model_dirs: Iterable[Path] = (),
         checks.append(check_message_size(cfg))
     checks += check_disk(cfg, roles, min_free_gib)
     checks.append(check_ports(cfg))
+    checks.append(check_sandbox())
     for path, settings in model_dirs(roles, extra_model_dirs).items():
         checks.append(check_model_dir(path, settings, roles.demo_dir))
     return checks

@@ -5,95 +5,39 @@ the whole response) and test cases in the reference answer (or, without one, ``m
 
     {"tests": [{"stdin": "1 2\\n", "stdout": "3\\n"}, ...]}      or just the list [{"stdin": ..., "stdout": ...}]
 
-Produces: ``code_tests(prompt, response, answer, metadata) -> passed / total`` (the reward contract), and
-:func:`run_tests` -> :class:`TestsResult` with one :class:`CaseResult` (passed, reason) per case.
+Produces: ``code_tests(prompt, response, answer, metadata) -> passed / total`` (the reward contract, with a
+``preflight`` attribute the scorer and ``stream-rl reward-server`` call at start-up), and :func:`run_tests` ->
+:class:`TestsResult` with one :class:`CaseResult` (passed, reason) per case.
 A case passes when the program exits 0 and its stdout equals the expected stdout after trailing whitespace is
 removed from every line and trailing empty lines are dropped.
 
-The sandbox (util-linux and the kernel, nothing to install)::
+The sandbox itself (a private root in new user, mount, network and PID namespaces, kernel limits, outputs read
+back only through the host's own descriptors) is :mod:`stream_rl.rewards.jail`; its guarantees are listed there
+and its threat model is in docs/reward-services.md.
 
-    [root: setpriv --reuid=65534 --regid=65534 --clear-groups]       # never run as real root
-    unshare --user --map-root-user --mount --net --pid --fork --mount-proc --kill-child
-      sh -c: every mount re-mounted read-only; the throw-away box directory bind-mounted read-write; cd box
-      setpriv --bounding-set=-all --inh-caps=-all --ambient-caps=-all --no-new-privs   # no capabilities left
-        prlimit --cpu --as --nproc --fsize --core=0 -- python3 -I -B prog.py < stdin > box/stdout 2> box/stderr
-
-- no network: a new network namespace whose only interface (lo) is down;
-- no writes outside the box (read-only mounts; without capabilities they cannot be re-mounted);
-- CPU seconds (SIGXCPU), address space (MemoryError), processes (fork fails) and file size, which also bounds
-  stdout and stderr (SIGXFSZ), are kernel limits; the wall clock is the caller's: past ``wall_s`` the whole
-  process group is killed, and since the program is PID 1 of its own PID namespace, everything it started dies
-  with it (even what left the process group);
-- the box is a fresh temporary directory, deleted afterwards.
-
-Guarantees: a hostile program (infinite loop, fork bomb, memory hog, network use, writes outside its box, output
-flood, killing its parent) fails its case with the reason and never harms the caller; after the first case that
-hits a limit, the remaining cases are not run (failed, ``"not run: an earlier case hit a limit"``). Test cases
-that are missing or malformed raise ``ValueError`` naming what is wrong (the scorer dead-letters the rollout).
-When the machine cannot create the namespaces, :class:`SandboxUnavailable` says so (never an unsandboxed run).
+Guarantees: a hostile program (infinite loop, fork bomb, memory hog, network or host-socket use, writes outside its
+box, output or disk flood, tampering with its outputs, killing its parent) fails its case with the reason and never
+harms the caller; after the first case that hits a limit, the remaining cases are not run (failed, ``"not run: an
+earlier case hit a limit"``). Test cases that are missing or malformed raise ``ValueError`` naming what is wrong
+(the scorer dead-letters the rollout). When the host cannot build the sandbox, :class:`SandboxUnavailable` says so
+(never an unsandboxed run, and never because of what a program printed or how it exited).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import signal
-import subprocess
-import tempfile
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
-_FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
-NOBODY = 65534
-_SETUP = (
-    'awk \'{print $5}\' /proc/self/mountinfo | sort -r | while read -r mp; do '
-    'mount -o remount,bind,ro "$mp" 2>/dev/null; done; '
-    'mount --bind "$BOX" "$BOX" && mount -o remount,bind,rw "$BOX" && cd "$BOX" || exit 97; '
-    'setpriv --bounding-set=-all --inh-caps=-all --ambient-caps=-all --no-new-privs "$@"; exit $?'
-)
-_SETUP_FAILED = 97
+from stream_rl.rewards.jail import RunResult, SandboxLimits, SandboxUnavailable, host_check, preflight, run_sandboxed
 
+__all__ = ["CaseResult", "RunResult", "SandboxLimits", "SandboxUnavailable", "TestsResult", "case_reason",
+           "code_tests", "extract_program", "host_check", "parse_tests", "preflight", "run_sandboxed", "run_tests",
+           "same_output"]
 
-class SandboxUnavailable(RuntimeError):
-    """This machine cannot build the sandbox (no unprivileged user namespaces, no util-linux tools)."""
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Per-run limits: CPU seconds, wall seconds, address space (MiB), processes, file size = output (KiB)."""
-
-    cpu_s: int = 2
-    wall_s: float = 5.0
-    memory_mb: int = 512
-    processes: int = 32
-    output_kb: int = 1024
-    python: str = field(default_factory=lambda: _default_python())
-
-    def prlimit_args(self) -> list[str]:
-        """prlimit's options; CPU soft limit (SIGXCPU) ``cpu_s``, hard limit (SIGKILL) a second later."""
-        return [f"--cpu={self.cpu_s}:{self.cpu_s + 1}", f"--as={self.memory_mb * 1024 * 1024}", f"--nproc={self.processes}",
-                f"--fsize={self.output_kb * 1024}", "--core=0"]
-
-
-def _default_python() -> str:
-    """A system interpreter the unprivileged sandbox user can read (a venv under /root may not be)."""
-    return shutil.which("python3", path="/usr/bin:/bin:/usr/local/bin") or "python3"
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """One sandboxed run: exit status (negative: killed by that signal), outputs (bounded), wall time."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-    wall_s: float
-    wall_killed: bool
+_HEAD = re.compile(r"([A-Za-z0-9_+-]{0,32})[ \t]{0,64}\n")  # a fenced block's opening line, bounded
 
 
 @dataclass(frozen=True)
@@ -118,8 +62,17 @@ class TestsResult:
 
 
 def extract_program(response: str) -> str:
-    """The last ```python block, else the last fenced block, else the whole response (stripped)."""
-    blocks = _FENCE.findall(response)
+    """The last ```python block, else the last fenced block, else the whole response (stripped).
+
+    Fences pair up in order (the 1st ``` opens, the 2nd closes, ...); a block's opening line is ``` plus an
+    optional language tag and spaces. Linear time: one split, no backtracking.
+    """
+    parts = response.split("```")
+    blocks: list[tuple[str, str]] = []
+    for inside in parts[1:-1:2]:  # closed blocks only
+        head = _HEAD.match(inside)
+        if head:
+            blocks.append((head.group(1), inside[head.end():]))
     python = [code for lang, code in blocks if lang.lower() in ("python", "py", "python3")]
     if python:
         return python[-1]
@@ -154,61 +107,6 @@ def same_output(actual: str, expected: str) -> bool:
         return lines
 
     return norm(actual) == norm(expected)
-
-
-def sandbox_command(box: Path, argv: list[str], limits: SandboxLimits) -> list[str]:
-    """The command line of the module docstring for running ``argv`` in ``box``."""
-    drop = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"] if os.geteuid() == 0 else []
-    namespaces = ["unshare", "--user", "--map-root-user", "--mount", "--net", "--pid", "--fork", "--mount-proc",
-                  "--kill-child"]
-    return [*drop, *namespaces, "sh", "-c", _SETUP, "sandbox", "prlimit", *limits.prlimit_args(), "--", *argv]
-
-
-def run_sandboxed(program: str, stdin: str, limits: SandboxLimits = SandboxLimits()) -> RunResult:
-    """Run ``program`` (Python source) on ``stdin`` in a fresh box under ``limits``."""
-    for tool in ("unshare", "setpriv", "prlimit"):
-        if shutil.which(tool) is None:
-            raise SandboxUnavailable(f"the code sandbox needs util-linux's {tool!r}, not found on PATH")
-    with tempfile.TemporaryDirectory(prefix="stream-rl-box-") as tmp:
-        box = Path(tmp)
-        (box / "prog.py").write_text(program)
-        (box / "stdin").write_text(stdin)
-        if os.geteuid() == 0:
-            for path in (box, box / "prog.py", box / "stdin"):
-                os.chown(path, NOBODY, NOBODY)
-        argv = [limits.python, "-I", "-B", "prog.py"]
-        with open(box / "stdin", "rb") as fin, open(box / "stdout", "wb") as fout, open(box / "stderr", "wb") as ferr:
-            result = _run(sandbox_command(box, argv, limits), box, fin, fout, ferr, limits.wall_s)
-        cap = limits.output_kb * 1024
-        stdout = (box / "stdout").read_bytes()[:cap].decode("utf-8", "replace")
-        stderr = (box / "stderr").read_bytes()[-4096:].decode("utf-8", "replace")
-    if result[0] == _SETUP_FAILED and "mount" in stderr:
-        raise SandboxUnavailable(f"the code sandbox could not set up its mounts: {stderr.strip()[-200:]}")
-    return RunResult(result[0], stdout, stderr, result[1], result[2])
-
-
-def _run(command: list[str], box: Path, fin: Any, fout: Any, ferr: Any, wall_s: float) -> tuple[int, float, bool]:
-    start = time.perf_counter()
-    env = {"PATH": "/usr/bin:/bin", "BOX": str(box), "LANG": "C.UTF-8"}
-    try:
-        proc = subprocess.Popen(command, stdin=fin, stdout=fout, stderr=ferr, env=env, start_new_session=True)
-    except OSError as exc:
-        raise SandboxUnavailable(f"the code sandbox could not start: {exc}") from None
-    killed = False
-    try:
-        proc.wait(timeout=wall_s)
-    except subprocess.TimeoutExpired:
-        killed = True
-        _kill_group(proc.pid)
-        proc.wait()
-    return proc.returncode, time.perf_counter() - start, killed
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:  # already gone
-        pass
 
 
 def case_reason(run: RunResult, expected: str, limits: SandboxLimits) -> CaseResult:
@@ -248,3 +146,6 @@ def run_tests(program: str, tests: list[dict[str, str]], limits: SandboxLimits =
 def code_tests(prompt: str, response: str, answer: str | None, metadata: dict[str, str]) -> float:
     """Reward contract: the fraction of the prompt's test cases the response's program passes, in the sandbox."""
     return run_tests(extract_program(response), parse_tests(answer, metadata)).reward
+
+
+code_tests.preflight = preflight  # type: ignore[attr-defined]  # start-up check: can this host sandbox?

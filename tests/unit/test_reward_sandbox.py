@@ -103,24 +103,25 @@ def test_writes_outside_the_box_fail():
     from pathlib import Path
 
     with tempfile.TemporaryDirectory(prefix="h7-open-") as open_dir:
-        os.chmod(open_dir, 0o777)  # writable by anyone, the sandbox's user included: only the mount stops it
+        os.chmod(open_dir, 0o777)  # writable by anyone, the sandbox's user included: the box does not even see it
         target = Path(open_dir) / "escaped.txt"
-        _write_outside(target)
-
-
-def _write_outside(target) -> None:
-    program = f"open({str(target)!r}, 'w').write('x')\nprint('ok')\n"
-    passed, reason, _ = one_case(program)
-    assert not passed and reason == "exit code 1: OSError: [Errno 30] Read-only file system: " + repr(str(target))
-    assert not target.exists()
+        passed, reason, _ = one_case(f"open({str(target)!r}, 'w').write('x')\nprint('ok')\n")
+        assert not passed and reason == f"exit code 1: FileNotFoundError: [Errno 2] No such file or directory: {str(target)!r}"
+        assert not target.exists()
+    passed, reason, _ = one_case("open('/usr/escaped.txt', 'w').write('x')\nprint('ok')\n")  # a visible system dir
+    assert not passed and reason == "exit code 1: OSError: [Errno 30] Read-only file system: '/usr/escaped.txt'"
+    assert not os.path.exists("/usr/escaped.txt")
 
 
 def test_writes_inside_the_box_work_and_the_box_is_thrown_away():
-    program = "open('scratch.txt', 'w').write('ok')\nprint(open('scratch.txt').read())\nimport os\nprint(os.getcwd())\n"
+    import tempfile
+
+    before = set(os.listdir(tempfile.gettempdir()))
+    program = ("open('scratch.txt', 'w').write('ok')\nprint(open('scratch.txt').read())\nimport os\n"
+               "print(os.getcwd())\nopen('/tmp/t', 'w').write('t')\n")
     [case] = run_tests(program, [{"stdin": "", "stdout": "ok"}], LIMITS).cases
-    assert case.reason.startswith("wrong output: 'ok\\n/tmp/stream-rl-box-")
-    box = case.reason.split("\\n")[1]
-    assert not os.path.exists(box)
+    assert case.reason == "wrong output: 'ok\\n/box\\n' expected 'ok'"  # its box is /box of its own root
+    assert not {n for n in set(os.listdir(tempfile.gettempdir())) - before if "srl" in n or "box" in n}
 
 
 def test_program_killing_its_parent_and_everyone_harms_nobody():
@@ -157,3 +158,12 @@ def test_program_extraction_and_output_comparison():
     assert extract_program("```\nprint(3)\n```") == "print(3)\n"
     assert extract_program("  print(4)  ") == "print(4)"
     assert same_output("3  \n\n\n", "3") and not same_output("3\n4", "3")
+
+
+def test_only_system_directories_and_the_interpreters_prefix_are_bound():
+    from stream_rl.rewards.jail import visible_dirs
+
+    system = visible_dirs("/usr/bin/python3")
+    assert "/usr" in system and "/" not in system and not any(d.startswith(("/tmp", "/home", "/root")) for d in system)
+    assert visible_dirs("/opt/py311/bin/python3") == [*system, "/opt/py311"]
+    assert visible_dirs("/python3") == system  # a prefix of "/" would bind the whole host: never

@@ -12,10 +12,14 @@ run: install
 	$(PY) -m stream_rl.cli.main run $(RUN_ARGS)
 
 # vLLM's CPU worker pins torch's thread count for the whole process once an engine exists, so its tests run in a
-# pytest process of their own, after the rest.
+# pytest process of their own, after the rest. Both always run (a failure of the first does not hide the second);
+# the target fails when either did, and says which.
 test: install-test
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 --ignore=tests/integration/test_vllm_engine.py $(PYTEST_ARGS)
-	$(PY) -m pytest -q -p no:cacheprovider tests/integration/test_vllm_engine.py
+	@main=0; vllm=0; \
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 --ignore=tests/integration/test_vllm_engine.py $(PYTEST_ARGS) || main=$$?; \
+	$(PY) -m pytest -q -p no:cacheprovider tests/integration/test_vllm_engine.py || vllm=$$?; \
+	echo "make test: main suite exit $$main, vLLM suite exit $$vllm"; \
+	[ $$main -eq 0 ] && [ $$vllm -eq 0 ]
 
 # The fast tier: tests/unit (no broker, no process), under 2 minutes on 2 cores. `make test` runs it too.
 test-unit: install-test

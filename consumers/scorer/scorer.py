@@ -181,7 +181,8 @@ def score_and_send(records: Sequence[Consumed], source: Source, sink: Sink, scor
     Returns the batch's reward-call metrics (``rewards/<reward>/<data_source>/...``)."""
     with source.process_span("score-batch", records, {"stream_rl.batch_size": len(records)}):
         outputs = score_rollouts([record.value for record in records], scoring, on_wait=on_wait)
-    for record, result in zip(records, outputs, strict=True):
+    sent = list(outputs)  # what became of each rollout: the batch log counts a RecordTooLarge as rejected
+    for i, (record, result) in enumerate(zip(records, outputs, strict=True)):
         with source.process_span("score", [record]):  # child of this rollout's trace
             if not isinstance(result, Rejected):
                 try:
@@ -189,14 +190,14 @@ def score_and_send(records: Sequence[Consumed], source: Source, sink: Sink, scor
                     stats.scored += 1
                     continue
                 except RecordTooLarge as exc:  # never sent: dead-lettered with both sizes, its group dropped
-                    result = Rejected(record.value, str(exc), "RecordTooLarge")
+                    result = sent[i] = Rejected(record.value, str(exc), "RecordTooLarge")
             source.dead_letter_record(record, result.reason, result.error_type)
             _send_notice(sink, scored_topic, member_rejected(
                 record.value, record.key, topic=record.topic, partition=record.partition, offset=record.offset,
                 reason=result.reason, error_type=result.error_type, consumer_id=consumer_id))
             stats.rejected += 1
     calls = scoring.services.stats.drain() if scoring.services is not None else {}
-    log.info("scorer batch %s", json.dumps({**batch_metrics(outputs), **calls}, sort_keys=True))
+    log.info("scorer batch %s", json.dumps({**batch_metrics(sent), **calls}, sort_keys=True))
     return calls
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support.leaks import grep_leaks
 from support.paths import REPO_ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.timeout(1200)]  # the first test pays for the run
@@ -156,7 +157,7 @@ def test_trace_show_follows_a_trained_rollout_into_its_step(finished):
 
 def test_no_file_of_the_run_holds_sample_text_or_the_secret(finished):
     needles = [SECRET, *_sample_texts(finished.bootstrap, finished.run_name)]
-    leaks = _grep(finished.run_dir, finished.out_path, finished.err_path, needles=needles)
+    leaks = grep_leaks(finished.run_dir, finished.out_path, finished.err_path, needles=needles)
     assert leaks == "", leaks[:2000]
 
 
@@ -228,24 +229,3 @@ def _sample_texts(bootstrap: str, run_name: str) -> set[str]:
     return found
 
 
-def _grep(run_dir: Path, *files: Path, needles: list[str]) -> str:
-    """`grep -rFao` of every needle over every file under ``run_dir`` and ``files``: the matches, or "".
-
-    A ``.safetensors`` file is searched in its JSON header (names, dtypes, metadata: where text could be
-    written) but not in its tensor bytes: AdamW's second moments are floats whose high bytes are ASCII digits
-    (0x30-0x39 is the high byte of floats from about 5e-10 to 5e-4), so the demo's short prompts ("72+78=") turn up there by chance."""
-    patterns = run_dir.parent / "needles.txt"
-    patterns.write_text("".join(n + "\n" for n in needles))
-    out = subprocess.run(["grep", "-rFao", "--exclude=*.safetensors", "-f", str(patterns), str(run_dir),
-                          *map(str, files)], capture_output=True, text=True)
-    assert out.returncode in (0, 1), out.stderr  # 1: nothing matched
-    headers = {p: _safetensors_header(p) for p in run_dir.rglob("*.safetensors")}
-    assert headers, "the run wrote no safetensors file: nothing checked there"
-    return out.stdout + "".join(f"{p} (header):{n}\n" for p, h in headers.items() for n in needles if n in h)
-
-
-def _safetensors_header(path: Path) -> str:
-    """The JSON header of a safetensors file: an 8-byte little-endian length, then that many bytes."""
-    with open(path, "rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        return f.read(size).decode()

@@ -11,6 +11,9 @@ already fitted its limit; its sends go through the same size check in :class:`~s
 
 from __future__ import annotations
 
+import json
+import logging
+
 import dataclasses
 
 import pytest
@@ -61,7 +64,8 @@ def test_a_send_over_the_limit_is_refused_before_the_client_with_both_sizes(make
 
 
 @pytest.mark.broker
-def test_scorer_dead_letters_an_output_too_large_drops_its_group_and_goes_on(make_config):
+def test_scorer_dead_letters_an_output_too_large_drops_its_group_and_goes_on(make_config, caplog):
+    caplog.set_level(logging.INFO, logger="consumers.scorer.scorer")
     role, outside = _configs(make_config)
     t = Transport(outside, "test")
     big = rollout_for_scoring(1, 0, metadata={"blob": BLOB})
@@ -84,6 +88,10 @@ def test_scorer_dead_letters_an_output_too_large_drops_its_group_and_goes_on(mak
         (big.group_id, big.rollout_id, "RecordTooLarge")]
     scored_ids = {m.rollout_id for m in on_scored if isinstance(m, ScoredRollout)}
     assert scored_ids == {r.rollout_id for r in good} - {big.rollout_id}
+    batches = [json.loads(r.getMessage().split(" ", 2)[2]) for r in caplog.records
+               if r.getMessage().startswith("scorer batch ")]
+    logged = (sum(b["scorer/scored"] for b in batches), sum(b["scorer/rejected"] for b in batches))
+    assert logged == (11, 1)  # the batch log agrees with what was sent: the too-large one is not "scored"
 
 @pytest.mark.broker
 def test_producer_dead_letters_the_prompt_of_a_group_too_large_and_goes_on(make_config):

@@ -36,6 +36,7 @@ fails to run at all) propagate. ``timings`` carry each rollout's share of the ba
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -116,6 +117,8 @@ def load_scoring(cfg: ScorerConfig, scorer_id: str) -> Scoring:
     reward_fn = load_reward_fn(cfg.reward_fn) if cfg.reward_fn else None
     router = RewardRouter.load(cfg.rewards.to_routes()) if cfg.rewards is not None else None
     preflight_rewards([reward_fn, *(router.fns.values() if router is not None else ())])
+    if cfg.reward_isolation == "process":
+        reward_fn, router = isolate_rewards(cfg, reward_fn, router)
     return Scoring(
         scorer_id=scorer_id, reward_fn=reward_fn, reward_fn_weight=cfg.reward_fn_weight, reward_model=reward_model,
         reward_model_weight=cfg.reward_model_weight, reference=reference,
@@ -132,6 +135,22 @@ def preflight_rewards(fns: Sequence[RewardFn | None]) -> None:
         if callable(check) and id(check) not in seen:
             seen.add(id(check))
             check()
+
+
+def isolate_rewards(cfg: ScorerConfig, reward_fn: RewardFn | None,
+                    router: RewardRouter | None) -> tuple[RewardFn | None, RewardRouter | None]:
+    """``scorer.reward_isolation = "process"``: the same functions, each run in its own worker processes
+    (:mod:`stream_rl.rewards.isolated`), bounded by ``reward_timeout_s``, ``reward_concurrency`` workers each."""
+    from stream_rl.rewards.isolated import IsolatedReward
+
+    def isolated(reference: str) -> IsolatedReward:
+        return IsolatedReward(reference, timeout_s=cfg.reward_timeout_s, workers=cfg.reward_concurrency)
+
+    if reward_fn is not None:
+        reward_fn = isolated(cfg.reward_fn)
+    if router is not None:
+        router = dataclasses.replace(router, fns={name: isolated(name) for name in router.fns})
+    return reward_fn, router
 
 
 def score_rollouts(rollouts: Sequence[Rollout], scoring: Scoring, *,

@@ -25,6 +25,7 @@ Guarantees:
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from stream_rl.rewards.contract import RewardFnError, RewardOutput
 from stream_rl.rewards.routing import RewardRouter, RoutedReward, UnroutedError, route
 
 Term = tuple[str, float]  # (component name, weight)
+log = logging.getLogger(__name__)
 
 
 def policy_of(cfg: Any) -> CallPolicy:
@@ -121,10 +123,13 @@ def build_services(cfg: Any, *, reward_fn: Callable | None, router: RewardRouter
 
 
 def _http_client(cfg: Any) -> Any:
+    """The reward server's client, after a start-up probe (``GET /health``, or the reward path itself for a server
+    without ``/health``, as OpenRLHF's ``serve_rm.py``: logged as a warning, since its health cannot be checked)."""
     from stream_rl.rewards.http import HttpRewardClient, check_reachable
 
     try:
-        check_reachable(cfg.reward_url, timeout_s=min(cfg.reward_timeout_s, 10.0))
+        health_checked, note = check_reachable(cfg.reward_url, timeout_s=min(cfg.reward_timeout_s, 10.0))
+        (log.info if health_checked else log.warning)(note)
         return HttpRewardClient(cfg.reward_url, timeout_s=cfg.reward_timeout_s, headers_env=cfg.reward_headers_env)
     except ValueError as exc:  # one line naming scorer.reward_url (or the missing variable), exit 2
         raise RewardFnError(str(exc)) from None

@@ -5,10 +5,12 @@ Consumes: what to serve: a built-in reward's short name (the verifiers ``gsm8k``
 ``multiple_choice``; ``exact_match``, ``contains_answer``, ``last_number_match``; ``code_tests``), a
 ``package.module:function`` reference (per rollout, or batch when marked ``batched``), or a reward-model
 directory (the scorer's one-label classifier layout, scored on ``prompt + response`` text with its own tokenizer).
-Produces: a server on ``--host`` (127.0.0.1 unless told otherwise) and ``--port`` (0: a free one); its URL on
-stdout as ``reward server serving <what> at <url>`` once it listens.
+Produces: a server on ``--host`` (127.0.0.1 unless told otherwise; an IPv6 address such as ``::1`` is served on
+IPv6) and ``--port`` (0: a free one); its URL on stdout as ``reward server serving <what> at <url>`` once it
+listens. It answers our protocol and OpenRLHF's remote-reward clients (:mod:`stream_rl.rewards.server`).
 Guarantees: a target that cannot be served exits 2 with one line saying why; heavy imports (torch) only for a
-reward-model directory; SIGTERM/SIGINT stop it cleanly.
+reward-model directory; SIGTERM/SIGINT stop it cleanly; the limits of :class:`stream_rl.rewards.server.ServerLimits`
+(``--max-connections``, ``--connection-timeout-s``, ``--stuck-after-s``) bound what slow or many clients take.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from typing import Annotated, Any
 import typer
 
 from stream_rl.cli.common import fail
+from stream_rl.rewards.server import ServerLimits
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+_LIMITS = ServerLimits()
 
 
 def builtin_rewards() -> dict[str, Any]:
@@ -43,8 +47,11 @@ def served_scorer(target: str, *, batch_size: int, device: str, dtype: str) -> A
     from stream_rl.rewards.contract import load_reward_fn
     from stream_rl.rewards.server import per_rollout_scorer
 
+    from consumers.scorer.scoring import preflight_rewards
+
     builtins = builtin_rewards()
     if target in builtins:
+        preflight_rewards([builtins[target]])  # code_tests: SandboxUnavailable here, before the port opens
         return per_rollout_scorer(builtins[target], target)
     if Path(target).is_dir():
         return _reward_model_scorer(Path(target), batch_size=batch_size, device=device, dtype=dtype)
@@ -52,6 +59,7 @@ def served_scorer(target: str, *, batch_size: int, device: str, dtype: str) -> A
         raise ValueError(f"{target!r} is not a built-in reward ({', '.join(sorted(builtins))}), "
                          f"a 'module:function' reference or a directory")
     fn = load_reward_fn(target)  # RewardFnError (a ValueError) names what is wrong
+    preflight_rewards([fn])
     return fn if is_batched(fn) else per_rollout_scorer(fn, target)
 
 
@@ -86,6 +94,15 @@ def reward_server(
                                                                      "more only for thread-safe functions)")] = 1,
         device: Annotated[str, typer.Option(help="reward model device (cpu, cuda, cuda:N)")] = "cpu",
         dtype: Annotated[str, typer.Option(help="reward model dtype (float32, bfloat16, float16)")] = "float32",
+        max_connections: Annotated[int, typer.Option(min=1, help="connections handled at once; one more is answered "
+                                                                  "503 and closed")] = _LIMITS.max_connections,
+        connection_timeout_s: Annotated[float, typer.Option(min=0.001, help="seconds a client has to send its request, "
+                                                                        "and to read the answer")
+                                        ] = _LIMITS.connection_timeout_s,
+        stuck_after_s: Annotated[float, typer.Option(min=0.001, help="GET /health answers 503 while a scoring call "
+                                                                 "has run longer")] = _LIMITS.stuck_after_s,
+        openrlhf_fallback: Annotated[float, typer.Option(help="the reward answered to an OpenRLHF client for a "
+                                                              "rollout that failed (its reason in 'errors')")] = 0.0,
         dry_run: Annotated[bool, typer.Option("--dry-run", help="print what would be served and exit")] = False,
 ) -> None:
     """Serve a reward function, built-in reward or reward model over HTTP (POST /, GET /health)."""
@@ -95,8 +112,11 @@ def reward_server(
     from stream_rl.rewards.server import RewardServer
 
     try:
+        limits = ServerLimits(max_connections=max_connections, connection_timeout_s=connection_timeout_s,
+                              stuck_after_s=stuck_after_s)
         score = served_scorer(target, batch_size=batch_size, device=device, dtype=dtype)
-        server = RewardServer(score, name=target, host=host, port=port, batch_size=batch_size, parallel=parallel)
+        server = RewardServer(score, name=target, host=host, port=port, batch_size=batch_size, parallel=parallel,
+                              limits=limits, openrlhf_fallback=openrlhf_fallback)
     except (ValueError, OSError) as exc:
         fail(f"reward-server: {exc}", 2)
     if host not in LOOPBACK:

@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stream_rl.rewards.contract import RewardOutput, RewardValueError, check_reward_value
+from stream_rl.rewards.contract import RewardOutput, RewardValueError, check_reward_value, error_text
 
 
 class RetriableRewardError(RuntimeError):
@@ -194,7 +194,8 @@ class RewardCaller:
 
     def _checked(self, value: Any, request: RewardRequest, attempts: int, latency: float) -> CallOutcome:
         if isinstance(value, Exception):  # a batch function's per-rollout failure (e.g. a reward server's error)
-            return CallOutcome(None, str(value), attempts, latency, error_type=type(value).__name__)
+            return CallOutcome(None, error_text(value, limit=2000), attempts, latency,
+                               error_type=type(value).__name__)
         try:
             return CallOutcome(check_reward_value(value, request.response_length, self.name), None, attempts, latency)
         except RewardValueError as exc:

@@ -17,9 +17,13 @@ Guarantees:
 - Loading fails early with :class:`RewardFnError` naming exactly what is wrong: the reference is malformed, the
   module does not exist, the module exists but raised while importing (with that error), the attribute is
   missing, it is not callable, or it cannot be called with the four positional arguments above.
-- Calling never lets a bad value through: a non-finite reward, a wrong type, an unknown dict key (a typo such as
-  ``"rewards"`` would otherwise be silently dropped) or token rewards of the wrong length or with non-finite
-  values raise :class:`RewardValueError` whose message is the reason written to the dead-letter topic.
+- Calling never lets a bad value through: a non-finite reward, a number beyond a float (``10**400``), a wrong
+  type, an unknown dict key (a typo such as ``"rewards"`` would otherwise be silently dropped) or token rewards of
+  the wrong length or with non-finite values raise :class:`RewardValueError` whose message is the reason written
+  to the dead-letter topic.
+- :func:`check_reward_value` is total: whatever the value (a plug-in's object whose ``__float__`` or ``__iter__``
+  raises included), it returns a checked :class:`RewardOutput` or raises :class:`RewardValueError`, nothing else
+  (tests/unit/test_reward_values_fuzz.py fuzzes it).
   An exception raised by the function itself is wrapped the same way (the reason names its type and message):
   one bad record must not stop the scorer, and its reason is kept with the record.
 """
@@ -89,12 +93,31 @@ def call_reward_fn(fn: RewardFn, *, prompt: str, response: str, answer: str | No
     try:
         value = fn(prompt, response, answer, dict(metadata))
     except Exception as exc:  # a per-record failure of user code: reported, the scorer goes on
-        raise RewardValueError(f"reward function {name} raised {type(exc).__name__}: {exc}") from exc
+        raise RewardValueError(f"reward function {name} raised {type(exc).__name__}: {error_text(exc, 2000)}") from exc
     return check_reward_value(value, response_length, name)
 
 
 def check_reward_value(value: Any, response_length: int, name: str = "reward function") -> RewardOutput:
     """Turn a reward function's return value into a RewardOutput, or raise RewardValueError saying why."""
+    try:
+        return _checked(value, response_length, name)
+    except RewardValueError:
+        raise
+    except Exception as exc:  # the value is a plug-in's object: its own methods may raise anything
+        raise RewardValueError(f"{name} returned a {type(value).__name__} that cannot be read as a reward: "
+                               f"{type(exc).__name__}: {error_text(exc)}") from None
+
+
+def error_text(exc: BaseException, limit: int = 200) -> str:
+    """At most ``limit`` characters of ``str(exc)``, even when that ``__str__`` is a plug-in's and raises."""
+    try:
+        text = str(exc)
+    except Exception:
+        return "<unprintable>"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _checked(value: Any, response_length: int, name: str) -> RewardOutput:
     if isinstance(value, Mapping):
         unknown = sorted(set(map(str, value)) - _DICT_KEYS)
         if unknown:
@@ -102,16 +125,20 @@ def check_reward_value(value: Any, response_length: int, name: str = "reward fun
                                    f"{sorted(_DICT_KEYS)}")
         if "reward" not in value:
             raise RewardValueError(f"{name} returned a dict without 'reward'")
-        reward = _finite_float(value["reward"], name)
+        reward = finite_float(value["reward"], name)
         tokens = value.get("token_rewards")
         return RewardOutput(reward, None if tokens is None else _token_rewards(tokens, response_length, name))
-    return RewardOutput(_finite_float(value, name))
+    return RewardOutput(finite_float(value, name))
 
 
-def _finite_float(value: Any, name: str) -> float:
+def finite_float(value: Any, name: str) -> float:
+    """``value`` as a finite float; RewardValueError saying why not (wrong type, beyond a float, NaN or inf)."""
     if not isinstance(value, numbers.Real | np.bool_):  # bool, int, float and numpy scalars; not str or tensors
         raise RewardValueError(f"{name} returned {type(value).__name__}, expected a float or a dict with 'reward'")
-    reward = float(value)
+    try:
+        reward = float(value)
+    except OverflowError:  # an int or Fraction beyond the float range (a JSON integer of 400 digits)
+        raise RewardValueError(f"{name} returned a number too large for a float ({type(value).__name__})") from None
     if not math.isfinite(reward):
         raise RewardValueError(f"{name} returned a non-finite reward {reward}")
     return reward
@@ -120,12 +147,14 @@ def _finite_float(value: Any, name: str) -> float:
 def _token_rewards(tokens: Any, response_length: int, name: str) -> np.ndarray:
     try:
         array = np.asarray(tokens, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise RewardValueError(f"{name} returned token_rewards that are not numbers: {exc}") from None
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise RewardValueError(f"{name} returned token_rewards that are not numbers: {error_text(exc)}") from None
     if array.shape != (response_length,):
         raise RewardValueError(f"{name} returned token_rewards of shape {list(array.shape)}, expected "
                                f"[{response_length}] (one per response token)")
+    with np.errstate(over="ignore"):
+        array = array.astype(np.float32)  # [R]; a value beyond float32 becomes inf here, and is refused below
     if not np.isfinite(array).all():
         raise RewardValueError(f"{name} returned non-finite token_rewards at positions "
                                f"{np.flatnonzero(~np.isfinite(array))[:5].tolist()}")
-    return array.astype(np.float32)
+    return array

@@ -19,11 +19,13 @@ The default parser takes the LAST match of ``score_pattern`` (one group, a numbe
 Guarantees:
 - The template may use ``{prompt}``, ``{response}`` and ``{reference}`` only (checked when built; ``{{``/``}}``
   for literal braces); ``{reference}`` of a rollout without an answer is refused for that rollout.
-- Transport failures and 5xx/429 answers raise the retriable :class:`stream_rl.rewards.http.HttpRewardError`; an
-  answer that is not a chat completion, or whose text has no score, raises :class:`JudgeError` (not retriable):
-  the scorer dead-letters the rollout. Its reason holds the judge's text only when ``show_text`` is set, else
-  ``<judge text redacted: N chars>``. The API key (from ``api_key_env``) is sent as ``Authorization: Bearer``
-  and never appears in a reason.
+- Calls go through the transport of :mod:`stream_rl.rewards.http` (one deadline for the whole exchange, answers
+  capped at 16 MiB, same-origin redirects only): transport failures and 5xx/429 answers raise the retriable
+  :class:`stream_rl.rewards.http.HttpRewardError`; an answer that is not a chat completion, or whose text has no
+  finite score, raises :class:`JudgeError` (not retriable): the scorer dead-letters the rollout. Its reason holds
+  the judge's text only when ``show_text`` is set, else ``<judge text redacted: N chars>``. The API key (from
+  ``api_key_env``) is sent as ``Authorization: Bearer`` to the configured origin only (a redirect to another
+  host is refused, not followed) and never appears in a reason.
 """
 
 from __future__ import annotations
@@ -33,12 +35,11 @@ import math
 import re
 import ssl
 import string
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stream_rl.rewards.http import headers_from_env, safe_url, send
+from stream_rl.rewards.http import headers_from_env, loads_json, safe_url, send
 
 TEMPLATE_FIELDS = frozenset({"prompt", "response", "reference"})
 DEFAULT_PATTERN = r"(?i)score\s*[:=]?\s*(-?\d+(?:\.\d+)?)"
@@ -132,18 +133,17 @@ class JudgeReward:
         s = self.settings
         body = {"model": s.model, "messages": self.messages(prompt, response, answer), "max_tokens": s.max_tokens,
                 "temperature": s.temperature, **s.extra_body}
-        request = urllib.request.Request(self.url, data=json.dumps(body).encode(), headers=self._headers,
-                                         method="POST")
-        raw, _ = send(request, s.timeout_s, self._tls, self.where)
-        return self.score(completion_text(raw, self.where))
+        answer = send(self.url, json.dumps(body).encode(), self._headers, timeout_s=s.timeout_s, tls=self._tls,
+                      what=self.where)
+        return self.score(completion_text(answer.body, self.where))
 
     def score(self, text: str) -> float:
         """The parsed, finite score of the judge's ``text``; JudgeError (text redacted unless show_text)."""
         shown = repr(text[:500]) if self.settings.show_text else f"<judge text redacted: {len(text)} chars>"
         try:
             value = float(self.parse(text))
-        except (ValueError, TypeError) as exc:
-            raise JudgeError(f"{self.where}: cannot parse a score ({exc}) from {shown}") from None
+        except (ValueError, TypeError, OverflowError) as exc:  # a parser's nonsense, or a score beyond a float
+            raise JudgeError(f"{self.where}: cannot parse a score ({type(exc).__name__}: {exc}) from {shown}") from None
         if not math.isfinite(value):
             raise JudgeError(f"{self.where}: non-finite score {value} from {shown}")
         return value
@@ -152,7 +152,7 @@ class JudgeReward:
 def completion_text(raw: bytes, where: str) -> str:
     """``choices[0].message.content`` of a chat-completions answer; JudgeError when it is not one."""
     try:
-        content = json.loads(raw)["choices"][0]["message"]["content"]
+        content = loads_json(raw)["choices"][0]["message"]["content"]
     except (ValueError, KeyError, IndexError, TypeError):
         raise JudgeError(f"{where} answered something that is not a chat completion ({len(raw)} bytes)") from None
     if not isinstance(content, str):

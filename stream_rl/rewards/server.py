@@ -1,34 +1,75 @@
 """A reward server: any batch scoring function served over the JSON protocol of :mod:`stream_rl.rewards.http`
-(standard library ``ThreadingHTTPServer``; no new dependency).
+(standard library ``ThreadingHTTPServer``; no new dependency), and to OpenRLHF's remote-reward clients.
 
 Consumes: a ``score(prompts, responses, answers, metadatas) -> [value | Exception]`` function (see
-:func:`per_rollout_scorer` to serve a per-rollout reward function), a host (loopback by default) and a port (0:
-an ephemeral one).
+:func:`per_rollout_scorer` to serve a per-rollout reward function), a host (loopback by default; an IPv6 address
+such as ``::1`` is served on IPv6), a port (0: an ephemeral one) and :class:`ServerLimits`.
 Produces: ``POST /`` (and ``POST /get_reward``, OpenRLHF's path) answering ``{"rewards", "token_rewards",
-"errors"}``; ``GET /health`` answering ``{"status": "ok", "served": <name>}``.
+"errors"}``; ``GET /health`` answering 200 ``{"status": "ok", ...}`` while scoring progresses, 503
+``{"status": "stuck", "reason": ...}`` while a scoring call has run longer than ``stuck_after_s`` (both with the
+calls in flight, waiting and completed, and the connection counts).
 Guarantees:
 - A request is scored in chunks of at most ``batch_size`` rollouts, at most ``parallel`` chunks at a time per
   server (default 1: a reward model is not run by two threads at once); other requests wait their turn.
-- A per-rollout failure is that rollout's ``null`` reward with its reason in ``errors``; a malformed request is
-  answered 400 with the reason; a failure of the whole scoring function 500 with its type and message. The
-  server itself never dies of a request. A request without ``responses`` but with ``query`` and ``prompts``
-  (OpenRLHF's shape) takes each response as the query with its prompt prefix removed.
+- Every value answered is a finite float (or null with its reason): a per-rollout failure, or a value the
+  contract refuses (:func:`stream_rl.rewards.contract.check_reward_value`: ``10**400``, NaN, a string), is that
+  rollout's ``null`` reward with its reason in ``errors``; a failure of the whole scoring function is a 500 with
+  its type and message. The server itself never dies of a request.
+- Bad requests get a status and a reason: 400 (not JSON, nested too deeply, a wrong field), 411 (no
+  Content-Length), 413 (a body over ``max_body_bytes``, refused before it is read), 404 (another path).
+- Load and bad clients: a listen backlog of :data:`LISTEN_BACKLOG`; at most ``max_connections`` connections
+  are handled at once (one thread each), any more is answered 503 and closed at once; a client has
+  ``connection_timeout_s`` in total to send its request and again to read the answer (a watchdog shuts the
+  socket down at the deadline: a slow or trickling client loses its connection, not a thread for ever); a
+  client that drops its connection, or is dropped for slowness, costs one line on stderr, never a traceback.
+- A request in OpenRLHF's shape (``query`` and no ``responses``) is read and answered as
+  :mod:`stream_rl.rewards.openrlhf` says: never a null reward (``openrlhf_fallback``, 0.0 by default, instead),
+  the reason in ``errors``.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
 import math
-import numbers
+import socket
+import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from stream_rl.rewards.contract import RewardFn, RewardValueError, check_reward_value
+from stream_rl.rewards.contract import RewardFn, RewardValueError, check_reward_value, error_text
+from stream_rl.rewards.http import WATCHDOG, loads_json
+from stream_rl.rewards.openrlhf import Batch, is_openrlhf, openrlhf_answer, parse_openrlhf, strings
 
 BatchScore = Callable[[list[str], list[str], list["str | None"], list[dict]], list[Any]]
-MAX_BODY = 64 * 1024 * 1024
+LISTEN_BACKLOG = 128
+"""Pending connections the kernel queues (socketserver's default of 5 refused connections under load)."""
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one server accepts; ``stream-rl reward-server`` flags of the same names."""
+
+    max_connections: int = 128
+    """Connections handled at once (a thread each); one more is answered 503 and closed."""
+    connection_timeout_s: float = 30.0
+    """Seconds a client has to send its whole request (line, headers, body), and again to read the answer."""
+    max_body_bytes: int = 64 * 1024 * 1024
+    """Largest request body; a larger one is answered 413 without being read."""
+    stuck_after_s: float = 120.0
+    """``GET /health`` answers 503 while a scoring call has run longer than this."""
+
+    def __post_init__(self) -> None:
+        if self.max_connections < 1 or self.connection_timeout_s <= 0 or self.max_body_bytes < 1 \
+                or self.stuck_after_s <= 0:
+            raise ValueError(f"server limits must be positive: {self}")
 
 
 def per_rollout_scorer(fn: RewardFn, name: str) -> BatchScore:
@@ -43,24 +84,18 @@ def per_rollout_scorer(fn: RewardFn, name: str) -> BatchScore:
             except RewardValueError as exc:
                 out.append(exc)
             except Exception as exc:  # user code failed on this rollout: its reason goes back to the client
-                out.append(RuntimeError(f"{name} raised {type(exc).__name__}: {exc}"))
+                out.append(RuntimeError(f"{name} raised {type(exc).__name__}: {error_text(exc)}"))
         return out
 
     return score
 
 
-def parse_request(body: Any) -> tuple[list[str], list[str], list[str | None], list[dict]]:
-    """Prompts, responses, answers and metadatas of a request body; ValueError naming the field that is wrong."""
+def parse_request(body: Any) -> Batch:
+    """Prompts, responses, answers and metadatas of a request in our shape; ValueError naming the wrong field."""
     if not isinstance(body, dict):
         raise ValueError("the request body must be a JSON object")
-    prompts = _strings(body, "prompts")
-    if "responses" in body:
-        responses = _strings(body, "responses")
-    else:
-        queries = _strings(body, "query")
-        if len(queries) != len(prompts) or not all(q.startswith(p) for q, p in zip(queries, prompts)):
-            raise ValueError("without 'responses', each 'query' must be its prompt followed by the response")
-        responses = [q[len(p):] for q, p in zip(queries, prompts)]
+    prompts = strings(body, "prompts")
+    responses = strings(body, "responses")
     n = len(prompts)
     answers = body.get("labels") or [None] * n
     metadatas = body.get("metadata") or [{} for _ in range(n)]
@@ -69,25 +104,19 @@ def parse_request(body: Any) -> tuple[list[str], list[str], list[str | None], li
             raise ValueError(f"'{key}' must be a list of {n} (one per prompt)")
     if not all(a is None or isinstance(a, str) for a in answers):
         raise ValueError("'labels' must hold strings or nulls")
-    if not all(isinstance(m, dict) for m in metadatas):
-        raise ValueError("'metadata' must hold objects")
+    if not all(isinstance(m, dict) and all(isinstance(v, str) for v in m.values()) for m in metadatas):
+        raise ValueError("'metadata' must hold objects of strings")
     return prompts, responses, answers, metadatas
 
 
-def _strings(body: dict, key: str) -> list[str]:
-    values = body.get(key)
-    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-        raise ValueError(f"'{key}' must be a list of strings")
-    return values
-
-
-def encode_answer(values: Sequence[Any]) -> dict[str, Any]:
-    """``{"rewards", "token_rewards"?, "errors"?}`` from a scorer's values (floats, reward dicts, Exceptions)."""
+def encode_answer(values: Sequence[Any], name: str = "the reward function") -> dict[str, Any]:
+    """``{"rewards", "token_rewards"?, "errors"?}`` from a scorer's values (floats, reward dicts, Exceptions):
+    every reward a finite float or null with its reason."""
     rewards: list[float | None] = []
     tokens: list[list[float] | None] = []
     errors: list[str | None] = []
     for value in values:
-        reward, token_rewards, error = _one(value)
+        reward, token_rewards, error = _one(value, name)
         rewards.append(reward)
         tokens.append(token_rewards)
         errors.append(error)
@@ -99,59 +128,213 @@ def encode_answer(values: Sequence[Any]) -> dict[str, Any]:
     return answer
 
 
-def _one(value: Any) -> tuple[float | None, list[float] | None, str | None]:
+def _one(value: Any, name: str) -> tuple[float | None, list[float] | None, str | None]:
     if isinstance(value, Exception):
-        return None, None, str(value)
-    if isinstance(value, Mapping):
+        return None, None, error_text(value, limit=2000)
+    tokens = value.get("token_rewards") if isinstance(value, Mapping) else None
+    count = len(tokens) if isinstance(tokens, list | tuple) else 0  # the client checks the count it expects
+    try:
+        checked = check_reward_value(value, count, name)
+    except RewardValueError as exc:
+        return None, None, str(exc)
+    return checked.reward, None if checked.token_rewards is None else checked.token_rewards.tolist(), None
+
+
+class ScoringProgress:
+    """Scoring calls in flight and when each started: what ``/health`` reports."""
+
+    def __init__(self, stuck_after_s: float) -> None:
+        self.stuck_after_s = stuck_after_s
+        self._lock = threading.Lock()
+        self._started: dict[int, float] = {}
+        self._ids = itertools.count()
+        self.completed = 0
+        self.waiting = 0
+
+    @contextmanager
+    def waiting_turn(self) -> Iterator[None]:
+        with self._lock:
+            self.waiting += 1
         try:
-            tokens = value.get("token_rewards")
-            return float(value["reward"]), None if tokens is None else [float(t) for t in tokens], None
-        except (KeyError, TypeError, ValueError) as exc:
-            return None, None, f"the reward function returned an unusable dict: {type(exc).__name__}: {exc}"
-    if isinstance(value, numbers.Real) and math.isfinite(float(value)):
-        return float(value), None, None
-    return None, None, f"the reward function returned {value!r}, not a finite number"
+            yield
+        finally:
+            with self._lock:
+                self.waiting -= 1
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        call = next(self._ids)
+        with self._lock:
+            self._started[call] = time.monotonic()
+        try:
+            yield
+        finally:
+            with self._lock:
+                del self._started[call]
+                self.completed += 1
+
+    def health(self) -> dict[str, Any]:
+        """``{"status": "ok" | "stuck", "reason"?, "in_flight", "waiting", "completed", "oldest_call_s"}``."""
+        with self._lock:
+            oldest = time.monotonic() - min(self._started.values()) if self._started else 0.0
+            report: dict[str, Any] = {"status": "ok", "in_flight": len(self._started), "waiting": self.waiting,
+                                      "completed": self.completed, "oldest_call_s": round(oldest, 3)}
+        if oldest > self.stuck_after_s:
+            report["status"] = "stuck"
+            report["reason"] = (f"a scoring call has been running for {oldest:.1f} s, over the "
+                                f"{self.stuck_after_s:g} s limit (--stuck-after-s): scoring does not progress")
+        return report
 
 
 class RewardServer(ThreadingHTTPServer):
     """The HTTP server; ``serve_forever()`` in a thread or the foreground, ``shutdown()`` to stop."""
 
     daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(self, score: BatchScore, *, name: str, host: str = "127.0.0.1", port: int = 0,
-                 batch_size: int = 64, parallel: int = 1) -> None:
+                 batch_size: int = 64, parallel: int = 1, limits: ServerLimits = ServerLimits(),
+                 openrlhf_fallback: float = 0.0) -> None:
         if batch_size < 1 or parallel < 1:
             raise ValueError(f"batch_size and parallel must be >= 1, got {batch_size}, {parallel}")
-        self.score, self.name, self.batch_size = score, name, batch_size
+        self.score, self.name, self.batch_size, self.limits = score, name, batch_size, limits
+        if not math.isfinite(openrlhf_fallback):
+            raise ValueError(f"openrlhf_fallback must be a finite number, got {openrlhf_fallback}")
+        self.openrlhf_fallback = float(openrlhf_fallback)
         self.lock = threading.BoundedSemaphore(parallel)
+        self.progress = ScoringProgress(limits.stuck_after_s)
+        self._connections = threading.Lock()
+        self.active = self.peak = self.refused = self.dropped = 0
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         super().__init__((host, port), _Handler)
 
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host}:{port}/"
+        return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
     def score_all(self, prompts, responses, answers, metadatas) -> list[Any]:
         out: list[Any] = []
         for i in range(0, len(prompts), self.batch_size):
             part = slice(i, i + self.batch_size)
-            with self.lock:
-                values = self.score(prompts[part], responses[part], answers[part], metadatas[part])
+            with self.progress.waiting_turn():
+                self.lock.acquire()
+            try:
+                with self.progress.running():
+                    values = self.score(prompts[part], responses[part], answers[part], metadatas[part])
+            finally:
+                self.lock.release()
             if len(values) != len(prompts[part]):
                 raise RuntimeError(f"{self.name} returned {len(values)} values for {len(prompts[part])} rollouts")
             out.extend(values)
         return out
 
+    def score_some(self, batch: Batch, failed: Mapping[int, Exception]) -> list[Any]:
+        """``score_all`` of the rollouts not in ``failed``, with each failed one's Exception in its place."""
+        keep = [i for i in range(len(batch[0])) if i not in failed]
+        scored = iter(self.score_all(*([column[i] for i in keep] for column in batch)) if keep else [])
+        return [failed[i] if i in failed else next(scored) for i in range(len(batch[0]))]
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._connections:
+            refuse = self.active >= self.limits.max_connections
+            if refuse:
+                self.refused += 1
+            else:
+                self.active += 1
+                self.peak = max(self.peak, self.active)
+        if refuse:
+            _refuse(request, self.limits.max_connections)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)  # a thread, which releases the slot when done
+        except Exception:
+            self._release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._release()
+
+    def connection_counts(self) -> dict[str, int]:
+        """``{"active", "peak", "refused", "dropped"}``: connections handled now, at most at once, refused over the
+        cap, and dropped by their client (or for slowness)."""
+        with self._connections:
+            return {"active": self.active, "peak": self.peak, "refused": self.refused, "dropped": self.dropped}
+
+    def _release(self) -> None:
+        with self._connections:
+            self.active -= 1
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away (reset, broken pipe, timed out) is one line; anything else a traceback."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError | TimeoutError):
+            self.note_dropped(client_address, f"dropped its connection ({type(exc).__name__})")
+            return
+        super().handle_error(request, client_address)
+
+    def note_dropped(self, client_address: Any, why: str) -> None:
+        """Count a client lost to its own doing, with one line on stderr."""
+        with self._connections:
+            self.dropped += 1
+        log.warning("reward server: client %s %s", _peer(client_address), why)
+
+
+def _refuse(request: socket.socket, cap: int) -> None:
+    """Answer 503 on a connection over the cap, without a thread (what it sent is discarded)."""
+    body = json.dumps({"error": f"the server handles {cap} connections at once (--max-connections); retry"})
+    head = (f"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+    try:
+        request.settimeout(0)
+        while request.recv(65536):  # what has arrived, so that closing sends FIN rather than RST
+            pass
+    except OSError:
+        pass
+    try:
+        request.settimeout(1.0)
+        request.sendall((head + body).encode())
+    except OSError:  # it went away first
+        pass
+
+
+def _peer(client_address: Any) -> str:
+    host, port = client_address[:2]
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+
 
 class _Handler(BaseHTTPRequestHandler):
     server: RewardServer
+
+    def setup(self) -> None:
+        self.timeout = self.server.limits.connection_timeout_s  # each read and write; the watchdog bounds the total
+        super().setup()
+        self._late = threading.Event()  # the request (line, headers, body) did not arrive within the timeout
+        self._reading = WATCHDOG.watch(self.connection, time.monotonic() + self.timeout, self._late)
+
+    def finish(self) -> None:
+        WATCHDOG.cancel(self._reading)
+        super().finish()
 
     def log_message(self, format: str, *args: Any) -> None:  # no per-request stderr lines (headers stay private)
         return
 
     def do_GET(self) -> None:
+        WATCHDOG.cancel(self._reading)
         if self.path.rstrip("/") == "/health":
-            self._send(200, {"status": "ok", "served": self.server.name})
+            report = {**self.server.progress.health(), "served": self.server.name,
+                      "connections": self.server.connection_counts()}
+            self._send(200 if report["status"] == "ok" else 503, report)
         else:
             self._send(404, {"error": f"no such path {self.path!r}; POST / or GET /health"})
 
@@ -160,24 +343,55 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": f"no such path {self.path!r}; POST / or POST /get_reward"})
             return
         try:
-            length = int(self.headers.get("Content-Length", "0"))
-            if not 0 < length <= MAX_BODY:
-                raise ValueError(f"Content-Length must be 1..{MAX_BODY}, got {length}")
-            batch = parse_request(json.loads(self.rfile.read(length)))
-        except (ValueError, json.JSONDecodeError) as exc:
+            raw = self._read_body()
+            WATCHDOG.cancel(self._reading)
+            body = loads_json(raw)
+            openrlhf = is_openrlhf(body)
+            batch, failed = parse_openrlhf(body) if openrlhf else (parse_request(body), {})
+        except _Refused as refused:
+            self._send(refused.status, {"error": str(refused)})
+            return
+        except ValueError as exc:  # not JSON (or not UTF-8), nested too deeply, a wrong field
             self._send(400, {"error": f"bad request: {exc}"})
             return
         try:
-            answer = encode_answer(self.server.score_all(*batch))
+            values = self.server.score_some(batch, failed)
         except Exception as exc:  # the whole scoring failed: a 500 with the reason, the server goes on
-            self._send(500, {"error": f"{type(exc).__name__}: {exc}"})
+            self._send(500, {"error": f"{type(exc).__name__}: {error_text(exc, 2000)}"})
             return
-        self._send(200, answer)
+        name = self.server.name
+        answer = encode_answer(values, name)
+        self._send(200, openrlhf_answer(answer, self.server.openrlhf_fallback) if openrlhf else answer)
+
+    def _read_body(self) -> bytes:
+        """The request body (the request as a whole arrives within ``connection_timeout_s``); _Refused for a length
+        we refuse; TimeoutError (the client is dropped) when it is too slow."""
+        declared = self.headers.get("Content-Length")
+        if declared is None:
+            raise _Refused(411, "a Content-Length is required (chunked bodies are not accepted)")
+        if not declared.strip().isdigit():
+            raise _Refused(400, f"bad request: Content-Length {declared[:40]!r} is not a number")
+        length, limit = int(declared), self.server.limits.max_body_bytes
+        if length > limit:
+            raise _Refused(413, f"the body of {length} bytes is over the server's limit of {limit} bytes")
+        if length == 0:
+            raise _Refused(400, "bad request: the body is empty")
+        data = self.rfile.read(length)
+        if len(data) < length:
+            if self._late.is_set():  # dropped (handle_one_request discards a connection on TimeoutError)
+                self.server.note_dropped(self.client_address, f"was too slow: its request did not arrive within "
+                                                              f"{self.timeout:g} s")
+                raise TimeoutError(f"the request did not arrive within {self.timeout:g} s")
+            raise _Refused(400, f"bad request: the body ended after {len(data)} of {length} bytes")
+        return data
 
     def _send(self, status: int, body: dict) -> None:
+        """Write the answer within ``connection_timeout_s`` in total (a client that does not read is dropped)."""
         data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        with WATCHDOG.guard(self.connection, time.monotonic() + self.timeout, threading.Event()):
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            self.wfile.flush()

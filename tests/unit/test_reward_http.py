@@ -106,9 +106,10 @@ def test_openrlhf_request_shape_without_responses():
                    "labels": ["2", "yy"]}
         answer = _post(url + "get_reward", request)
         health = json.loads(_get(url + "health"))
-    assert answer == {"rewards": [2.0, 3.0]}
+    assert answer == {"rewards": [2.0, 3.0], "extra_logs": {"reward_failed": [0.0, 0.0]}}
     assert seen == [{"responses": [" 2", " yy"], "answers": ["2", "yy"]}]
-    assert health == {"status": "ok", "served": "len"}
+    assert health == {"status": "ok", "served": "len", "in_flight": 0, "waiting": 0, "completed": 1,
+                      "oldest_call_s": 0.0, "connections": {"active": 1, "peak": 1, "refused": 0, "dropped": 0}}
 
 
 def test_malformed_request_is_a_400_with_the_reason():

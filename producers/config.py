@@ -97,7 +97,8 @@ class ProducerConfig(Section):
     stop_token_ids: list[int] = Field(
         default_factory=list, max_length=64,
         description="token ids that end a sample like the eos token (kept as its last token); each must lie in "
-                    "the vocabulary (checked when the engine is built)")
+                    "the vocabulary (checked when the engine is built). In multi-turn episodes, when empty, the "
+                    "chat template's own end-of-turn token is the stop id; when set, the list is used as given")
     max_new_tokens: int = Field(
         32, ge=1, description="response token budget; prompts with P + max_new_tokens > the model's length "
                               "limit are dead-lettered")

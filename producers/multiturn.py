@@ -11,10 +11,17 @@ One episode, for a token budget of ``max_new_tokens`` over all turns::
              <------------------------- at most max_new_tokens tokens ------------------------->
 
 Guarantees:
-- Turn 1 samples the whole group from the prompt (one ``generate`` call, as single-turn rollouts do); each later
-  turn continues every live episode from its own context (prompt + everything so far), ``n = 1``, in one
-  ``generate`` call per remaining budget. Seeds derive from ``seed`` and the turn: the same prompts, weights and
-  environment give the same episodes.
+- Turn 1 samples the whole group from the prompt (one ``generate`` call for the prompts not already refused, as
+  single-turn rollouts do); each later turn continues every live episode from its own context (prompt +
+  everything so far), ``n = 1``, in one ``generate`` call per remaining budget. Seeds derive from ``seed`` and the
+  turn: the same prompts, weights and environment give the same episodes.
+- A conversational prompt on a chat template (``chat``) is checked before anything is generated
+  (:meth:`~producers.chat_turns.ChatTurns.check`): a template that cannot continue it faithfully refuses the
+  prompt with the reason, and later replies are checked again (:mod:`producers.chat_turns`).
+- A policy turn ends at the template's own end-of-turn token (``<end_of_turn>``, ``<|end|>``, ``<|im_end|>``,
+  learnt from the template, :meth:`~producers.chat_turns.ChatTurns.end_of_turn`), not only at eos: generation
+  stops at it (it is added to the stop token ids unless ``producer.stop_token_ids`` is set, which then wins as
+  given), and a turn that sampled it does not get it appended again.
 - Policy tokens carry their engine's behaviour logprobs and the version that produced them; environment tokens
   carry logprob 0, the engine's version when they were appended, and mask 0 (no loss).
 - An episode ends when the environment says ``done`` (or a tool replies ``None`` or nothing), after ``max_turns``
@@ -28,6 +35,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -70,7 +78,7 @@ class _Live:
     finish: str = "stop"
     done: bool = False
     messages: list[dict[str, str]] | None = None  # the conversation so far (conversational prompts on a template)
-    ended_turn: bool = False  # the last policy turn ended with the end-of-turn (eos) token
+    ended_turn: bool = False  # the last policy turn ended with the template's end-of-turn token
 
     def episode(self) -> Episode:
         return Episode(token_ids=self.tokens, logprobs=self.logprobs, finish_reason=self.finish,
@@ -92,22 +100,16 @@ def run_episodes(engine: GenerationEngine, prompts: Sequence[Prompt], prompt_ids
 
     ``chat``: for a conversational prompt (``Prompt.messages``), replies are chat messages rendered by the template
     (:mod:`producers.chat_turns`); plain text prompts get the reply's text tokens as they are."""
-    failed: dict[int, str] = {}
-    lives: list[list[_Live]] = []
-    for index, prompt in enumerate(prompts):
-        group = []
-        for _ in range(n):
-            env = make_env()
-            if index not in failed:
-                failed.update(_guard(index, lambda: env.reset(prompt)))
-            messages = [dict(m) for m in prompt.messages] if chat is not None and prompt.messages else None
-            group.append(_Live(list(prompt_ids[index]), env, messages=messages))
-        lives.append(group)
+    lives, failed = _start(prompts, prompt_ids, n, make_env, chat)
+    eot = _end_of_turn(chat, prompts, failed)
+    end_id = eot if eot is not None else getattr(engine.tokenizer, "eos_token_id", None)
+    sampling = turn_sampling(sampling, eot, engine.eos_token_id)
+    ready = [index for index in range(len(prompts)) if index not in failed]
     version = engine.version
-    first = engine.generate([list(ids) for ids in prompt_ids], n, sampling, max_new_tokens, seed)
-    for group, samples in zip(lives, first, strict=True):
-        for live, sample in zip(group, samples, strict=True):
-            _policy_turn(live, sample, version, engine, max_new_tokens)
+    first = engine.generate([list(prompt_ids[i]) for i in ready], n, sampling, max_new_tokens, seed) if ready else []
+    for index, samples in zip(ready, first, strict=True):
+        for live, sample in zip(lives[index], samples, strict=True):
+            _policy_turn(live, sample, version, engine, max_new_tokens, end_id)
     for turn in range(1, max_turns):
         for index, group in enumerate(lives):
             if index not in failed:
@@ -117,8 +119,47 @@ def run_episodes(engine: GenerationEngine, prompts: Sequence[Prompt], prompt_ids
                   if not live.done]
         if not active:
             break
-        _continue(active, engine, sampling, max_new_tokens, turn_seed(seed, turn))
+        _continue(active, engine, sampling, max_new_tokens, turn_seed(seed, turn), end_id)
     return [failed[i] if i in failed else [live.episode() for live in group] for i, group in enumerate(lives)]
+
+
+def turn_sampling(sampling: Sampling, end_of_turn: int | None, eos: int) -> Sampling:
+    """The sampling of an episode's policy turns: ``sampling`` with the template's end-of-turn token as its stop
+    token id, unless ``producer.stop_token_ids`` is set (then it is used as given: list the end-of-turn token in it
+    to keep stopping there) or that token is the eos token (always a stop)."""
+    if sampling.stop_token_ids or end_of_turn is None or end_of_turn == eos:
+        return sampling
+    return dataclasses.replace(sampling, stop_token_ids=(end_of_turn,))
+
+
+def _start(prompts: Sequence[Prompt], prompt_ids: Sequence[list[int]], n: int, make_env: Callable[[], Environment],
+           chat: ChatTurns | None) -> tuple[list[list[_Live]], dict[int, str]]:
+    """One live episode per sample, its environment reset, and the prompts refused before generating (an
+    environment whose reset raised, a conversation the chat template cannot continue): ``{index: reason}``."""
+    failed: dict[int, str] = {}
+    lives: list[list[_Live]] = []
+    for index, prompt in enumerate(prompts):
+        messages = [dict(m) for m in prompt.messages] if chat is not None and prompt.messages else None
+        if messages is not None:
+            failed.update(_guard(index, lambda: chat.check(messages, prompt_ids[index])))
+        group = []
+        for _ in range(n):
+            env = make_env()
+            if index not in failed:
+                failed.update(_guard(index, lambda: env.reset(prompt)))
+            group.append(_Live(list(prompt_ids[index]), env, messages=None if messages is None else list(messages)))
+        lives.append(group)
+    return lives, failed
+
+
+def _end_of_turn(chat: ChatTurns | None, prompts: Sequence[Prompt], failed: dict[int, str]) -> int | None:
+    """The id of the chat template's end-of-turn token, learnt on the first conversational prompt not refused
+    (None: no chat, no such prompt, or a closing that does not start with a special token)."""
+    index = next((i for i, p in enumerate(prompts) if p.messages and i not in failed), None)
+    if chat is None or index is None:
+        return None
+    found = chat.end_of_turn([dict(m) for m in prompts[index].messages])
+    return None if found is None else found[1]
 
 
 def as_observation(value: object) -> Observation:
@@ -143,16 +184,17 @@ def _guard(index: int, call: Callable[[], object]) -> dict[int, str]:
     return {}
 
 
-def _policy_turn(live: _Live, sample: Sample, version: int, engine: GenerationEngine, max_new_tokens: int) -> None:
-    """Append one policy turn; a turn cut at the remaining budget ends the episode with ``"length"``."""
+def _policy_turn(live: _Live, sample: Sample, version: int, engine: GenerationEngine, max_new_tokens: int,
+                 end_id: int | None) -> None:
+    """Append one policy turn (``end_id``: the end-of-turn token's id); a turn cut at the remaining budget ends the
+    episode with ``"length"``."""
     live.tokens += sample.token_ids
     live.logprobs += sample.logprobs
     live.versions += sample.token_versions or [version] * len(sample.token_ids)
     live.mask += [1] * len(sample.token_ids)
     live.turns.append({"role": "policy", "finish_reason": sample.finish_reason})
     live.texts.append(engine.tokenizer.decode(sample.token_ids, skip_special_tokens=True))
-    eos = getattr(engine.tokenizer, "eos_token_id", None)
-    live.ended_turn = bool(sample.token_ids) and eos is not None and sample.token_ids[-1] == eos
+    live.ended_turn = bool(sample.token_ids) and end_id is not None and sample.token_ids[-1] == end_id
     live.finish = sample.finish_reason
     if sample.finish_reason == "length" or len(live.tokens) >= max_new_tokens:
         live.done, live.finish = True, "length"
@@ -190,7 +232,7 @@ def _reply_tokens(live: _Live, obs: Observation, engine: GenerationEngine, chat:
 
 
 def _continue(active: list[_Live], engine: GenerationEngine, sampling: Sampling, max_new_tokens: int,
-              seed: int) -> None:
+              seed: int, end_id: int | None) -> None:
     """One more policy turn for every live episode: one ``generate`` call per remaining budget."""
     by_budget: dict[int, list[_Live]] = {}
     for live in active:
@@ -199,4 +241,4 @@ def _continue(active: list[_Live], engine: GenerationEngine, sampling: Sampling,
         version = engine.version
         samples = engine.generate([live.prompt_ids + live.tokens for live in lives], 1, sampling, budget, seed)
         for live, (sample,) in zip(lives, samples, strict=True):
-            _policy_turn(live, sample, version, engine, max_new_tokens)
+            _policy_turn(live, sample, version, engine, max_new_tokens, end_id)

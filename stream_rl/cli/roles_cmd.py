@@ -244,9 +244,18 @@ def _policy_dir(cfg) -> Path:
     return cfg.producer.model_dir
 
 
+def reward_plan(cfg):
+    """What will score the prompts (:class:`stream_rl.prompts.RewardPlan`): ``scorer.rewards`` routes, else
+    ``scorer.reward_fn``; the file is checked against it (answers a verifier needs, routes)."""
+    from stream_rl.prompts import RewardPlan
+
+    rewards = cfg.scorer.rewards
+    return RewardPlan(cfg.scorer.reward_fn, rewards.to_routes() if rewards is not None else None)
+
+
 def _check_prompts(file: Path, cfg, flags: dict):
-    """The report on ``file`` with these flags over ``cfg.data``; exit 2 for bad options or a missing or unknown
-    file (or tokenizer)."""
+    """The report on ``file`` with these flags over ``cfg.data``, checked against the configured reward; exit 2
+    for bad options or a missing or unknown file (or tokenizer)."""
     from stream_rl.prompts import PromptFileError, check_options, check_prompt_file, mapping_of
 
     flags = dict(flags)
@@ -254,7 +263,8 @@ def _check_prompts(file: Path, cfg, flags: dict):
     metadata = None if keys is None else [k.strip() for k in keys.split(",") if k.strip()]
     mapping = mapping_of(cfg.data, flags.pop("prompt_key"), flags.pop("answer_key"), flags.pop("id_key"), metadata)
     try:
-        options = check_options(cfg.data, policy_dir=_policy_dir(cfg), mapping=mapping, **flags)
+        options = check_options(cfg.data, policy_dir=_policy_dir(cfg), mapping=mapping, reward=reward_plan(cfg),
+                                **flags)
         return check_prompt_file(file, options)
     except (PromptFileError, ValueError) as exc:  # bad options, a missing file, an unknown format or column
         fail(f"prompts: {exc}", 2)
@@ -273,20 +283,33 @@ def prompts_validate(file: PromptFileArg, dedup: DedupOpt = Dedup.exact, min_cha
                      strict: StrictOpt = False, prompt_key: PromptKeyOpt = None, answer_key: AnswerKeyOpt = None,
                      id_key: IdKeyOpt = None, metadata_keys: MetadataKeysOpt = None,
                      json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
-                     show: Annotated[int, typer.Option(min=1, help="entries listed per section (text)")] = 20,
+                     limit: Annotated[int, typer.Option(min=1, help="entries listed per section (text)")] = 20,
+                     show: Annotated[int, typer.Option(min=0, help="also print the first N kept prompts exactly as "
+                                                       "the producer will tokenize them (decoded ids), with their "
+                                                       "answer and data source")] = 0,
                      config: ConfigOpt = None, set_: SetOpt = None, dry_run: DryRunOpt = False) -> None:
     """Check a prompt file as `prompts load` would: layout, stats, dropped rows, errors by line. Exit 0 valid, 2 not.
 
-    Conversational prompts (messages) are rendered with the chat template, as `load` publishes them.
+    Conversational prompts (messages) are rendered with the chat template, as `load` publishes them. The file is
+    checked against the configured reward (scorer.rewards / scorer.reward_fn): answers a verifier needs, routes.
     """
     import json
 
     cfg = resolve(config, set_, dry_run=dry_run)  # --dry-run prints it ([data] and producer.model_dir) and exits
     from stream_rl.prompts import render_report
+    from stream_rl.prompts.options import tokenizer_source
+    from stream_rl.prompts.show import render_shown, shown_prompts
 
     report = _check_prompts(file, cfg, _flags(dedup, min_chars, max_chars, max_tokens, tokenizer, strict, prompt_key,
                                               answer_key, id_key, metadata_keys))
-    typer.echo(json.dumps(report.to_dict(), indent=2) if json_out else render_report(report, show))
+    shown = shown_prompts(report.rows, show, tokenizer_source(tokenizer, _policy_dir(cfg))) if show else []
+    if json_out:
+        typer.echo(json.dumps({**report.to_dict(), **({"shown": [s.to_dict() for s in shown]} if show else {})},
+                              indent=2))
+    else:
+        typer.echo(render_report(report, limit))
+        if shown:
+            typer.echo(render_shown(shown, report.unit, len(report.rows)))
     raise typer.Exit(0 if report.valid else 2)
 
 

@@ -1,10 +1,13 @@
 """`stream-rl run`: broker, topics, prompts, then producers, scorers and the trainer as separate processes.
 
-With ``run.demo_dir`` set (the default), the built-in demo is built there when missing and fills every model,
-reward and prompt setting left at its default. The run gets a unique name (topics) and directory unless both are
-given. Exits 0 when the trainer reaches its step budget, non-zero naming the role when any role dies, 143 after
-SIGTERM and 130 after Ctrl-C (128 + the signal's number). However it ends (budget, a role's death, Ctrl-C, SIGTERM),
-it stops every role it started and the broker if it started it.
+With ``run.demo_dir`` set (the default), the built-in demo is built there when missing and fills every model, reward
+and prompt setting left at its default. The run gets a unique name (topics) and directory unless both are given.
+Before anything starts (and with ``--dry-run``, when the prompt file exists) the prompt file is checked as `prompts
+validate` checks it, against the configured reward, and a ``producer.vllm.engine_kwargs`` key the installed vLLM
+lacks is refused: exit 2 in one line (the prompt file's first errors below it). Exits 0 when the trainer reaches its
+step budget, non-zero naming the role when any role dies, 143 after SIGTERM and 130 after Ctrl-C (128 + the signal's
+number). However it ends (budget, a role's death, Ctrl-C, SIGTERM), it stops every role it started and the broker if
+it started it.
 """
 
 from __future__ import annotations
@@ -85,19 +88,16 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt =
     if cfg.run.demo_dir is not None:
         apply_demo(cfg, cfg.run.demo_dir)
     placement = _place(cfg)
+    _check_engine_kwargs(cfg)
     if dry_run:
-        from stream_rl.config.loading import dump_config
-
-        typer.echo(dump_config(cfg))
-        if cfg.run.gpus is not None:  # stderr: stdout stays the config's JSON
-            typer.echo("\n".join(_gpu_lines(cfg)), err=True)
-        raise typer.Exit(0)
+        _dry_run(cfg)
     devices = _gpu_devices(cfg)
     if cfg.trainer.max_steps is None and cfg.run.max_wall_s is None:
         fail("invalid config: trainer.max_steps: set a step budget (or run.max_wall_s) for `stream-rl run`", 2)
     if cfg.run.prompts_file is None:
         fail("invalid config: run.prompts_file: no prompts (set it, or keep run.demo_dir)", 2)
     _build_demo(cfg)
+    rows = None if resume else _checked_prompts(cfg).rows  # refused before the broker and the roles start
     from stream_rl import broker
 
     signal.signal(signal.SIGTERM, _interrupted)  # SIGTERM ends the run as Ctrl-C does: every role, then the broker
@@ -115,7 +115,7 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt =
         if resume:  # its prompts are on the broker already
             typer.echo(f"run {cfg.topics.run}: resuming; run dir {cfg.run_dir}")
         else:
-            _load_prompts(cfg)
+            _load_prompts(cfg, rows)
             if local_broker:
                 from stream_rl.cli.runs import record_writer
 
@@ -127,6 +127,19 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOpt =
     finally:
         if started_broker:
             broker.down(cfg.broker)
+
+
+def _dry_run(cfg) -> None:
+    """``--dry-run``: refuse a prompt file `run` would refuse (when it exists: the demo's is not built yet), print
+    the resolved config on stdout (and the GPU layout on stderr), exit 0."""
+    from stream_rl.config.loading import dump_config
+
+    if cfg.run.prompts_file is not None and Path(cfg.run.prompts_file).exists():
+        _checked_prompts(cfg)
+    typer.echo(dump_config(cfg))
+    if cfg.run.gpus is not None:  # stderr: stdout stays the config's JSON
+        typer.echo("\n".join(_gpu_lines(cfg)), err=True)
+    raise typer.Exit(0)
 
 
 class Terminated(KeyboardInterrupt):
@@ -166,16 +179,52 @@ def _build_demo(cfg) -> None:
                    f"{info.get('sft', {}).get('sampled_accuracy', '?')}")
 
 
-def _load_prompts(cfg) -> None:
-    """Topics, then one Prompt record per (prompt, epoch): the file read with ``cfg.data`` (layout, mapping),
-    conversational prompts rendered with the policy's chat template (``producer.model_dir``), no dedup."""
-    from stream_rl.prompts import check_options, prompt_messages, publish_prompts, read_prompt_file
+def _check_engine_kwargs(cfg) -> None:
+    """With ``producer.engine = "vllm"`` and vLLM importable, refuse an ``engine_kwargs`` key its ``EngineArgs``
+    lacks now (exit 2), not when a producer builds its engine after the broker and the warm-up; the names are read
+    in a child process (:func:`producers.engines.vllm_args.engine_arg_names_isolated`)."""
+    import importlib.util
+
+    kwargs = cfg.producer.vllm.engine_kwargs
+    if cfg.producer.engine != "vllm" or not kwargs or importlib.util.find_spec("vllm") is None:
+        return
+    from producers.engines.base import EngineError
+    from producers.engines.vllm_args import check_engine_kwargs, engine_arg_names_isolated
+
+    try:
+        check_engine_kwargs(kwargs, engine_arg_names_isolated())
+    except EngineError as exc:
+        fail(f"invalid config: {exc}", 2)
+
+
+def _checked_prompts(cfg):
+    """``run.prompts_file`` checked as `prompts load` checks it: ``cfg.data`` (layout, mapping), conversational
+    prompts rendered with the policy's chat template (``producer.model_dir``), no dedup, and against the reward
+    (:func:`stream_rl.cli.roles_cmd.reward_plan`); exit 2 naming the first errors, warnings on stderr."""
+    from stream_rl.cli.roles_cmd import reward_plan
+    from stream_rl.prompts import PromptFileError, check_options, check_prompt_file
+
+    try:
+        options = check_options(cfg.data, policy_dir=cfg.producer.model_dir, dedup="none", reward=reward_plan(cfg))
+        report = check_prompt_file(cfg.run.prompts_file, options)
+    except (PromptFileError, ValueError) as exc:
+        fail(f"run.prompts_file: {exc}", 2)
+    if not report.valid:
+        fail(f"run.prompts_file {cfg.run.prompts_file} is invalid, nothing started (`stream-rl prompts validate` "
+             f"shows the whole report):\n{report.error_summary()}", 2)
+    for problem in report.warnings[:10]:
+        typer.echo(f"warning: {problem.render(report.path, report.unit)}", err=True)
+    return report
+
+
+def _load_prompts(cfg, rows) -> None:
+    """Topics, then one Prompt record per (prompt, epoch) of the checked ``rows`` (:func:`_checked_prompts`)."""
+    from stream_rl.prompts import prompt_messages, publish_prompts
     from stream_rl.transport.client import Transport
 
     transport = Transport(cfg, "run")
     transport.ensure_topics()
-    options = check_options(cfg.data, policy_dir=cfg.producer.model_dir, dedup="none")
-    messages = prompt_messages(read_prompt_file(cfg.run.prompts_file, options), cfg.run.epochs, cfg.run.group_size)
+    messages = prompt_messages(rows, cfg.run.epochs, cfg.run.group_size)
     typer.echo(f"run {cfg.topics.run}: {publish_prompts(transport, messages)} prompts loaded; "
                f"run dir {cfg.run_dir}")
 

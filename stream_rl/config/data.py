@@ -31,7 +31,7 @@ class DataConfig(Section):
         "(text, messages, or prompt as in verl and TRL)")
     answer_key: str | None = Field(
         None, min_length=1, description="column holding the reference answer (dotted for a nested field, e.g. "
-        "reward_model.ground_truth); None: detected (answer, solution, reward_model.ground_truth)")
+        "reward_model.ground_truth); None: detected (answer, solution, label, reward_model.ground_truth)")
     id_key: str | None = Field(
         None, min_length=1, description="column holding the prompt id; None: prompt_id when present, else the "
         "line or row number")

@@ -22,6 +22,11 @@ Every role reads one configuration, resolved in this order (later wins):
    `STREAM_RL_TRAINER__KL__COEF=0.01`), values parsed as YAML scalars;
 4. `--set section.field=value` flags (repeatable) and each command's named flags (`--bootstrap`, `--run`, ...).
 
+A value of a variable or `--set` that opens with `{` or `[` is TOML, as in the file:
+`--set 'data.chat_template_kwargs={enable_thinking = false}'` is that table (a YAML flow value without `=`, such as
+`[a, b]`, still reads as YAML); one that is neither is refused naming the flag or variable. Any other value is a
+YAML scalar (`4` an int, `true` a bool).
+
 An invalid value stops the command with exit code 2 and one line naming the field and where the value came from.
 `--dry-run` (and `stream-rl config`) prints the resolved configuration with secrets masked. Secrets
 (`kafka.sasl_password`) are read from the environment or from a file named in the config
@@ -55,7 +60,7 @@ fields names both and where each value came from.
 | `run.gpus.producers` holds a whole number (>= 1) of blocks of `producer.vllm.tensor_parallel_size` GPUs | each producer shards its model over one block |
 | `run.trainer_ranks <=` the GPUs of `run.gpus.trainer` | each trainer rank needs a GPU of its own |
 | per GPU, the shares of the processes on it (`producer.vllm.gpu_memory_utilization` or `run.gpus.producer_memory`, `run.gpus.trainer_memory`, `run.gpus.scorer_memory`, `run.gpus.evaluator_memory`) `* (1 + run.gpus.headroom) <= 1` | two roles given more memory than the GPU has fail mid-run (docs/planner.md) |
-| `producer.vllm.engine_kwargs` may not repeat an argument stream-rl sets (`dtype`, `seed`, `tensor_parallel_size`, ...); keys the installed vLLM's `EngineArgs` lacks are refused where the engine is built | the config layer does not import vLLM |
+| `producer.vllm.engine_kwargs` may not repeat an argument stream-rl sets (`dtype`, `seed`, `tensor_parallel_size`, ...); keys the installed vLLM's `EngineArgs` lacks are refused by `stream-rl run` (`--dry-run` too) before it starts anything, where vLLM is installed (read in a child process), and again where the engine is built | the config layer does not import vLLM |
 
 Allowed, but printed as a one-line `warning:` on stderr by every command:
 

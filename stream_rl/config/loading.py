@@ -11,8 +11,10 @@ default) instead of replacing it; secrets are ``SecretStr`` and never printed in
 
 Environment variables map onto nested fields with ``__`` between levels, e.g.
 ``STREAM_RL_KAFKA__BOOTSTRAP_SERVERS=host:9092`` sets ``kafka.bootstrap_servers``. ``STREAM_RL_CONFIG`` names the
-config file and ``STREAM_RL_DEBUG`` is the CLI's ``--debug``; neither is a field. Values are parsed as YAML scalars
-(``4`` is an int, ``true`` a bool, ``[a, b]`` a list).
+config file and ``STREAM_RL_DEBUG`` is the CLI's ``--debug``; neither is a field. Values of variables and ``--set``
+are parsed by :func:`parse_value`: one that opens with ``{`` or ``[`` as TOML (``{enable_thinking = false}`` is a
+table, as in the config file; a malformed one is refused naming the flag or variable), any other as a YAML scalar
+(``4`` is an int, ``true`` a bool).
 """
 
 from __future__ import annotations
@@ -37,11 +39,33 @@ NOT_FIELDS = (ENV_CONFIG_FILE, ENV_DEBUG)
 
 
 
-def _parse_scalar(text: str) -> Any:
+def parse_value(text: str, origin: str) -> Any:
+    """An environment variable's or flag's value (``origin`` names it in errors).
+
+    A value that opens like a TOML inline table or array (``{`` or ``[``) is read as TOML, the syntax of the config
+    file: ``{enable_thinking = false}`` is that table, never a YAML key named ``enable_thinking = false``. When it
+    is not TOML, a YAML flow collection without ``=`` (``{a: 1}``, ``[a, b]``) is still read as YAML; anything
+    else is a :class:`ConfigError` naming ``origin`` and the TOML error. Every other value is a YAML scalar
+    (``4`` an int, ``true`` a bool, ``text`` a string).
+    """
+    head = text.lstrip()[:1]
+    if head not in ("{", "["):
+        try:
+            return yaml.safe_load(text) if text.strip() else text
+        except yaml.YAMLError:
+            return text
     try:
-        return yaml.safe_load(text) if text.strip() else text
-    except yaml.YAMLError:
-        return text
+        return tomllib.loads(f"v = {text.strip()}")["v"]
+    except tomllib.TOMLDecodeError as exc:
+        toml_error = str(exc)
+    kind = "inline table {key = value, ...}" if head == "{" else "array [value, ...]"
+    if "=" not in text:
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError:
+            pass
+    raise ConfigError(f"invalid {origin}: {text.strip()[:120]!r} is not a TOML {kind} ({toml_error}); "
+                      f"strings inside it need quotes, e.g. {{name = \"x\", on = true}}")
 
 
 def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -113,11 +137,13 @@ def resolve_config(
     maps = map_defaults(model)
     for key, raw in env_overrides(env).items():
         _seed_map(tree, maps, key)
-        _set_path(tree, key, raw if key in secrets else _parse_scalar(raw))
-        sources[key] = f"env {ENV_PREFIX}{key.upper().replace('.', '__')}"
+        variable = f"{ENV_PREFIX}{key.upper().replace('.', '__')}"
+        _set_path(tree, key, raw if key in secrets else parse_value(raw, variable))
+        sources[key] = f"env {variable}"
     for key, value in (overrides or {}).items():
         _seed_map(tree, maps, key)
-        _set_path(tree, key, _parse_scalar(value) if isinstance(value, str) and key not in secrets else value)
+        parsed = parse_value(value, f"--set {key}") if isinstance(value, str) and key not in secrets else value
+        _set_path(tree, key, parsed)
         sources[key] = "flag"
     try:
         return model.model_validate(tree)

@@ -12,6 +12,7 @@ error; deduplication keeps first occurrences; shuffling is seeded per epoch; no 
 
 Modules: :mod:`~stream_rl.prompts.sources` (formats), :mod:`~stream_rl.prompts.schema` (one record),
 :mod:`~stream_rl.prompts.clean` (filters, dedup, stats), :mod:`~stream_rl.prompts.check` (a whole file),
+:mod:`~stream_rl.prompts.reward_fit` (the file against the reward that scores it),
 :mod:`~stream_rl.prompts.publish` (records and the topic).
 """
 
@@ -21,12 +22,13 @@ from stream_rl.prompts.layouts import LAYOUTS, Layout, Mapping, detect_layout, f
 from stream_rl.prompts.options import check_options, mapping_of
 from stream_rl.prompts.publish import prompt_messages, publish_prompts
 from stream_rl.prompts.render import ChatRenderer, RenderError, TokenizerSource, chat_renderer
+from stream_rl.prompts.reward_fit import RewardPlan
 from stream_rl.prompts.schema import Problem, PromptFileError, PromptRow
 from stream_rl.prompts.sources import FORMATS
 
 __all__ = [
     "DEDUP_MODES", "FORMATS", "LAYOUTS", "ChatRenderer", "CheckOptions", "Dropped", "Layout", "Mapping", "Problem",
-    "PromptFileError", "PromptReport", "PromptRow", "RenderError", "Stats", "TokenizerSource", "chat_renderer",
-    "check_options", "check_prompt_file", "detect_layout", "flatten_tags", "mapping_of", "normalize_text",
-    "prompt_messages", "publish_prompts", "read_prompt_file", "render_report", "token_counter",
+    "PromptFileError", "PromptReport", "PromptRow", "RenderError", "RewardPlan", "Stats", "TokenizerSource",
+    "chat_renderer", "check_options", "check_prompt_file", "detect_layout", "flatten_tags", "mapping_of",
+    "normalize_text", "prompt_messages", "publish_prompts", "read_prompt_file", "render_report", "token_counter",
 ]

@@ -16,6 +16,11 @@ Guarantees:
   that cannot be rendered (no template, ``none``, a template that raises: each on its line), with
   ``dedup="none"`` a ``prompt_id`` used twice, no valid row at all, or no row left after filtering. Warnings (the
   file stays valid): unknown fields, one per field with its first line and count; ``strict`` makes them errors.
+- A column named by the mapping (``--answer-key`` ..., ``data.*``) that no record holds (a misspelt nested key
+  such as ``reward_model.groundtruth``) is an error naming the keys there are
+  (:class:`~stream_rl.prompts.layouts.MappedKeys`).
+- With a reward plan (``CheckOptions.reward``), the kept rows are checked against the reward that will score them
+  (:mod:`stream_rl.prompts.reward_fit`): answers a verifier needs, routes, fall-through to the default.
 - Problems and dropped rows name lines and ids, never prompt text.
 """
 
@@ -28,8 +33,9 @@ from pathlib import Path
 from stream_rl.prompts.clean import (
     CheckOptions, Dropped, Stats, apply_filters, compute_stats, deduplicate, duplicate_ids,
 )
-from stream_rl.prompts.layouts import Layout, Mapping, detect_layout, plain_record, unknown_columns
+from stream_rl.prompts.layouts import Layout, MappedKeys, Mapping, detect_layout, plain_record, unknown_columns
 from stream_rl.prompts.render import RenderError
+from stream_rl.prompts.reward_fit import reward_problems
 from stream_rl.prompts.schema import Problem, PromptFileError, PromptRow, row_from_record
 from stream_rl.prompts.sources import columns, file_format, iter_records
 
@@ -124,17 +130,21 @@ def render_report(report: PromptReport, limit: int = 20) -> str:
     return "\n".join(lines)
 
 
-def _parse(path: Path, fmt: str, opts: CheckOptions) -> tuple[int, list[PromptRow], list[Problem], Layout]:
-    """Records read, valid rows, problems (unknown fields folded into one problem per field) and the layout."""
+def _parse(path: Path, fmt: str, opts: CheckOptions
+           ) -> tuple[int, list[PromptRow], list[Problem], Layout, list[str]]:
+    """Records read, valid rows, problems (unknown fields folded into one problem per field, a mapped key that no
+    record has), the layout and the file's columns."""
     prefix = UNITS[fmt]
-    names = columns(path, fmt)  # its errors name the path already
+    file_columns = columns(path, fmt)  # its errors name the path already
     try:
-        layout = detect_layout(names, opts.mapping or Mapping())
+        layout = detect_layout(file_columns, opts.mapping or Mapping())
     except PromptFileError as exc:
         raise PromptFileError(f"{path}: {exc}") from None
     read, rows, problems = 0, [], []
     unknown: dict[str, list[int]] = {}  # field -> [first line, count]
+    mapped = MappedKeys(opts.mapping or Mapping())
     for number, record in iter_records(path, fmt):
+        mapped.see(record)
         if isinstance(record, Problem):
             read += record.line > 0
             problems.append(record)
@@ -156,7 +166,8 @@ def _parse(path: Path, fmt: str, opts: CheckOptions) -> tuple[int, list[PromptRo
     problems.extend(Problem(first, name, f"unknown field, {verdict} (in {count} {prefix}{'s' * (count > 1)}); "
                             f"read ({layout.name} layout): {used}", severity)
                     for name, (first, count) in unknown.items())
-    return read, rows, problems, layout
+    problems.extend(mapped.problems(file_columns, prefix) if read else [])
+    return read, rows, problems, layout, file_columns
 
 
 def _render(rows: list[PromptRow], opts: CheckOptions, problems: list[Problem]) -> list[PromptRow]:
@@ -179,7 +190,7 @@ def _render(rows: list[PromptRow], opts: CheckOptions, problems: list[Problem]) 
             out.append(row)
             continue
         try:
-            text, ids = renderer.render(row.messages)
+            text, ids = renderer.render(row.messages, row.tools)
         except RenderError as exc:
             problems.append(Problem(row.line, row.prompt_field, str(exc)))
             continue
@@ -208,7 +219,7 @@ def check_prompt_file(path: Path, options: CheckOptions | None = None) -> Prompt
     """Read and judge the whole file; :class:`PromptFileError` only when it is missing or of unknown format."""
     path, opts = Path(path), options or CheckOptions()
     fmt = file_format(path)
-    read, valid, problems, layout = _parse(path, fmt, opts)
+    read, valid, problems, layout, names = _parse(path, fmt, opts)
     valid = _render(valid, opts, problems)
     tokens = _token_counts(valid, opts.count_tokens, problems)
     if opts.dedup == "none":  # every id would reach the topic: two prompts must not share one
@@ -216,6 +227,7 @@ def check_prompt_file(path: Path, options: CheckOptions | None = None) -> Prompt
                         for row, first in duplicate_ids(valid))
     filtered, dropped = apply_filters(valid, opts, tokens)
     kept, duplicates = deduplicate(filtered, opts.dedup)
+    problems.extend(reward_problems(kept, opts.reward, layout.answer_key, names, UNITS[fmt]))
     dropped = sorted(dropped + duplicates, key=lambda d: d.line)
     if not valid and not problems:
         problems.append(Problem(0, None, "no prompts"))

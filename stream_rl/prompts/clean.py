@@ -42,6 +42,7 @@ class CheckOptions:
     strict: bool = False  # unknown fields are errors instead of warnings
     mapping: Mapping | None = None  # explicit columns (--prompt-key ... / data.*); None: detected
     renderer: Callable[[], Any] | None = None  # builds the ChatRenderer, called only when a row has messages
+    reward: Any = None  # a RewardPlan (stream_rl.prompts.reward_fit): the rows are checked against it; None: not
 
     def __post_init__(self) -> None:
         if self.dedup not in DEDUP_MODES:

@@ -8,23 +8,28 @@ the names of the columns each field came from, so every problem names the user's
 
 Layouts (detected in this order, first match wins):
 
-=========  ==========================================  ===========================  ============================
-layout     detected when the columns hold              prompt                       answer
-=========  ==========================================  ===========================  ============================
-``plain``  ``text`` or ``messages`` (or no column)     ``text`` / ``messages``      ``answer``
-``verl``   ``prompt`` and ``data_source`` or           ``prompt`` (messages)        ``reward_model.ground_truth``
-           ``reward_model``
-``trl``    ``prompt``                                  ``prompt`` (text/messages)   ``solution``, else ``answer``
-=========  ==========================================  ===========================  ============================
+============  ==========================================  ===========================  =============================
+layout        detected when the columns hold              prompt                       answer
+============  ==========================================  ===========================  =============================
+``plain``     ``text`` or ``messages`` (or no column)     ``text`` / ``messages``      ``answer``
+``verl``      ``prompt`` and ``data_source`` or           ``prompt`` (messages)        ``reward_model.ground_truth``
+              ``reward_model``
+``trl``       ``prompt``                                  ``prompt`` (text/messages)   ``solution``, else ``answer``
+``openrlhf``  ``prompt`` and ``label`` (no ``solution``   ``prompt`` (text/messages)   ``label`` (OpenRLHF's
+              or ``answer``)                                                           ``--label_key``)
+============  ==========================================  ===========================  =============================
 
 An explicit ``prompt_key`` makes the layout ``mapped``; explicit ``answer_key`` / ``id_key`` / ``metadata_keys``
 replace the detected ones in any layout. The id is ``prompt_id`` when present (else the line or row number).
 Metadata columns (default: ``data_source``, ``ability``, ``extra_info`` when present) become string tags by
-:func:`flatten_tags`; the plain ``metadata`` object (strings only) is copied as is and always read.
+:func:`flatten_tags`; the plain ``metadata`` object (strings only) is copied as is and always read, and so is a
+``tools`` column (the function specs of a tool-use prompt, :mod:`stream_rl.prompts.tools`) in every layout.
 
 Guarantees: a mapped column that is not in the file is a :class:`PromptFileError` naming the flag, the column and
-the columns there are; tags are deterministic (sorted dotted keys, compact JSON for non-strings); a tag set twice
-(by ``metadata`` and a column) is a problem of that line naming both; nothing here quotes sample text.
+the columns there are; a mapped key that no record holds (a nested typo, ``reward_model.groundtruth``) is found by
+:class:`MappedKeys`, whose problem names the flag and the keys there are; tags are deterministic (sorted dotted
+keys, compact JSON for non-strings); a tag set twice (by ``metadata`` and a column) is a problem of that line naming
+both; nothing here quotes sample text.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from dataclasses import dataclass
 
 from stream_rl.prompts.schema import Problem, PromptFileError
 
-LAYOUTS = ("plain", "verl", "trl", "mapped")
+LAYOUTS = ("plain", "verl", "trl", "openrlhf", "mapped")
 DEFAULT_METADATA_KEYS = ("data_source", "ability", "extra_info")
 _MISSING = object()
 
@@ -62,7 +67,7 @@ class Layout:
 
     def columns_used(self) -> set[str]:
         """The top-level columns this layout reads (every other column is an unknown field)."""
-        keys = [self.prompt_key, self.answer_key, self.id_key, *self.metadata_keys, "metadata"]
+        keys = [self.prompt_key, self.answer_key, self.id_key, *self.metadata_keys, "metadata", "tools"]
         used = {key.split(".", 1)[0] for key in keys if key}
         return used | ({"text", "messages"} if self.prompt_key is None else set())
 
@@ -76,10 +81,8 @@ def detect_layout(columns: Collection[str], mapping: Mapping | None = None) -> L
     is not there, or when no column can hold the prompt."""
     m = mapping or Mapping()
     cols = set(columns)
-    for flag, key in (("--prompt-key / data.prompt_key", m.prompt_key), ("--answer-key / data.answer_key",
-                      m.answer_key), ("--id-key / data.id_key", m.id_key),
-                      *(("--metadata-keys / data.metadata_keys", k) for k in m.metadata_keys or ())):
-        if key is not None and key.split(".", 1)[0] not in cols and key not in cols:
+    for flag, key in _mapped(m):
+        if key.split(".", 1)[0] not in cols and key not in cols:
             raise PromptFileError(f"{flag}: column {key!r} is not in the file (columns: {_listed(cols)})")
     name, prompt, answer = _detected(cols, m.prompt_key)
     metadata = m.metadata_keys if m.metadata_keys is not None else \
@@ -88,16 +91,61 @@ def detect_layout(columns: Collection[str], mapping: Mapping | None = None) -> L
                   tuple(metadata))
 
 
+def _mapped(m: Mapping) -> list[tuple[str, str]]:
+    """``(flag, key)`` of every key the mapping names explicitly."""
+    named = [("--prompt-key / data.prompt_key", m.prompt_key), ("--answer-key / data.answer_key", m.answer_key),
+             ("--id-key / data.id_key", m.id_key),
+             *(("--metadata-keys / data.metadata_keys", k) for k in m.metadata_keys or ())]
+    return [(flag, key) for flag, key in named if key is not None]
+
+
+class MappedKeys:
+    """The keys a :class:`Mapping` names explicitly, and whether any record holds each: a key no record holds
+    names nothing (its answers or ids would all be missing), so :meth:`problems` makes it an error."""
+
+    def __init__(self, mapping: Mapping):
+        self.flags = {key: flag for flag, key in _mapped(mapping)}
+        self.found: set[str] = set()
+        self.nested: dict[str, set[str]] = {}  # parent of a dotted key -> the keys seen under it
+
+    def see(self, record: object) -> None:
+        if not isinstance(record, dict):
+            return
+        for key in self.flags.keys() - self.found:
+            if lookup(record, key) is not _MISSING:
+                self.found.add(key)
+            elif "." in key:
+                parent = key.rsplit(".", 1)[0]
+                value = lookup(record, parent)
+                if isinstance(value, dict) and len(self.nested.get(parent, ())) < 100:
+                    self.nested.setdefault(parent, set()).update(map(str, value))
+
+    def problems(self, columns: Collection[str], unit: str) -> list[Problem]:
+        """One error (line 0) per mapped key that no record held, naming the keys its parent has, or the columns."""
+        out = []
+        for key, flag in self.flags.items():
+            if key in self.found:
+                continue
+            parent = key.rsplit(".", 1)[0] if "." in key else None
+            there = f"{parent!r} has keys: {_listed(self.nested[parent])}" if parent in self.nested \
+                else f"columns: {_listed(columns)}"
+            out.append(Problem(0, key, f"{flag}: {key!r} names nothing: no {unit} has it ({there})"))
+        return out
+
+
 def _detected(cols: set[str], prompt_key: str | None) -> tuple[str, str | None, str | None]:
     """(layout name, prompt key, default answer key) from the columns."""
     trl_answer = "solution" if "solution" in cols else "answer" if "answer" in cols else None
     if prompt_key is not None:
-        answer = "reward_model.ground_truth" if "reward_model" in cols else trl_answer
+        answer = "reward_model.ground_truth" if "reward_model" in cols else trl_answer or \
+            ("label" if "label" in cols else None)
         return "mapped", prompt_key, answer
     if "text" in cols or "messages" in cols or not cols:  # no columns: an empty or unreadable file, reported later
         return "plain", None, "answer" if "answer" in cols else None
     if "prompt" in cols and ("data_source" in cols or "reward_model" in cols):
         return "verl", "prompt", "reward_model.ground_truth" if "reward_model" in cols else trl_answer
+    if "prompt" in cols and trl_answer is None and "label" in cols:
+        return "openrlhf", "prompt", "label"
     if "prompt" in cols:
         return "trl", "prompt", trl_answer
     raise PromptFileError(f"no prompt column: expected text or messages (plain), prompt (verl, TRL), or "
@@ -124,7 +172,7 @@ def lookup(record: dict, key: str) -> object:
 def plain_record(record: dict, layout: Layout, line: int) -> tuple[dict, dict[str, str], list[Problem]]:
     """The record in the plain schema's fields, the column each came from, and tag problems of this line."""
     names: dict[str, str] = {}
-    out: dict = {"metadata": record.get("metadata")}
+    out: dict = {"metadata": record.get("metadata"), "tools": record.get("tools")}
     if layout.prompt_key is None:
         out["text"], out["messages"] = record.get("text"), record.get("messages")
     else:

@@ -2,8 +2,9 @@
 
 Consumes: :class:`stream_rl.config.data.DataConfig`, the loader's flags (a flag overrides its ``data.*`` field),
 the ``--tokenizer`` directory and the policy's directory (``producer.model_dir`` as the command resolved it).
-Produces: :class:`~stream_rl.prompts.clean.CheckOptions` with the column mapping, the token counter and the
-renderer factory, for ``stream-rl prompts validate | load`` and ``stream-rl run``.
+Produces: :class:`~stream_rl.prompts.clean.CheckOptions` with the column mapping, the token counter, the renderer
+factory and the reward plan the rows are checked against (:mod:`stream_rl.prompts.reward_fit`), for
+``stream-rl prompts validate | load`` and ``stream-rl run``.
 Guarantees: the tokenizer is ``--tokenizer`` when given, else the policy's; it is loaded here only when tokens are
 counted (``--tokenizer``, ``--max-tokens`` or ``data.max_prompt_tokens``), so a bad directory is one
 :class:`PromptFileError` before the file is read, else lazily by the renderer, only for a file with messages.
@@ -18,6 +19,7 @@ from stream_rl.config.data import DataConfig
 from stream_rl.prompts.clean import CheckOptions
 from stream_rl.prompts.layouts import Mapping
 from stream_rl.prompts.render import TokenizerSource, chat_renderer
+from stream_rl.prompts.reward_fit import RewardPlan
 
 NO_TOKENIZER = "pass --tokenizer DIR or set producer.model_dir"
 
@@ -41,8 +43,8 @@ def tokenizer_source(tokenizer: Path | None, policy_dir: Path | None) -> Tokeniz
 
 def check_options(data: DataConfig, *, tokenizer: Path | None = None, policy_dir: Path | None = None,
                   dedup: str = "none", min_chars: int = 1, max_chars: int | None = None,
-                  max_tokens: int | None = None, strict: bool = False, mapping: Mapping | None = None
-                  ) -> CheckOptions:
+                  max_tokens: int | None = None, strict: bool = False, mapping: Mapping | None = None,
+                  reward: RewardPlan | None = None) -> CheckOptions:
     """:class:`CheckOptions` for the loader; ``max_tokens`` None falls back to ``data.max_prompt_tokens``.
     :class:`PromptFileError` for a tokenizer that is needed now and cannot be loaded; ValueError for bad options."""
     source = tokenizer_source(tokenizer, policy_dir)
@@ -54,4 +56,4 @@ def check_options(data: DataConfig, *, tokenizer: Path | None = None, policy_dir
     template, kwargs = data.chat_template, dict(data.chat_template_kwargs)
     return CheckOptions(dedup=dedup, min_chars=min_chars, max_chars=max_chars, max_tokens=limit,
                         count_tokens=counter, strict=strict, mapping=mapping or mapping_of(data),
-                        renderer=lambda: chat_renderer(source, template, kwargs))
+                        renderer=lambda: chat_renderer(source, template, kwargs), reward=reward)

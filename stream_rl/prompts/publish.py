@@ -4,7 +4,10 @@ Consumes: :class:`~stream_rl.prompts.schema.PromptRow` lists (already checked), 
 Produces: :class:`schemas.Prompt` messages, one per (prompt, epoch), and their records on the run's prompts topic,
 keyed by ``prompt_id`` (so every epoch and attempt of a prompt shares one partition). A conversational prompt is
 published with ``messages`` as loaded, ``text`` = its rendering and ``prompt_token_ids`` = the rendered ids (the
-producer generates from exactly those ids); a plain prompt with ``text`` only (the producer tokenises it).
+producer generates from exactly those ids); a plain prompt with ``text`` only (the producer tokenises it). The
+wire's messages hold strings only: an assistant's ``tool_calls`` travel as compact JSON, and a row's ``tools`` are
+in the rendered text and ids, not in the record (a multi-turn environment that re-renders the conversation would
+render it without them).
 Guarantees: ``group_size`` is bounded (``1..schemas.MAX_GROUP_SIZE``) before anything is built; all records are
 built and validated (``schemas.validate``) before the first one is sent; epoch ``e``
 is shuffled with ``random.Random(seed + e)`` (or kept in file order with ``shuffle=False``), so the same rows,
@@ -14,6 +17,7 @@ acknowledged every record (a failed send raises).
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Sequence
 
@@ -51,9 +55,15 @@ def prompt_messages(rows: Sequence[PromptRow], epochs: int, group_size: int, see
 def _prompt(row: PromptRow, epoch: int, group_size: int) -> Prompt:
     """One record; a conversational row carries its messages, rendered text and rendered ids."""
     ids = None if row.prompt_token_ids is None else np.asarray(row.prompt_token_ids, dtype=np.int32)
-    messages = None if row.messages is None else [dict(m) for m in row.messages]
+    messages = None if row.messages is None else [_wire_message(m) for m in row.messages]
     return Prompt(prompt_id=row.prompt_id, epoch=epoch, text=row.text, answer=row.answer, metadata=dict(row.metadata),
                   group_size=group_size, prompt_token_ids=ids, messages=messages)
+
+
+def _wire_message(message: dict) -> dict[str, str]:
+    """A message as ``Prompt.messages`` carries it (strings only): an assistant's ``tool_calls`` as compact JSON."""
+    return {key: value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+            for key, value in message.items()}
 
 
 def publish_prompts(transport, messages: Sequence[Prompt]) -> int:

@@ -11,8 +11,11 @@ Produces: a :class:`ChatRenderer` whose :meth:`~ChatRenderer.render` gives ``(te
 
 and :class:`TokenizerSource`, which loads the tokenizer at most once, and only when something needs it (a file
 of plain ``text`` prompts never loads one unless tokens are counted).
+With a row's ``tools`` (function specs) the call also passes ``tools=tools``, as transformers documents tool use.
 Guarantees: ``none`` with messages, ``auto`` on a tokenizer without a template (naming its directory), an
-unreadable template file and an unloadable tokenizer are each one :class:`PromptFileError`; a template that
+unreadable template file and an unloadable tokenizer are each one :class:`PromptFileError`; a row with ``tools``
+or an assistant's ``tool_calls`` whose template never mentions ``tools`` / ``tool_calls`` is a
+:class:`RenderError` saying so (they would be dropped from the prompt without a word); a template that
 raises on one row is a :class:`RenderError` naming the exception's type (for ``raise_exception`` in a template,
 also its message, which the template's author wrote), never quoting the prompt.
 """
@@ -62,12 +65,16 @@ class ChatRenderer:
 
     def __init__(self, tokenizer, template: str | None, kwargs: dict[str, Any] | None = None):
         self.tokenizer, self.template, self.kwargs = tokenizer, template, dict(kwargs or {})
+        self._reads: dict[tuple[bool, str], bool] = {}
 
-    def render(self, messages: Sequence[dict[str, str]]) -> tuple[str, list[int]]:
-        """``(text, ids)`` of the conversation followed by the assistant's generation prompt."""
+    def render(self, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> tuple[str, list[int]]:
+        """``(text, ids)`` of the conversation followed by the assistant's generation prompt; ``tools`` (function
+        specs) go to the template as ``apply_chat_template(..., tools=tools)`` passes them."""
+        self._check_tool_use(messages, tools)
+        extra = {} if tools is None else {"tools": list(tools)}
         try:
             text = self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True,
-                                                      chat_template=self.template, **self.kwargs)
+                                                      chat_template=self.template, **extra, **self.kwargs)
         except Exception as exc:  # a template may raise anything (jinja2 errors, raise_exception, TypeError)
             raise RenderError(f"the chat template raises {_described(exc)}") from None
         if not isinstance(text, str):
@@ -79,6 +86,34 @@ class ChatRenderer:
         if not ids:
             raise RenderError("the chat template renders it to no tokens")
         return text, ids
+
+
+    def _check_tool_use(self, messages: Sequence[dict], tools: Sequence[dict] | None) -> None:
+        """RenderError when the row has tools or tool calls and the template never reads them (they would be left
+        out of the prompt without a word)."""
+        if tools is not None and not self._template_reads(True, "tools"):
+            raise RenderError("the row has tools and the chat template never reads `tools`: they would be left out "
+                              "of the prompt; use a template that supports tools (data.chat_template = a Jinja file)")
+        if any("tool_calls" in m for m in messages) and not self._template_reads(tools is not None, "tool_calls"):
+            raise RenderError("an assistant message has tool_calls and the chat template never reads `tool_calls`: "
+                              "they would be left out of the prompt; use a template that supports tools")
+
+    def _template_reads(self, with_tools: bool, name: str) -> bool:
+        """Whether the template ``apply_chat_template`` would use mentions ``name`` (a variable or attribute)."""
+        key = (with_tools, name)
+        if key not in self._reads:
+            source = self.template or getattr(self.tokenizer, "chat_template", None) or ""
+            if isinstance(source, dict):  # named templates: transformers takes "tool_use" for a call with tools
+                source = source.get("tool_use" if with_tools and "tool_use" in source else "default", "")
+            self._reads[key] = _mentions(source, name)
+        return self._reads[key]
+
+
+def _mentions(template: str, name: str) -> bool:
+    """``name`` appears in the Jinja template as a word (a variable it reads, an attribute or key it looks up)."""
+    import re
+
+    return re.search(rf"\b{re.escape(name)}\b", template) is not None
 
 
 def _described(exc: Exception) -> str:

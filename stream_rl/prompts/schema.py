@@ -13,12 +13,16 @@ field          accepted values                                            when a
 ``prompt_id``  a string matching ``schemas.ID_PATTERN``, <= 200 chars     ``line{N}`` (JSON lines) / ``row{N}``
 ``answer``     a string, or an integer (published as its decimal form)   ``None``
 ``metadata``   an object (Parquet: map or struct) of string -> string    ``{}``
+``tools``      a list of function specs, or a JSON string of one          no tools
 =============  =========================================================  ========================================
 
-A record has ``text`` XOR ``messages``. A message is an object with ``role`` (one of :data:`ROLES`) and
-``content`` (a string with a non-whitespace character), optionally ``name`` / ``tool_call_id`` (strings); null
-members are ignored (a Parquet struct carries every key of every row). A message's problem names its field as
-``messages.I.key`` (``I`` 0-based), under the column it came from (``prompt.1.role`` for verl / TRL files).
+A record has ``text`` XOR ``messages``. A message is an object with ``role`` (one of :data:`ROLES`) and ``content``
+(a string with a non-whitespace character), optionally ``name`` / ``tool_call_id`` (strings) and, for an assistant,
+``tool_calls`` in OpenAI's format (then ``content`` may be empty or absent); null members are ignored (a Parquet
+struct carries every key of every row). ``tool_calls`` and ``tools`` are checked and normalised by
+:mod:`stream_rl.prompts.tools`; ``tools`` goes with a conversational prompt to its chat template. A message's
+problem names its field as ``messages.I.key`` (``I`` 0-based), under the column it came from (``prompt.1.role`` for
+verl / TRL files).
 
 Guarantees: every problem carries the line and the field; a message quotes ids, field names and type names but
 never a prompt or answer value, so reports and logs stay free of sample text. Fields outside the table are
@@ -32,7 +36,7 @@ from dataclasses import dataclass, field
 
 from schemas.ids import ID_PATTERN, PROMPT_ID_MAX_LEN
 
-KNOWN_FIELDS = ("prompt_id", "text", "messages", "answer", "metadata")
+KNOWN_FIELDS = ("prompt_id", "text", "messages", "answer", "metadata", "tools")
 ROLES = ("system", "user", "assistant", "tool")
 """The roles a message may have (OpenAI's chat format)."""
 OPTIONAL_MESSAGE_KEYS = ("name", "tool_call_id")
@@ -54,9 +58,10 @@ class PromptRow:
     answer: str | None
     metadata: dict[str, str]
     line: int = field(default=0, compare=False)
-    messages: list[dict[str, str]] | None = None  # a conversational prompt: ``text`` is its rendering, once rendered
+    messages: list[dict] | None = None  # a conversational prompt: ``text`` is its rendering, once rendered
     prompt_token_ids: tuple[int, ...] | None = None  # the rendered prompt's ids (conversational prompts only)
     prompt_field: str = field(default="text", compare=False)  # the column the prompt came from, for problems
+    tools: list[dict] | None = None  # function specs the chat template renders with the messages
 
     @property
     def conversational(self) -> bool:
@@ -113,11 +118,26 @@ def row_from_record(record: object, line: int, default_id: str,
     prompt_id = _prompt_id(record.get("prompt_id"), line, default_id, problems, names.get("prompt_id", "prompt_id"))
     answer = _answer(record.get("answer"), line, problems, names.get("answer", "answer"))
     metadata = _metadata(record.get("metadata"), line, problems)
+    tools = _tools(record.get("tools"), record.get("messages") is not None, line, problems,
+                   names.get("tools", "tools"))
     if problems:
         return None, problems
     source = names.get("messages" if messages is not None else "text",
                        "messages" if messages is not None else "text")
-    return PromptRow(prompt_id, text, answer, metadata, line, messages=messages, prompt_field=source), []
+    return PromptRow(prompt_id, text, answer, metadata, line, messages=messages, prompt_field=source,
+                     tools=tools), []
+
+
+def _tools(value: object, conversational: bool, line: int, problems: list[Problem], name: str) -> list[dict] | None:
+    if value is None:
+        return None
+    if not conversational:
+        problems.append(Problem(line, name, "tools go with a conversational prompt (messages): a text prompt is "
+                                "given to the policy as it is"))
+        return None
+    from stream_rl.prompts.tools import tools  # it builds on this module's Problem
+
+    return tools(value, line, problems, name)
 
 
 def _prompt(record: dict, line: int, names: dict[str, str],
@@ -145,34 +165,57 @@ def _messages(value: object, line: int, problems: list[Problem], name: str) -> l
     return out if len(problems) == before else None
 
 
-def _message(item: object, line: int, problems: list[Problem], where: str) -> dict[str, str]:
+def _message(item: object, line: int, problems: list[Problem], where: str) -> dict:
     if not isinstance(item, dict):
         problems.append(Problem(line, where, f"expected an object with role and content, got {type_name(item)}"))
         return {}
-    role, content = item.get("role"), item.get("content")
+    role = item.get("role")
     if role is None:
         problems.append(Problem(line, f"{where}.role", f"missing (one of {', '.join(ROLES)})"))
     elif not isinstance(role, str) or role not in ROLES:
         shown = f"{role[:40]!r}" if isinstance(role, str) else type_name(role)
         problems.append(Problem(line, f"{where}.role", f"unknown role {shown} (expected one of {', '.join(ROLES)})"))
-    if content is None:
-        problems.append(Problem(line, f"{where}.content", "missing (every message needs a non-empty string)"))
-    elif not isinstance(content, str):
-        problems.append(Problem(line, f"{where}.content", f"expected a string, got {type_name(content)}"))
-    elif not content.strip():
-        problems.append(Problem(line, f"{where}.content", "empty or whitespace only"))
-    out = {"role": role, "content": content}
+    calls = _tool_calls(item, role, line, problems, where)
+    out = {"role": role, **_content(item.get("content"), item.get("tool_calls") is not None, line, problems, where)}
+    if calls is not None:
+        out["tool_calls"] = calls
     for key, extra in item.items():
-        if key in ("role", "content") or extra is None:
+        if key in ("role", "content", "tool_calls") or extra is None:
             continue
         if key not in OPTIONAL_MESSAGE_KEYS:
-            problems.append(Problem(line, f"{where}.{key}", f"unknown key (allowed: role, content, "
+            problems.append(Problem(line, f"{where}.{key}", f"unknown key (allowed: role, content, tool_calls, "
                                     f"{', '.join(OPTIONAL_MESSAGE_KEYS)})"))
         elif not isinstance(extra, str):
             problems.append(Problem(line, f"{where}.{key}", f"expected a string, got {type_name(extra)}"))
         else:
             out[key] = extra
     return out
+
+
+def _content(content: object, calls: bool, line: int, problems: list[Problem], where: str) -> dict:
+    """``{"content": ...}``; an assistant turn with tool calls may have none (left out) or an empty one."""
+    if content is None and calls:
+        return {}
+    if content is None:
+        problems.append(Problem(line, f"{where}.content", "missing (every message needs a non-empty string)"))
+    elif not isinstance(content, str):
+        problems.append(Problem(line, f"{where}.content", f"expected a string, got {type_name(content)}"))
+    elif not content.strip() and not calls:
+        problems.append(Problem(line, f"{where}.content", "empty or whitespace only"))
+    return {"content": content}
+
+
+def _tool_calls(item: dict, role: object, line: int, problems: list[Problem], where: str) -> list[dict] | None:
+    """The message's checked ``tool_calls`` (:mod:`stream_rl.prompts.tools`); only an assistant makes them."""
+    value = item.get("tool_calls")
+    if value is None:
+        return None
+    if role != "assistant":
+        problems.append(Problem(line, f"{where}.tool_calls", "only an assistant message has tool calls"))
+        return None
+    from stream_rl.prompts.tools import tool_calls  # it builds on this module's Problem
+
+    return tool_calls(value, line, problems, f"{where}.tool_calls")
 
 
 def _text(value: object, line: int, problems: list[Problem], name: str = "text") -> str:

@@ -11,6 +11,10 @@ Guarantees:
   key, no empty list, finite non-zero weights, no function twice in one list, at least one route or a default.
 - A rollout whose value (or missing key) has no route and no default raises :class:`UnroutedError`, whose message
   names the key and the value (the scorer dead-letters the rollout with it): no reward is guessed.
+- A fall-through is visible: a value with no route that the default scores (e.g. verl's MATH
+  ``DigitalLearningGmbH/MATH-lighteval`` under a ``"math"`` route, scored by a ``gsm8k`` default) is described by
+  :func:`fall_through` (the prompt loader warns with it, per value), and :class:`RewardRouter` logs it once per
+  value at WARNING, so a verifier changed by a misspelt source name shows in the scorer's log.
 - Combination (one rule, the scorer's)::
 
       reward            = sum_i w_i * r_i
@@ -21,6 +25,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +42,8 @@ from stream_rl.rewards.contract import (
     parse_reference,
 )
 from stream_rl.rewards.verifiers import VERIFIERS
+
+log = logging.getLogger(__name__)
 
 
 class UnroutedError(LookupError):
@@ -118,6 +125,19 @@ def route(routes: RewardRoutes, metadata: Mapping[str, str]) -> tuple[RewardTerm
     raise UnroutedError(routes.by, value, list(routes.routes))
 
 
+def fall_through(routes: RewardRoutes, metadata: Mapping[str, str]) -> str | None:
+    """None when ``metadata``'s value has a route, when there is no default (nothing falls through) or no route
+    (the default is the only rule); else the line saying that the default scores it, naming the value, the
+    default's functions and the routes there are."""
+    value = metadata.get(routes.by)
+    if routes.default is None or not routes.routes or (value is not None and value in routes.routes):
+        return None
+    what = f"{routes.by}={value!r}" if value is not None else f"a prompt without metadata {routes.by!r}"
+    default = ", ".join(t.fn for t in routes.default)
+    return (f"{what} has no reward route: scored by the default [{default}] (scorer.rewards.routes: "
+            f"{sorted(routes.routes)})")
+
+
 def resolve_fn(fn: str) -> RewardFn:
     """The callable of a term: a built-in verifier's ``reward`` or the imported ``module:function``."""
     return VERIFIERS[fn].reward if fn in VERIFIERS else load_reward_fn(check_fn_name(fn))
@@ -153,6 +173,7 @@ class RewardRouter:
 
     routes: RewardRoutes
     fns: Mapping[str, RewardFn]
+    _fell_through: set[str | None] = field(default_factory=set, compare=False, repr=False)  # values logged
 
     @classmethod
     def load(cls, routes: RewardRoutes) -> RewardRouter:
@@ -163,6 +184,7 @@ class RewardRouter:
               response_length: int) -> RoutedReward:
         """The routed reward of one rollout; UnroutedError (no route) or RewardValueError (a function failed)."""
         terms = route(self.routes, metadata)
+        self._log_fall_through(metadata)
         outputs = []
         for term in terms:
             try:
@@ -171,3 +193,13 @@ class RewardRouter:
             except RewardValueError as exc:
                 raise RewardValueError(f"reward {term.fn!r}: {exc}") from exc.__cause__
         return combine(terms, outputs, response_length)
+
+    def _log_fall_through(self, metadata: Mapping[str, str]) -> None:
+        """Log :func:`fall_through` once per metadata value (a bounded set: the data's sources)."""
+        value = metadata.get(self.routes.by)
+        if value in self._fell_through or (value is not None and value in self.routes.routes):
+            return
+        line = fall_through(self.routes, metadata)
+        if line is not None and len(self._fell_through) < 1000:
+            self._fell_through.add(value)
+            log.warning("%s", line)

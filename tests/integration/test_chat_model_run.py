@@ -10,6 +10,7 @@ generation -> routed reward -> training steps -> `stream-rl replay` shows the re
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -58,17 +59,17 @@ checkpoint_every = 100
 """
 
 
-def _verl_parquet(path: Path) -> list[list[dict]]:
+def _verl_parquet(path: Path, questions=QUESTIONS) -> list[list[dict]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    messages = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": q}] for q, _, _ in QUESTIONS]
+    messages = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": q}] for q, _, _ in questions]
     table = pa.table({
-        "data_source": [source for _, _, source in QUESTIONS],
+        "data_source": [source for _, _, source in questions],
         "prompt": messages,
-        "ability": ["math"] * len(QUESTIONS),
-        "reward_model": [{"style": "rule", "ground_truth": a} for _, a, _ in QUESTIONS],
-        "extra_info": [{"split": "train", "index": i} for i in range(len(QUESTIONS))],
+        "ability": ["math"] * len(questions),
+        "reward_model": [{"style": "rule", "ground_truth": a} for _, a, _ in questions],
+        "extra_info": [{"split": "train", "index": i} for i in range(len(questions))],
     })
     pq.write_table(table, path)
     return messages
@@ -140,3 +141,23 @@ def test_the_gpu_recipe_resolves_with_dry_run(tmp_path):
     assert resolved["scorer"]["rewards"]["routes"]["openai/gsm8k"] == [{"fn": "gsm8k", "weight": 1.0}]
     assert resolved["run"]["prompts_file"].endswith("train.parquet")
     assert resolved["run"]["demo_dir"] is None
+
+
+def test_the_cpu_chat_recipe_trains_a_users_instruct_model_as_shipped(broker, tmp_path, run_name):
+    """configs/chat_cpu.toml, changed only where a user must (paths) and where a test must (tokens, steps, and
+    epochs: the test's data set has 4 prompts, one step's worth)."""
+    model = build_chat_model_dir(tmp_path / "instruct")
+    data = tmp_path / "train.parquet"
+    _verl_parquet(data, [(f"What is {a}+{b}? End with #### N.", str(a + b), "openai/gsm8k") for a, b in
+                         ((2, 3), (4, 4), (1, 6), (3, 5))])
+    run_dir = tmp_path / "run"
+    result = _cli(["run", "-c", str(REPO_ROOT / "configs" / "chat_cpu.toml"), "--bootstrap", broker.bootstrap,
+                   "--run", run_name, "--max-steps", "2", "--set", f"run.prompts_file={data}",
+                   "--set", f"producer.model_dir={model}", "--set", f"trainer.model_dir={model}",
+                   "--set", "producer.max_new_tokens=8", "--set", "run.epochs=3", "--set", f"run_dir={run_dir}"],
+                  tmp_path, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [row for row in rows if "step" in row]
+    assert [row["step"] for row in steps][-1] == 2
+    assert all(math.isfinite(row["loss/policy"]) for row in steps), steps

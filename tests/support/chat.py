@@ -15,15 +15,24 @@ Guarantees:
   ``add_generation_prompt=True`` appends ``<|im_start|>assistant\\n``, and then ``enable_thinking=False`` (a template
   kwarg, as Qwen3's) appends an empty think block ``<think>\\n\\n</think>\\n\\n``. :func:`render_chatml` is the same
   rendering written in Python, for expected values in tests.
+- :data:`TOOLS_TEMPLATE` is Qwen2.5's tool-use template (its structure and markers, written out here): with
+  ``tools`` a system turn lists each spec as JSON inside ``<tools></tools>``; an assistant turn with ``tool_calls``
+  writes each call as ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``; ``tool`` messages become
+  ``<tool_response>`` blocks of a user turn.
 - :data:`RAISING_TEMPLATE` raises (``raise_exception``) on a message whose role is ``tool``; a template that
   raises, for error-path tests.
 - Decoding joins characters with nothing in between (``Fuse``), so ``decode(encode(text))`` is ``text`` for text
   within ``CHARACTERS``. Padding is on the left, as generation needs.
+- Other templates (``tests/support/templates/``, sources in its ``SOURCES.md``): :data:`TEMPLATE_SPECS` names each
+  with the markers it writes and its eos/bos; :func:`build_template_tokenizer` builds the same character tokenizer
+  with those markers as special tokens appended after ``CHARACTERS`` (one id each) and that eos/bos, so the
+  existing ids and callers are unchanged.
 """
 
 from __future__ import annotations
 
 import string
+from dataclasses import dataclass
 from pathlib import Path
 
 PAD, UNK, IM_START, IM_END = "<pad>", "<unk>", "<|im_start|>", "<|im_end|>"
@@ -39,6 +48,39 @@ CHATML_TEMPLATE = (
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
     "{%- if enable_thinking is defined and not enable_thinking %}{{ '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
     "{%- endif %}"
+)
+
+TOOLS_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}"
+    "{%- else %}{{- 'You are a helpful assistant.' }}{%- endif %}"
+    "{{- '\\n\\n# Tools\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '\\n</tools><|im_end|>\\n' }}"
+    "{%- elif messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) or "
+    "(message.role == 'assistant' and not message.tool_calls) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}"
+    "{{- '<|im_start|>' + message.role }}"
+    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    "{%- for tool_call in message.tool_calls %}"
+    "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' }}{{- tool_call.name }}{{- '\", \"arguments\": ' }}"
+    "{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != 'tool') %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}"
+    "{%- if loop.last or (messages[loop.index0 + 1].role != 'tool') %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
 RAISING_TEMPLATE = (
@@ -61,21 +103,26 @@ def render_chatml(messages: list[dict[str, str]], add_generation_prompt: bool = 
     return text
 
 
-def build_chat_tokenizer(chat_template: str | None = CHATML_TEMPLATE):
-    """A fresh character-level chat tokenizer (``len(SPECIAL_TOKENS) + len(CHARACTERS)`` tokens).
+def build_chat_tokenizer(chat_template: str | None = CHATML_TEMPLATE, *, specials: tuple[str, ...] = (),
+                         eos: str = IM_END, bos: str | None = None):
+    """A fresh character-level chat tokenizer (``len(SPECIAL_TOKENS) + len(CHARACTERS)`` tokens, then
+    ``specials`` not already among them, each a special token).
 
     ``chat_template=None`` builds the same tokenizer without a template (for "no template" error paths).
+    ``eos`` / ``bos`` (each one of the special tokens) are the tokenizer's eos and bos tokens.
     """
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + CHARACTERS)}
+    markers = SPECIAL_TOKENS + tuple(dict.fromkeys(t for t in specials if t not in SPECIAL_TOKENS))
+    vocab = {token: index for index, token in enumerate(markers[:len(SPECIAL_TOKENS)] + CHARACTERS
+                                                        + markers[len(SPECIAL_TOKENS):])}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.Split(Regex(""), behavior="isolated")
     core.decoder = decoders.Fuse()
-    core.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in SPECIAL_TOKENS])
+    core.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in markers])
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token=PAD, unk_token=UNK, eos_token=IM_END,
+        tokenizer_object=core, pad_token=PAD, unk_token=UNK, eos_token=eos, bos_token=bos,
         padding_side="left", model_max_length=MAX_LENGTH, clean_up_tokenization_spaces=False,
     )
     if chat_template is not None:
@@ -89,3 +136,46 @@ def save_chat_tokenizer(directory: Path, chat_template: str | None = CHATML_TEMP
     directory.mkdir(parents=True, exist_ok=True)
     build_chat_tokenizer(chat_template).save_pretrained(directory)
     return directory
+
+
+TEMPLATES_DIR = Path(__file__).parent / "templates"
+
+
+@dataclass(frozen=True)
+class TemplateSpec:
+    """A chat template of ``TEMPLATES_DIR`` (or ChatML) with the markers it writes and its tokenizer's eos/bos."""
+
+    name: str
+    file: str | None  # None: CHATML_TEMPLATE
+    specials: tuple[str, ...]
+    eos: str
+    bos: str | None = None
+
+    @property
+    def template(self) -> str:
+        return CHATML_TEMPLATE if self.file is None else (TEMPLATES_DIR / self.file).read_text(encoding="utf-8")
+
+
+_DEEPSEEK = ("<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<\uff5cend\u2581of\u2581sentence\uff5c>",
+             "<\uff5cUser\uff5c>", "<\uff5cAssistant\uff5c>")
+_LLAMA3 = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+TEMPLATE_SPECS = {spec.name: spec for spec in (
+    TemplateSpec("chatml", None, (), IM_END),
+    TemplateSpec("qwen2.5", "qwen2.5-instruct.jinja", ("<|endoftext|>",), IM_END),
+    TemplateSpec("phi-4", "phi-4.jinja", ("<|im_sep|>",), IM_END),
+    TemplateSpec("llama-3.1-like", "llama-3.1-like.jinja", _LLAMA3, "<|eot_id|>", "<|begin_of_text|>"),
+    TemplateSpec("gemma-2-like", "gemma-2-like.jinja", ("<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"),
+                 "<eos>", "<bos>"),
+    TemplateSpec("phi-3.5", "phi-3.5-mini-instruct.jinja",
+                 ("<s>", "<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"), "<|endoftext|>"),
+    TemplateSpec("mistral-v0.3-like", "mistral-v0.3-like.jinja", ("<s>", "</s>", "[INST]", "[/INST]"), "</s>",
+                 "<s>"),
+    TemplateSpec("deepseek-r1-distill", "deepseek-r1-distill.jinja", _DEEPSEEK, _DEEPSEEK[1], _DEEPSEEK[0]),
+)}
+
+
+def build_template_tokenizer(name: str):
+    """:func:`build_chat_tokenizer` for ``TEMPLATE_SPECS[name]``: its template, its markers as special tokens, its
+    eos and bos."""
+    spec = TEMPLATE_SPECS[name]
+    return build_chat_tokenizer(spec.template, specials=spec.specials, eos=spec.eos, bos=spec.bos)

@@ -1,62 +1,101 @@
 """Built-in verifiers: pull a final answer out of a response and compare it with the reference answer.
 
-Consumes: a response text (what the policy wrote) and a reference answer (the dataset's ground truth).
+Consumes: a response text (what the policy wrote, of any length and content) and a reference answer (the dataset's
+ground truth).
 Produces: for each verifier, ``extract(text) -> str | None`` (the canonical answer found, None when there is none)
 and ``score(response, answer) -> float`` (1.0 when the extracted answer equals the reference's, else 0.0); the
 registry :data:`VERIFIERS` by short name (``gsm8k``, ``math_boxed``, ``multiple_choice``), each also callable as a
 reward function (``Verifier.reward``, the contract of :mod:`stream_rl.rewards.contract`).
-Guarantees: pure; the reference answer goes through the same parser as the response (a verl ground truth ``72``
-and a raw GSM8K solution ending in ``#### 72`` both work); a reference answer that is missing or has no answer in
-it raises ``ValueError`` naming it (the scorer dead-letters that rollout, no reward is guessed). Trailing
-end-of-sequence / padding markers (``<eos>``, ``</s>``, ``<|endoftext|>``, ``<|im_end|>``, ``<pad>``) are ignored.
+Guarantees: pure; linear time in the text (a scan with ``str`` methods, one-pass brace matching, regexes that are
+literals, character classes, or run on a bounded window; no regex can backtrack over an unbounded span: a
+degenerate output of 100,000 characters costs milliseconds, and no call holds the GIL for long); the reference
+answer goes through the same parser as the response (a verl ground truth ``72`` and a raw GSM8K solution ending
+in ``#### 72`` both work); a reference answer that is missing or has no answer in it raises ``ValueError`` naming
+it (the scorer dead-letters that rollout, no reward is guessed). Trailing end-of-sequence / padding markers
+(``<eos>``, ``</s>``, ``<|endoftext|>``, ``<|im_end|>``, ``<pad>``) and whitespace are ignored.
 
 The exact rules (docs/rewards.md repeats them):
 
 ``gsm8k``
-    The text after the last ``####``, else (no ``####``) the whole response; in it, the first number after
-    ``####`` or the last number of a response without ``####``. A number is an optional sign (``-``, ``+``,
-    ``−``), an optional ``$``, digits with optional thousands commas (``1,234``; ``1,2`` is two numbers) and an
-    optional decimal part. Canonical form: commas and ``$`` dropped, exact decimal value without trailing zeros
-    (``3.50`` -> ``3.5``, ``4.0`` -> ``4``, ``-0`` -> ``0``). Trailing units and words are ignored
-    (``42 apples`` -> ``42``).
+    The first number after the last ``####`` (or, when the text after it has no number, the English number words
+    it starts with: ``#### thirty-five`` -> ``35``); without ``####``, the number right after the last "answer is" /
+    "answer:" (``answer`` in any case; ``**``, ``$`` and spaces may come between: ``The answer is: **$1,200**``),
+    else the last number of the response. A number is an optional sign (``-``, ``+``,
+    ``−``, only where it is not glued to a word or digit before it: ``3-4`` is ``3`` and ``4``), an optional
+    ``$`` (at most one space on each side), ASCII digits with optional thousands commas (a first group of 1-3
+    digits, then groups of exactly 3: ``1,234``; in ``1,2`` or ``1,234,56`` every comma separates numbers) and an
+    optional decimal part (``.5`` too). Digits glued to a word or a ``.`` before them (``x2``, ``v1.2.3``'s
+    ``2``) are not a number; a number of more than 100 characters is not a number (degenerate output).
+    Canonical form: commas and ``$`` dropped, exact decimal value without trailing zeros (``3.50`` -> ``3.5``,
+    ``4.0`` -> ``4``, ``-0`` -> ``0``). Trailing units and words are ignored (``42 apples`` -> ``42``).
 ``math_boxed``
-    The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``, nested braces balanced; ``\\boxed 5`` too),
-    normalised (:func:`normalize_math`): spaces, ``\\left``/``\\right``, ``\\!``/``\\,``/``\\;``/``\\:``, ``$``, a
-    trailing ``.``, degrees (``^\\circ``, ``^{\\circ}``, ``°``), ``\\%``/``%`` and a trailing ``\\text{...}`` unit
-    dropped; other ``\\text{x}``/``\\mathrm{x}``/``\\textbf{x}``/``\\mbox{x}`` unwrapped; ``\\dfrac``/``\\tfrac`` ->
-    ``\\frac``, ``\\frac12`` -> ``\\frac{1}{2}``, ``\\sqrt2`` -> ``\\sqrt{2}``; ``x=5`` -> ``5`` (one ``=`` with a
-    one-letter left side); thousands commas in a plain integer dropped. Two answers are equal when their
-    normalised strings are equal, or when both are rational numbers (an integer, a decimal, ``a/b`` or
-    ``\\frac{a}{b}`` with integer ``a``, ``b`` and an optional sign) of exactly the same value: ``\\frac{1}{2}`` =
-    ``\\dfrac12`` = ``1/2`` = ``0.5``, but ``0.333`` != ``\\frac{1}{3}`` (no tolerance).
+    The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) whose braces balance (nested braces too;
+    ``\\boxed 5`` too), normalised (:func:`~stream_rl.rewards.math_equal.normalize_math`): ``\\$``, ``$``,
+    ``\\left``/``\\right``, ``\\displaystyle``/``\\textstyle``, ``\\!``/``\\,``/``\\;``/``\\:``/``\\>``/``\\ ``,
+    ``\\quad``/``\\qquad``, ``~`` and spaces dropped (one space kept between a command and a letter:
+    ``\\pi r``); ``{,}`` -> ``,``; degrees (``^\\circ``, ``^{\\circ}``, ``°``), ``\\%``/``%`` and a trailing ``.``
+    dropped; a trailing ``\\text{...}``/``\\mbox{...}``/``\\mathrm{...}`` unit after something else dropped, with
+    an optional power (``5\\text{ cm}^2`` -> ``5``); other ``\\text``, ``\\textrm``, ``\\textbf``, ``\\mbox``,
+    ``\\mathrm``, ``\\mathbf``, ``\\boldsymbol`` wrappers unwrapped; ``\\dfrac``/``\\tfrac`` -> ``\\frac``,
+    ``\\frac12`` -> ``\\frac{1}{2}``, ``\\sqrt2`` -> ``\\sqrt{2}``; ``x=5`` -> ``5`` (one ``=`` with a one-letter
+    left side); thousands commas in a plain number dropped; a letter in parentheses ``(C)`` -> ``C``. Two answers
+    are equal when (1) their normalised strings are equal; else (2) when both are rational numbers (an integer, a
+    decimal, ``a/b`` or ``\\frac{a}{b}`` with integer ``a``, ``b`` and an optional sign, in front or on ``a``):
+    exactly when their values are equal (``\\frac{1}{2}`` = ``1/2`` = ``0.5``; ``0.333`` != ``\\frac{1}{3}``, no
+    tolerance); else (3) when either is a plain word (``Paris``): the words compared case-blind; else (4) when
+    HF math-verify (sympy) says the response's answer equals the reference's (``\\frac{\\sqrt2}{2}`` =
+    ``\\sqrt{2}/2``, ``2\\sqrt2`` = ``\\sqrt8``, ``(x+1)^2`` = ``x^2+2x+1``, ``\\{1,2\\}`` = ``\\{2,1\\}``,
+    ``x\\in[2,5)`` = ``[2,5)``), asked only of answers that pass
+    :func:`~stream_rl.rewards.math_equal.bounded_for_math_verify` (at most 128 characters, allowlisted commands,
+    no factorial or power tower: its cost is bounded); other pairs are unequal.
 ``multiple_choice``
-    A letter A-E, found by the first rule that matches: (1) the last "answer is X" / "answer: X" (``answer`` in any
-    case; X upper case, optionally in ``()``, ``[]`` or ``**``; a lower-case x only in brackets or followed by
-    the end, ``.``, ``,``, ``;`` or ``)``: "the answer is a number" finds nothing); (2) the last ``\\boxed{X}``;
-    (3) the response starts with the letter as its own token: ``C``, ``C.``, ``C)``, ``(C)``, ``**C**``,
-    ``C: Paris`` (upper case; lower case only when it is the whole response), not ``A dog ...``. Canonical form:
-    the upper-case letter.
+    A letter A-E, found by the first rule that matches: (1) the last "answer is X" / "answer: X" / "answer is: X"
+    / "answer is... X" (``answer`` in any case, then ``is`` and/or ``:``; at most 8 spaces between the parts; an
+    optional ``option``/``choice`` word; X upper case, optionally in ``()``, ``[]``, ``**`` or ``__``, not followed
+    by a letter or digit; a lower-case x only in
+    brackets or followed by the end, ``.``, ``,``, ``;`` or ``)``: "the answer is a number" and "Answer C is a
+    distractor" find nothing); (2) the last ``\\boxed{X}`` (``\\boxed{\\text{(B)}}`` too); (3) the response
+    starts with the letter as its own token, optionally after ``Option``/``Choice``: ``C``, ``C.``, ``C)``,
+    ``(C)``, ``**C**``, ``C: Paris``, ``Option C`` (upper case; lower case only when it is the whole response),
+    not ``A dog ...``. Canonical form: the upper-case
+    letter.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
-from fractions import Fraction
+from decimal import Decimal
 
-_TRAILING_MARKERS = re.compile(r"(?:<eos>|</s>|<\|endoftext\|>|<\|im_end\|>|<pad>|\s)+$")
+from stream_rl.rewards.math_equal import last_boxed, math_equal, normalize_math
+
+__all__ = ["VERIFIERS", "Verifier", "canonical_number", "gsm8k_extract", "last_boxed", "math_boxed_extract",
+           "math_equal", "multiple_choice_extract", "normalize_math", "strip_response"]
+
+_END_MARKERS = ("<eos>", "</s>", "<|endoftext|>", "<|im_end|>", "<pad>")
 
 
 def strip_response(response: str) -> str:
-    """``response`` without trailing end/padding markers and surrounding whitespace."""
-    return _TRAILING_MARKERS.sub("", response).strip()
+    """``response`` without trailing end/padding markers and surrounding whitespace (one backward scan)."""
+    end = len(response)
+    while True:
+        while end and response[end - 1].isspace():
+            end -= 1
+        marker = next((m for m in _END_MARKERS if response.endswith(m, 0, end)), None)
+        if marker is None:
+            return response[:end].lstrip()
+        end -= len(marker)
 
 
 # --- gsm8k ----------------------------------------------------------------------------------------------------
 
-_GSM_NUMBER = re.compile(r"(?<![\w.])([-+\u2212]?)\s?\$?\s?((?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?![\d,]\d)")
+_RUN = re.compile(r"[0-9.,]+")
+_ANSWER = re.compile(r"answer", re.IGNORECASE)
+_DIGIT_RUN = re.compile(r"[0-9]*")
+_DIGITS = frozenset("0123456789")
+_SIGNS = ("-", "+", "\u2212")
+_MAX_NUMBER_CHARS = 100
 
 
 def canonical_number(sign: str, digits: str) -> str:
@@ -67,114 +106,131 @@ def canonical_number(sign: str, digits: str) -> str:
     return "0" if value == 0 else format(value.normalize(), "f")
 
 
+def _digits_end(run: str, i: int) -> int:
+    return _DIGIT_RUN.match(run, i).end()
+
+
+def _run_numbers(run: str) -> Iterator[tuple[int, str]]:
+    """``(offset, number)`` for each number in ``run``, a maximal run of digits, commas and dots (the
+    ``gsm8k`` rule of the module docstring). Each character is visited a bounded number of times."""
+    i, n = 0, len(run)
+    while i < n:
+        if run[i] == "." and (i == 0 or run[i - 1] == ",") and _digits_end(run, i + 1) > i + 1:
+            end = _digits_end(run, i + 1)  # ".5"
+            yield i, run[i:end]
+            i = end
+        elif run[i] not in _DIGITS:
+            i += 1
+        elif i and run[i - 1] == ".":  # "1.2.3": digits glued to a dot are not a number
+            i = _digits_end(run, i)
+        else:
+            i = yield from _number_at(run, i)
+
+
+def _number_at(run: str, i: int) -> Iterator[tuple[int, str]]:
+    """The number(s) that start with the digit ``run[i]``; returns the index after what was consumed."""
+    groups, k = [i], _digits_end(run, i)
+    while run[k:k + 1] == "," and _digits_end(run, k + 1) > k + 1:
+        groups.append(k + 1)
+        k = _digits_end(run, k + 1)
+    widths = [_digits_end(run, g) - g for g in groups]
+    if len(groups) > 1 and (widths[0] > 3 or any(w != 3 for w in widths[1:])):  # "1,2": a list of numbers
+        for g, w in zip(groups[:-1], widths[:-1]):
+            yield g, run[g:g + w]
+        return groups[-1]  # the last group starts a number of its own (it may have decimals)
+    if run[k:k + 1] == "." and _digits_end(run, k + 1) > k + 1:
+        k = _digits_end(run, k + 1)
+    yield i, run[i:k]
+    return k
+
+
+def _sign_before(text: str, start: int) -> str:
+    """The sign of the number at ``text[start]``: ``[sign][space][$][space]`` before it, the sign not glued."""
+    k = start
+    for wanted in (str.isspace, "$".__eq__, str.isspace):
+        if k and wanted(text[k - 1]):
+            k -= 1
+    if k and text[k - 1] in _SIGNS and not (k > 1 and _glued(text[k - 2])):
+        return text[k - 1]
+    return ""
+
+
+def _glued(ch: str) -> bool:
+    return ch.isalnum() or ch in "_."
+
+
+def _numbers(text: str, pos: int = 0, endpos: int | None = None) -> Iterator[tuple[int, str, str]]:
+    """``(start, sign, digits)`` of each number of ``text[pos:endpos]`` in order (module docstring, ``gsm8k``)."""
+    for run in _RUN.finditer(text, pos, len(text) if endpos is None else endpos):
+        start = run.start()
+        if start and _glued(text[start - 1]):  # "x2": glued to a word
+            continue
+        for offset, digits in _run_numbers(run.group()):
+            if len(digits) <= _MAX_NUMBER_CHARS:
+                yield start + offset, (_sign_before(text, start) if offset == 0 else ""), digits
+
+
+_GSM_ANSWER = re.compile(r"\s{0,8}(?:(?i:is)\b\s{0,8}:?|:)[\s*$]{0,8}[-+\u2212]?")  # after "answer"
+
+
+def _stated_answer(text: str) -> tuple[int, str, str] | None:
+    """The number that directly follows the last "answer is" / "answer:" (``**``, ``$``, spaces between)."""
+    for answer in reversed(list(_ANSWER.finditer(text))):
+        lead = _GSM_ANSWER.match(text, answer.end(), answer.end() + 32)
+        if lead is None:
+            continue
+        first = next(_numbers(text, lead.end(), lead.end() + _MAX_NUMBER_CHARS + 1), None)
+        return first if first is not None and first[0] == lead.end() else None
+    return None
+
+
+_UNITS = {w: i for i, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    "seventeen eighteen nineteen".split())}
+_TENS = {w: 10 * i for i, w in enumerate("_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()) if i > 1}
+_SCALES = {"hundred": 100, "thousand": 1000, "million": 1_000_000}
+
+
+def number_words(text: str) -> int | None:
+    """The non-negative integer an English number phrase at the start of ``text`` spells (``thirty-five``, ``one
+    hundred and five``, ``two thousand``), or None. Bounded by the caller (at most 80 characters are passed)."""
+    words = text.lower().replace("-", " ").replace(",", " ").split()
+    total = current = 0
+    seen = False
+    for word in words:
+        word = word.strip(".!;:*")
+        if word in _UNITS or word in _TENS:
+            current += _UNITS.get(word, 0) + _TENS.get(word, 0)
+        elif word in _SCALES and seen:
+            if _SCALES[word] == 100:
+                current *= 100
+            else:
+                total, current = total + current * _SCALES[word], 0
+        elif word == "and" and seen:
+            continue
+        else:
+            break
+        seen = True
+    return total + current if seen else None
+
+
 def gsm8k_extract(text: str) -> str | None:
     """The final number of a GSM8K-style answer (module docstring, ``gsm8k``), canonical; None when none."""
     text = strip_response(text)
-    _, marker, tail = text.rpartition("####")
-    numbers = _GSM_NUMBER.findall(tail if marker else text)
-    if not numbers:
-        return None
-    sign, digits = numbers[0] if marker else numbers[-1]
-    return canonical_number(sign, digits)
+    head, marker, _ = text.rpartition("####")
+    if marker:
+        found = next(_numbers(text, len(head) + len(marker)), None)
+        if found is None:  # "#### thirty-five": the marker says the words are the answer
+            words = number_words(text[len(head) + len(marker):len(head) + len(marker) + 80])
+            return None if words is None else str(words)
+    else:
+        found = _stated_answer(text)
+        for found in (_numbers(text) if found is None else ()):
+            pass
+    return canonical_number(*found[1:]) if found else None
 
 
 # --- math_boxed -------------------------------------------------------------------------------------------------
-
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
-
-
-def _braced(text: str, start: int) -> tuple[str, int] | None:
-    """The content of the balanced ``{...}`` opening at ``text[start]`` and the index after it; None: unbalanced."""
-    depth = 0
-    for i in range(start, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start + 1:i], i + 1
-    return None
-
-
-def last_boxed(text: str) -> str | None:
-    """The raw content of the last ``\\boxed{...}`` / ``\\fbox{...}`` (or ``\\boxed X``), None when none."""
-    for match in reversed(list(_BOXED.finditer(text))):
-        end = match.end()
-        if end < len(text) and text[end] == "{":
-            found = _braced(text, end)
-            if found is not None:
-                return found[0]
-        elif match.group() != match.group().rstrip():  # "\\boxed 5": the next token
-            token = re.match(r"[^\s$]+", text[end:])
-            if token:
-                return token.group()
-    return None
-
-
-def _unwrap(text: str, command: str, keep: bool = True) -> str:
-    """Replace every ``\\command{x}`` by ``x`` (or by nothing when ``keep`` is False); braces balanced."""
-    out, i, needle = [], 0, "\\" + command + "{"
-    while (j := text.find(needle, i)) >= 0:
-        found = _braced(text, j + len(needle) - 1)
-        if found is None:
-            break
-        out.append(text[i:j] + (found[0] if keep else ""))
-        i = found[1]
-    return "".join(out) + text[i:]
-
-
-_SPACES = re.compile(r"\\[!,;:]|\\ |\\left|\\right|\s|\$")
-_DEGREES = re.compile(r"\^\{?\\circ\}?|°|\\%|%")
-_FRAC_SHORT = re.compile(r"\\frac(\d)(\d)")
-_FRAC_ONE = re.compile(r"\\frac(\d)(\{)|\\frac(\{[^{}]*\})(\d)")
-_SQRT_SHORT = re.compile(r"\\sqrt(\w)")
-_TRAILING_TEXT = re.compile(r"^(.+?)\\(?:text|mbox|mathrm)\{[^{}]*\}$")
-_THOUSANDS = re.compile(r"^-?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
-
-
-def normalize_math(answer: str) -> str:
-    """A LaTeX answer in the canonical form of the module docstring (``math_boxed``)."""
-    s = _SPACES.sub("", answer)
-    s = _DEGREES.sub("", s).rstrip(".")
-    trailing = _TRAILING_TEXT.match(s)
-    if trailing:
-        s = trailing.group(1)
-    for command in ("text", "mbox", "mathrm", "textbf"):
-        s = _unwrap(s, command)
-    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    s = _FRAC_SHORT.sub(r"\\frac{\1}{\2}", s)
-    s = _FRAC_ONE.sub(lambda m: f"\\frac{{{m[1]}}}{m[2]}" if m[1] else f"\\frac{m[3]}{{{m[4]}}}", s)
-    s = _SQRT_SHORT.sub(r"\\sqrt{\1}", s)
-    if s.count("=") == 1 and re.match(r"^[A-Za-z]=", s):
-        s = s[2:]
-    if _THOUSANDS.match(s):
-        s = s.replace(",", "")
-    return s.rstrip(".")
-
-
-_RATIONAL = re.compile(r"^([-+]?)(?:\\frac\{(\d+)\}\{(\d+)\}|(\d+)/(\d+)|(\d+(?:\.\d*)?|\.\d+))$")
-
-
-def rational_value(normalized: str) -> Fraction | None:
-    """The exact value of a normalised answer that is a rational number (``-\\frac{3}{4}``, ``3/4``, ``0.75``)."""
-    m = _RATIONAL.match(normalized)
-    if m is None:
-        return None
-    sign, num, den, num2, den2, plain = m.groups()
-    try:
-        value = Fraction(plain) if plain else Fraction(int(num or num2), int(den or den2))
-    except (ZeroDivisionError, ValueError):
-        return None
-    return -value if sign == "-" else value
-
-
-def math_equal(a: str, b: str) -> bool:
-    """Normalised ``a`` and ``b`` are equal strings, or rationals of exactly the same value."""
-    if a == b:
-        return True
-    va, vb = rational_value(a), rational_value(b)
-    return va is not None and va == vb
-
 
 def math_boxed_extract(text: str) -> str | None:
     """The normalised content of the last ``\\boxed{}`` of ``text``; None when there is none (or it is empty)."""
@@ -186,34 +242,41 @@ def math_boxed_extract(text: str) -> str | None:
 
 def _math_reference(answer: str) -> str | None:
     """A reference answer given boxed or bare, normalised."""
-    return math_boxed_extract(answer) if _BOXED.search(answer) else (normalize_math(answer) or None)
+    boxed = "\\boxed" in answer or "\\fbox" in answer
+    return math_boxed_extract(answer) if boxed else (normalize_math(answer) or None)
 
 
 # --- multiple_choice ----------------------------------------------------------------------------------------------
 
-_AFTER_LOWER = r"(?=\s*(?:$|[.,;)]))"
-_ANSWER_IS = re.compile(
-    r"(?i:answer)\s*(?:(?i:is)\s*)?[:\-]?\s*(?:\*\*|__)?\s*"
-    r"(?:[(\[]([A-Ea-e])[)\]]|([A-E])\b|([a-e])" + _AFTER_LOWER + r")")
-_START = re.compile(r"^(?:\*\*|__)?\s*(?:[(\[]([A-Ea-e])[)\]]|([A-E])(?:\*\*|__)?(?:$|[.):](?!\w)|\s*$))")
-_WHOLE_LOWER = re.compile(r"^[(\[*_]*([a-e])[)\].*_]*$")
+_AFTER_ANSWER = re.compile(  # bounded quantifiers only, run on a window of _WINDOW characters
+    r"\s{0,8}(?:(?i:is)\b(?:\.{2,3}|\u2026)?\s{0,8}:?|:)\s{0,8}(?:\*\*|__)?\s{0,8}(?:(?i:option|choice)\s{1,8})?"
+    r"(?:[(\[]([A-Ea-e])[)\]]|([A-E])(?![A-Za-z0-9])|([a-e])(?=\s{0,8}(?:$|[.,;)])))")
+_WINDOW = 96  # > the most _AFTER_ANSWER consumes (about 70): its "$" is the text's end, never the window's
+_BOXED_LETTER = re.compile(r"\(?([A-Ea-e])\)?\.?")
+_START = re.compile(r"(?:\*\*|__)?\s*(?:(?i:option|choice)\s{1,8})?"
+                    r"(?:[(\[]([A-Ea-e])[)\]]|([A-E])(?:\*\*|__)?(?:$|[.):](?!\w)|\s*$))")
+_WHOLE_LOWER = re.compile(r"[(\[*_]*([a-e])[)\].*_]*")
+
+
+def _answer_is(text: str) -> str | None:
+    """Rule (1): the letter of the last "answer is X" / "answer: X"."""
+    for answer in reversed(list(_ANSWER.finditer(text))):
+        found = _AFTER_ANSWER.match(text, answer.end(), answer.end() + _WINDOW)
+        if found:
+            return "".join(g for g in found.groups() if g)
+    return None
 
 
 def multiple_choice_extract(text: str) -> str | None:
     """The chosen letter A-E (module docstring, ``multiple_choice``), upper case; None when none is found."""
     text = strip_response(text)
-    found = _ANSWER_IS.findall(text)
-    if found:
-        return "".join(found[-1]).upper()
-    boxed = last_boxed(text)
-    if boxed is not None:
-        letter = re.fullmatch(r"\s*(?:\\text\{)?\s*\(?([A-Ea-e])\)?\s*\}?\s*", boxed)
-        if letter:
-            return letter.group(1).upper()
-    start = _START.match(text) or _WHOLE_LOWER.match(text)
-    if start:
-        return next(g for g in start.groups() if g).upper()
-    return None
+    letter = _answer_is(text)
+    if letter is None and (boxed := last_boxed(text)) is not None:
+        found = _BOXED_LETTER.fullmatch(normalize_math(boxed))
+        letter = found.group(1) if found else None
+    if letter is None and (start := _START.match(text) or _WHOLE_LOWER.fullmatch(text)):
+        letter = next(g for g in start.groups() if g)
+    return letter.upper() if letter else None
 
 
 # --- the registry -----------------------------------------------------------------------------------------------

@@ -163,3 +163,78 @@ def test_multiple_choice_extract(text, expected):
 ])
 def test_multiple_choice_score(response, answer, score):
     assert VERIFIERS["multiple_choice"].score(response, answer) == score
+
+
+@pytest.mark.parametrize("response, answer", [  # issue 40, item 2: answers every peer accepts
+    (r"\boxed{18.90}", r"\$18.90"),  # verl's MATH stores dollar answers so
+    (r"\boxed{1000}", r"1{,}000"),
+    (r"\boxed{-\frac{3}{4}}", r"\frac{-3}{4}"),
+    (r"\boxed{\frac{-3}{4}}", r"-\frac{3}{4}"),
+    (r"\boxed{\displaystyle\frac{1}{2}}", "0.5"),
+    (r"\boxed{\mathbf{5}}", "5"),
+    (r"\boxed{5\text{ cm}^2}", "5"),
+    (r"\boxed{C}", r"\text{(C)}"),
+    (r"\boxed{\frac{\sqrt2}{2}}", r"\sqrt{2}/2"),  # math-verify
+    (r"\boxed{\sqrt{8}}", r"2\sqrt{2}"),
+    (r"\boxed{(x+1)^2}", "x^2+2x+1"),
+    (r"\boxed{\begin{pmatrix} 1 \\ 2 \end{pmatrix}}", r"\begin{pmatrix}1\\2\end{pmatrix}"),
+])
+def test_math_boxed_accepts_equivalent_answers(response, answer):
+    assert VERIFIERS["math_boxed"].score(response, answer) == 1.0
+
+
+@pytest.mark.parametrize("response, answer", [
+    (r"\boxed{\frac{1}{3}}", "0.333"),
+    (r"\boxed{(2,1)}", "(1,2)"),
+    (r"\boxed{\text{Sirap}}", r"\text{Paris}"),  # a word is not a product of symbols
+    (r"\boxed{(a+b+c+d+e+f)^{4}}", "(a+b+c+d+e+f)^{3}"),  # gated out: sympy would take seconds
+    (r"\boxed{10^{10^{10}}}", "1"),  # gated out: sympy would take minutes
+])
+def test_math_boxed_rejects_different_or_unbounded_answers(response, answer):
+    assert VERIFIERS["math_boxed"].score(response, answer) == 0.0
+
+
+def test_math_verify_runs_off_the_main_thread():  # its signal-based timeouts are off
+    import threading
+
+    scores = []
+    score = VERIFIERS["math_boxed"].score
+    thread = threading.Thread(target=lambda: scores.append(score(r"\boxed{\sqrt8}", r"2\sqrt2")))
+    thread.start()
+    thread.join()
+    assert scores == [1.0]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("Answer C is a common distractor.", None),  # issue 40: no "is" or ":" after "answer"
+    ("Answer C is a common distractor. The answer is B.", "B"),
+    ("The answer is option B.", "B"),
+    ("The answer is __B__.", "B"),
+    ("So the answer is... D", "D"),
+    ("Option C", "C"),
+])
+def test_multiple_choice_answer_line_forms(text, expected):
+    assert multiple_choice_extract(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("Answer: 260\n\nNote: computed for 3 cities.", "260"),  # the number right after "answer:" wins
+    ("The answer is 42, which is 6 times 7", "42"),
+    ("the answer is the sum of 3 and 4, which is 7", "7"),  # no number right after: the last number
+    ("1,234,56", "56"),  # a broken thousands chain is a list
+    ("v1.2.3 then 9", "9"),
+])
+def test_gsm8k_stated_answer_and_lists(text, expected):
+    assert gsm8k_extract(text) == expected
+
+
+@pytest.mark.parametrize("text, value", [
+    ("thirty-five", 35), ("Thirty five.", 35), ("one hundred and five", 105), ("two thousand three hundred", 2300),
+    ("zero", 0), ("nineteen apples", 19), ("hundred", None), ("and one", None), ("", None), ("n/a", None),
+])
+def test_number_words_after_the_marker(text, value):
+    from stream_rl.rewards.verifiers import gsm8k_extract, number_words
+
+    assert number_words(text) == value
+    assert gsm8k_extract(f"so #### {text}") == (None if value is None else str(value))
+    assert gsm8k_extract(f"#### 12 {text}") == "12"  # a number after the marker wins over words

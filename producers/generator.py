@@ -15,7 +15,9 @@ One iteration::
                         (a LoRA version, manifest.adapter_rank set: engine.load_adapter instead)
     stale records of groups this producer generated? ─> returned to the backpressure budget
     over budget (and not finishing an epoch, see below)? ─ yes ─> wait for newer weights (up to poll_timeout_s)
-    poll <= prompts_per_batch prompts (or take the carried ones) ─> epoch gate ─> check_prompts ─> plan_batch:
+    poll <= prompts_per_batch prompts (or take the carried ones) ─> epoch gate
+       ─> [first poll with an assignment] the budget inherits the groups in flight; over it now? carry, wait
+       ─> check_prompts ─> plan_batch:
        a rejected run leads a partition ─> dead-letter those runs ─> flush ─> commit     (nothing generated)
        else the leading accepted runs   ─> produce_rollouts (pure) ─> send ─> flush (acks) ─> commit
        the records after those runs are carried to the next iteration, uncommitted
@@ -24,9 +26,11 @@ Backpressure (:mod:`producers.budget`): with ``producer.max_groups_per_version``
 the groups the trainer consumes per version), a producer with ``versions_ahead`` versions' shares in flight beyond
 the weights it holds waits for a newer version before taking more prompts. Groups the trainer drops as stale
 (read from the stale topic) no longer count, so its re-queued prompts are generated; after
-``producer.backpressure_timeout_s`` without a newer version the budget is re-derived, as a restart would. Generation
+``producer.backpressure_timeout_s`` without a newer version the budget is re-derived with nothing in flight. Generation
 then overlaps training, and rollouts stay about ``versions_ahead`` versions old instead of piling up until they
-are dropped as stale, and the pipeline never deadlocks on the budget.
+are dropped as stale, and the pipeline never deadlocks on the budget. A (re)started producer begins its budget at
+the newest version with the groups already in flight (:func:`producers.stale_feed.inheritance`), before it
+generates anything: a restart keeps the steady lag (issue 45.1).
 
 Epoch order (:mod:`producers.epoch_gate`, ``producer.epoch_order``): a first-load prompt of an epoch above the
 open one holds its partition (sought back, paused, left uncommitted) until every partition is past the epochs
@@ -36,7 +40,8 @@ whose peer's partition is idle at the open epoch (waiting at the boundary) gener
 Guarantees:
 - Offsets are committed only after every rollout (and dead letter) of the batch was acknowledged by the broker,
   and only up to the first carried record: a crash before the commit regenerates the batch (same rollout ids;
-  consumers drop duplicates by id), a restart after it reads no prompt twice.
+  consumers drop duplicates by id, the budget does not count them), a restart after it reads no prompt twice.
+  The failpoint ``producer.after_send`` (:mod:`stream_rl.runtime.failpoints`) kills the process between the two.
 - A prompt the producer rejects (untokenisable, empty, too long, a group above ``producer.max_group_size``) is
   dead-lettered with the reason and committed before anything after it in its partition is generated, so a crash
   never makes a restart dead-letter it again or die on it. (A record the transport edge cannot decode is
@@ -74,11 +79,12 @@ from producers.engines.base import GenerationEngine
 from producers.generate import (
     EarlyStop, GroupSink, StepResult, Turns, check_prompts, plan_batch, produce_rollouts,
 )
-from producers.stale_feed import StaleFeed
+from producers.stale_feed import StaleFeed, inheritance
 from producers.weights_follower import ProducerStats, WeightsFollower, inflight_hook, make_follower
 from schemas import group_id_for
 from stream_rl.config.shared import SharedConfig
 from stream_rl.launch.lease import Lender
+from stream_rl.runtime import failpoints
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +134,8 @@ def run_producer(shared: SharedConfig, pcfg: ProducerConfig, stop_event: threadi
                      transport.names.rollouts)
     batch.gate = _epoch_gate(transport, source, pcfg) if pcfg.epoch_order else None
     batch.turns = turns
+    batch.hold = (inheritance(transport, source, batch.producer_id, follower, budget, stats)
+                  if budget.share is not None else None)  # the groups its predecessor left in flight
     batch.lease = Lender.from_env()  # a no-op unless `stream-rl run` placed the run elastically
     try:
         while not stop_event.is_set() and (max_batches is None or stats.batches < max_batches):
@@ -167,7 +175,8 @@ def _iterate(batch: _Batcher, follower: WeightsFollower | None, budget: Budget, 
     batch.lease.reclaim()
     result = batch.run_once(stats, telemetry)
     if result is not None:
-        budget.charge({r.group_id: r.group_size for r in result.rollouts})
+        budget.charge({r.group_id: r.group_size for r in result.rollouts},
+                      {r.group_id: r.attempt for r in result.rollouts})
         stats.budget_resets = budget.resets
         _observe(telemetry, result, follower, engine)
 
@@ -184,6 +193,7 @@ class _Batcher:
         self.gate = None  # producers.epoch_gate.EpochGate: epoch order across partitions (producer.epoch_order)
         self.lease = Lender(None)  # run.placement = "elastic": set by run_producer (stream_rl.launch.lease)
         self.turns: Turns | None = None  # multi-turn episodes (producer.environment)
+        self.hold = None  # () -> bool after each poll: True keeps the batch for later (stale_feed.inheritance)
         self.aborted: set[tuple] = set()  # (topic, partition, offset) of prompts aborted in the last batch
 
     def run_once(self, stats: ProducerStats, telemetry) -> StepResult | None:
@@ -192,6 +202,9 @@ class _Batcher:
         if not records:
             self.sink.flush()  # dead letters of a poll with no valid prompt
             self._commit(telemetry)
+            return None
+        if self.hold is not None and self.hold():  # over budget after all: carried, uncommitted, generated later
+            self.carry = sorted(self.carry + records, key=_position)
             return None
         pcfg = self.pcfg
         _, rejected = check_prompts([r.value for r in records], self.engine, max_new_tokens=pcfg.max_new_tokens,
@@ -213,6 +226,7 @@ class _Batcher:
             result = _generate(todo, self.engine, pcfg, self.producer_id, self.turns, on_group,
                                _early_stop(pcfg, todo, self.aborted))
             _publish(result, todo, self.source, self.sink, self.topic, sent)
+        failpoints.hit("producer.after_send")  # recovery drills: rollouts on the broker, prompts not committed
         self._requeue([todo[i] for i in result.aborted])
         self._commit(telemetry)
         _account(stats, result, self.engine)

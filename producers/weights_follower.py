@@ -35,6 +35,7 @@ class ProducerStats:
     groups: int = 0
     start_version: int = 0
     groups_returned: int = 0  # groups the trainer dropped as stale, returned to the backpressure budget
+    groups_inherited: int = 0  # groups found in flight at start-up, counted by the backpressure budget
     budget_resets: int = 0  # times the budget was re-derived after producer.backpressure_timeout_s
     inflight_updates: int = 0  # versions loaded between decode steps of a generation (producer.inflight_updates)
 

@@ -28,16 +28,21 @@ One iteration::
          ─> every broadcast_every steps: version += 1, publish, expire groups now too old
          ─> metrics.jsonl row
          ─> every checkpoint_every steps: sink.flush() ─> checkpoint(safe offsets, ledger) ─> commit safe offsets
+            (any other step: sink.flush() ─> commit safe offsets: the group's offsets follow the trainer)
 From ``train_step`` on, ``Trainer._step`` runs one method per phase: ``_train``, ``_record`` (trained or
-dropped), ``_judge``, ``_broadcast``, ``_write_row``, ``_checkpoint_if_due``.
+dropped), ``_judge``, ``_broadcast``, ``_write_row``, ``_checkpoint_if_due`` (or ``_commit_progress``).
 
 Guarantees:
 - The checkpoint is the truth about progress: every partition is assigned at start and positioned at the
   checkpoint's offset, or at the broker's first offset without one (:mod:`~consumers.trainer.positions`: never
   a committed offset or ``auto_offset_reset``; an offset the broker no longer has stops the trainer unless
   ``trainer.accept_offset_loss``), and the checkpoint's dedup ledger keeps any rollout id from being trained
-  twice. Safe offsets are recorded only after ``sink.flush()``, so every stale record, re-queued prompt and dead
-  letter below them is on the broker.
+  twice. Safe offsets are recorded (checkpointed or committed) only after ``sink.flush()``, so every stale
+  record, re-queued prompt and dead letter below them is on the broker.
+- The consumer group's committed offsets are the safe offsets after the last step (a checkpoint's after a
+  checkpoint step or a clean stop): never read back by the trainer, they tell restarted producers which groups
+  are still in flight (:func:`producers.stale_feed.groups_in_flight`) and ``stream-rl status`` the lag. After a
+  crash they may be ahead of the checkpoint the resumed trainer reads from.
 - Nothing the model cannot take reaches ``train_step``: it is dead-lettered and its group dropped at once, as is
   a group a scorer or the transport edge dead-lettered a member of (:mod:`~consumers.trainer.intake`).
 - A step that applied no update (non-finite loss or gradient norm) trains nothing: its rollouts stay out of the
@@ -265,6 +270,8 @@ class Trainer:
             raise run.stop
         self.best.poll()  # trainer.keep_best: judge the evaluations appended since the last step
         self._checkpoint_if_due()
+        if self.last_checkpoint_step != self.state.step:
+            self._commit_progress()
 
     def _train(self, run: StepRun) -> None:
         """``train_step`` on the step's rollouts, in the span "train-step" linked to every rollout; the other
@@ -379,12 +386,21 @@ class Trainer:
         prune_checkpoints(self.root, self.tcfg.keep_checkpoints)
         self.last_checkpoint_step = self.state.step
         failpoints.hit("trainer.after_checkpoint")  # recovery drills: a checkpoint whose offsets are not committed
+        self._commit(offsets)
+        log.info("checkpoint %s (version %d)", path, self.state.version)
+        return path
+
+    def _commit_progress(self) -> None:
+        """A step without a checkpoint: flush, then commit the safe offsets (module docstring)."""
+        if self.sink.pending:
+            self.sink.flush()
+        self._commit({**self.start, **self.batcher.safe_offsets()})
+
+    def _commit(self, offsets: dict[tuple[str, int], int]) -> None:
         assigned = self.source.assignment()
         commit = {k: off for k, off in offsets.items() if k in assigned}
         if commit:
             self.source.commit(commit)
-        log.info("checkpoint %s (version %d)", path, self.state.version)
-        return path
 
     def _checkpoint_after_stop(self) -> None:
         """A ``stop`` alert: checkpoint the progress unless the weights are no longer finite (a NaN step must not

@@ -7,8 +7,9 @@ Guarantees: one-shot (the file is removed before the kill, so a restarted proces
 place); with the variable unset, :func:`hit` is one dictionary lookup and does nothing. Drills arm a point with
 :func:`arm` (tests/integration/test_storm.py); production runs never set the variable.
 
-Points: ``trainer.after_checkpoint`` (a checkpoint is complete, its offsets not yet committed) and
-``weights.mid_publish`` (a version's payload is on the broker or in the store, its manifest not yet sent).
+Points: ``trainer.after_checkpoint`` (a checkpoint is complete, its offsets not yet committed),
+``weights.mid_publish`` (a version's payload is on the broker or in the store, its manifest not yet sent) and
+``producer.after_send`` (a batch's groups are flushed to the rollouts topic, its prompts not yet committed).
 """
 
 from __future__ import annotations

@@ -97,10 +97,10 @@ def test_running_trainer_serves_metrics_heartbeats_and_jsonl(make_config, tmp_pa
         assert pick(found, "stream_rl_staleness_versions_count", **base) == [8.0]
         assert pick(found, "stream_rl_staleness_versions_sum", **base) == [4.0]
         assert pick(found, "stream_rl_processing_seconds_count", stage="train", **base) == [2.0]
-        # the trainer commits at checkpoints only (none yet): committed lag 8, position lag 0
+        # the trainer commits its safe offsets after every step (issue 45.1): committed lag 0, position lag 0
         group = f"{cfg.topics.prefix}.{cfg.topics.run}.trainer"
         assert pick(found, "stream_rl_consumer_lag_records", group=group, topic=feeder.names.scored,
-                    partition="0", **base) == [8.0]
+                    partition="0", **base) == [0.0]
         assert pick(found, "stream_rl_trainer_metric", name="reward/mean", **base) == [0.5]
         assert pick(found, "stream_rl_trainer_metric", name="loss/total", **base)
         assert pick(found, "stream_rl_records_out_total", **base)  # weights manifests and chunks

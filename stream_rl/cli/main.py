@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 from stream_rl.cli import diagnose_cmd, eval_cmd, export_cmd, gc_cmd, plan_cmd, rescore_cmd, roles_cmd, run_cmd, status_cmd
-from stream_rl.cli import reward_server_cmd
+from stream_rl.cli import demo_chat_cmd, reward_server_cmd
 from stream_rl.cli.common import BootstrapOpt, ConfigOpt, DryRunOpt, RunOpt, SetOpt, fail, require_broker, resolve
 from stream_rl.cli.runs import select_run
 
@@ -31,6 +31,7 @@ app.add_typer(broker_app, name="broker")
 app.add_typer(topics_app, name="topics")
 app.add_typer(roles_cmd.prompts_app, name="prompts")
 app.add_typer(roles_cmd.demo_app, name="demo")
+roles_cmd.demo_app.command("chat-model")(demo_chat_cmd.chat_model)
 app.command("produce")(roles_cmd.produce)
 app.command("score")(roles_cmd.score)
 app.command("rescore")(rescore_cmd.rescore)

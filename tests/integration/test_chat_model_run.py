@@ -145,8 +145,12 @@ def test_the_gpu_recipe_resolves_with_dry_run(tmp_path):
 
 def test_the_cpu_chat_recipe_trains_a_users_instruct_model_as_shipped(broker, tmp_path, run_name):
     """configs/chat_cpu.toml, changed only where a user must (paths) and where a test must (tokens, steps, and
-    epochs: the test's data set has 4 prompts, one step's worth)."""
-    model = build_chat_model_dir(tmp_path / "instruct")
+    epochs: the test's data set has 4 prompts, one step's worth), on the model `stream-rl demo chat-model` writes."""
+    model = tmp_path / "instruct"
+    made = _cli(["demo", "chat-model", str(model)], tmp_path, timeout=120)
+    assert made.returncode == 0 and (model / "config.json").exists(), made.stderr[-2000:]
+    again = _cli(["demo", "chat-model", str(model)], tmp_path, timeout=60)
+    assert again.returncode == 2 and "already exists" in again.stderr
     data = tmp_path / "train.parquet"
     _verl_parquet(data, [(f"What is {a}+{b}? End with #### N.", str(a + b), "openai/gsm8k") for a, b in
                          ((2, 3), (4, 4), (1, 6), (3, 5))])

@@ -31,24 +31,25 @@ Guarantees:
 
 from __future__ import annotations
 
-import string
 from dataclasses import dataclass
 from pathlib import Path
 
-PAD, UNK, IM_START, IM_END = "<pad>", "<unk>", "<|im_start|>", "<|im_end|>"
-SPECIAL_TOKENS = (PAD, UNK, IM_START, IM_END)
-CHARACTERS = tuple(character for character in string.printable if character not in "\r\x0b\x0c")
-MAX_LENGTH = 512
-THINK_OFF = "<think>\n\n</think>\n\n"
-
-CHATML_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and not enable_thinking %}{{ '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
-    "{%- endif %}"
+from stream_rl.demo.chat_model import (  # the product's tiny chat tokenizer, its template and its markers
+    CHARACTERS,
+    CHATML_TEMPLATE,
+    IM_END,
+    IM_START,
+    MAX_LENGTH,
+    PAD,
+    SPECIAL_TOKENS,
+    THINK_OFF,
+    UNK,
+    build_chat_tokenizer,
 )
+
+__all__ = ["CHARACTERS", "CHATML_TEMPLATE", "IM_END", "IM_START", "MAX_LENGTH", "PAD", "RAISING_TEMPLATE",
+           "SPECIAL_TOKENS", "TEMPLATE_SPECS", "THINK_OFF", "TOOLS_TEMPLATE", "UNK", "build_chat_tokenizer",
+           "build_template_tokenizer", "render_chatml", "save_chat_tokenizer"]
 
 TOOLS_TEMPLATE = (
     "{%- if tools %}"
@@ -101,33 +102,6 @@ def render_chatml(messages: list[dict[str, str]], add_generation_prompt: bool = 
         if enable_thinking is False:
             text += THINK_OFF
     return text
-
-
-def build_chat_tokenizer(chat_template: str | None = CHATML_TEMPLATE, *, specials: tuple[str, ...] = (),
-                         eos: str = IM_END, bos: str | None = None):
-    """A fresh character-level chat tokenizer (``len(SPECIAL_TOKENS) + len(CHARACTERS)`` tokens, then
-    ``specials`` not already among them, each a special token).
-
-    ``chat_template=None`` builds the same tokenizer without a template (for "no template" error paths).
-    ``eos`` / ``bos`` (each one of the special tokens) are the tokenizer's eos and bos tokens.
-    """
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    markers = SPECIAL_TOKENS + tuple(dict.fromkeys(t for t in specials if t not in SPECIAL_TOKENS))
-    vocab = {token: index for index, token in enumerate(markers[:len(SPECIAL_TOKENS)] + CHARACTERS
-                                                        + markers[len(SPECIAL_TOKENS):])}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex(""), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    core.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in markers])
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token=PAD, unk_token=UNK, eos_token=eos, bos_token=bos,
-        padding_side="left", model_max_length=MAX_LENGTH, clean_up_tokenization_spaces=False,
-    )
-    if chat_template is not None:
-        tokenizer.chat_template = chat_template
-    return tokenizer
 
 
 def save_chat_tokenizer(directory: Path, chat_template: str | None = CHATML_TEMPLATE) -> Path:

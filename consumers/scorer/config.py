@@ -188,9 +188,9 @@ class ScorerConfig(Section):
     @classmethod
     def _reference_syntax(cls, value: str | None) -> str | None:
         if value is not None:
-            from consumers.scorer.rewards import parse_reference
+            from stream_rl.rewards.names import check_name
 
-            parse_reference(value)  # raises RewardFnError (a ValueError) naming what is wrong
+            check_name(value)  # a built-in short name or module:function; RewardFnError (a ValueError) says why
         return value
 
     @model_validator(mode="before")

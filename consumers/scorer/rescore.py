@@ -38,13 +38,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from consumers.scorer import builtin_rewards
 from consumers.scorer.config import ScorerConfig
-from consumers.scorer.rewards import RewardFnError, load_reward_fn
+from consumers.scorer.rewards import RewardFnError
 from consumers.scorer.scorer import ScorerStats, score_and_send, send_notices
 from consumers.scorer.scoring import Scoring, load_scoring
 from schemas import TOPIC_PATTERN
 from stream_rl.config.shared import SharedConfig
+from stream_rl.rewards.routing import resolve_fn
 from stream_rl.transport.client import Transport
 from stream_rl.transport.ranges import BoundedSource, end_offsets, group_commits, topic_exists
 from stream_rl.transport.topics import CONSUMER_GROUPS, LOGICAL_TOPICS, TopicNames, ensure_topics
@@ -142,19 +142,16 @@ def _str(path: Path | None) -> str | None:
 
 
 def reward_reference(value: str) -> str | None:
-    """``--reward``: ``none`` -> no rule-based reward; a builtin name (``exact_match``) -> its reference;
-    ``module:function`` as is. The function is imported here, so a bad one fails before anything runs."""
+    """``--reward``: ``none`` -> no rule-based reward; a built-in short name (``exact_match``, ``gsm8k``,
+    ``code_tests``: :mod:`stream_rl.rewards.names`) or ``module:function`` as is. The function is imported here,
+    so a bad one fails before anything runs."""
     if value.strip().lower() in ("none", "null"):
         return None
-    reference = f"consumers.scorer.builtin_rewards:{value}" if value in builtin_rewards.REWARDS else value
-    if ":" not in reference:
-        raise RescoreError(f"--reward {value!r}: not a builtin reward ({', '.join(builtin_rewards.REWARDS)}), "
-                           f"'package.module:function' or none")
     try:
-        load_reward_fn(reference)
+        resolve_fn(value)
     except RewardFnError as exc:
         raise RescoreError(f"--reward: {exc}") from None
-    return reference
+    return value
 
 
 def rescore_scorer(base: ScorerConfig, reward: str | None, reward_model: Path | None) -> ScorerConfig:

@@ -46,10 +46,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from consumers.scorer.config import ScorerConfig
-from consumers.scorer.rewards import RewardFn, load_reward_fn
+from consumers.scorer.rewards import RewardFn
 from schemas import ID_PATTERN, Rollout, SchemaError, ScoredRollout, validate
 from consumers.scorer.services import RewardServices, build_services, service_rewards
-from stream_rl.rewards.routing import RewardRouter, RoutedReward
+from stream_rl.rewards.routing import RewardRouter, RoutedReward, resolve_fn
 
 if TYPE_CHECKING:
     from consumers.scorer.reference import ReferenceLogprobs
@@ -114,7 +114,7 @@ def load_scoring(cfg: ScorerConfig, scorer_id: str) -> Scoring:
 
         reference = ReferenceLogprobs.from_dir(cfg.reference_model_dir, dtype=cfg.dtype, batch_size=cfg.batch_size,
                                                device=device)
-    reward_fn = load_reward_fn(cfg.reward_fn) if cfg.reward_fn else None
+    reward_fn = resolve_fn(cfg.reward_fn) if cfg.reward_fn else None  # a short name or module:function
     router = RewardRouter.load(cfg.rewards.to_routes()) if cfg.rewards is not None else None
     preflight_rewards([reward_fn, *(router.fns.values() if router is not None else ())])
     if cfg.reward_isolation == "process":

@@ -8,6 +8,7 @@ Guarantees: an existing directory is refused (exit 2) before torch is imported, 
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Annotated
@@ -20,8 +21,13 @@ from stream_rl.cli.common import fail
 def chat_model(directory: Annotated[Path, typer.Argument(help="where to write the model (save_pretrained layout)")],
                seed: Annotated[int, typer.Option(help="weights' random seed")] = 0,
                overwrite: Annotated[bool, typer.Option("--overwrite", help="replace an existing directory")] = False,
+               dry_run: Annotated[bool, typer.Option("--dry-run", help="print what would be written and exit")] = False,
                ) -> None:
     """Write a tiny chat model (ChatML template, turns that end) for trying the chat path on CPU."""
+    if dry_run:
+        typer.echo(json.dumps({"directory": str(directory), "seed": seed, "overwrite": overwrite,
+                               "exists": directory.exists()}))
+        raise typer.Exit(0)
     if directory.exists() and not overwrite:
         fail(f"demo chat-model: {directory} already exists: pass --overwrite to replace it, or choose another "
              "directory", 2)

@@ -29,37 +29,21 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 _LIMITS = ServerLimits()
 
 
-def builtin_rewards() -> dict[str, Any]:
-    """Short name -> per-rollout reward function, for every built-in reward."""
-    from consumers.scorer import builtin_rewards as simple
-    from stream_rl.rewards.sandbox import code_tests
-    from stream_rl.rewards.verifiers import VERIFIERS
-
-    named = {name: verifier.reward for name, verifier in VERIFIERS.items()}
-    named.update({name: getattr(simple, name) for name in simple.REWARDS})
-    named["code_tests"] = code_tests
-    return named
-
-
 def served_scorer(target: str, *, batch_size: int, device: str, dtype: str) -> Any:
     """The batch scoring function for ``target`` (see the module docstring); ValueError when it cannot be served."""
     from stream_rl.rewards.calls import is_batched
-    from stream_rl.rewards.contract import load_reward_fn
+    from stream_rl.rewards.names import BUILTIN_NAMES, resolve
     from stream_rl.rewards.server import per_rollout_scorer
 
     from consumers.scorer.scoring import preflight_rewards
 
-    builtins = builtin_rewards()
-    if target in builtins:
-        preflight_rewards([builtins[target]])  # code_tests: SandboxUnavailable here, before the port opens
-        return per_rollout_scorer(builtins[target], target)
-    if Path(target).is_dir():
+    if target not in BUILTIN_NAMES and Path(target).is_dir():
         return _reward_model_scorer(Path(target), batch_size=batch_size, device=device, dtype=dtype)
-    if ":" not in target:
-        raise ValueError(f"{target!r} is not a built-in reward ({', '.join(sorted(builtins))}), "
+    if target not in BUILTIN_NAMES and ":" not in target:
+        raise ValueError(f"{target!r} is not a built-in reward ({', '.join(BUILTIN_NAMES)}), "
                          f"a 'module:function' reference or a directory")
-    fn = load_reward_fn(target)  # RewardFnError (a ValueError) names what is wrong
-    preflight_rewards([fn])
+    fn = resolve(target)  # the one registry of short names; RewardFnError (a ValueError) names what is wrong
+    preflight_rewards([fn])  # code_tests: SandboxUnavailable here, before the port opens
     return fn if is_batched(fn) else per_rollout_scorer(fn, target)
 
 

@@ -5,8 +5,8 @@ Consumes: the valid rows of a file (:class:`~stream_rl.prompts.schema.PromptRow`
 :class:`~stream_rl.rewards.routing.RewardRoutes`), as the command resolved them.
 Produces: :class:`~stream_rl.prompts.schema.Problem` entries for :func:`~stream_rl.prompts.check.check_prompt_file`:
 
-- error, once per reward: rows without an answer that a reward needing one would score (every built-in verifier,
-  :data:`~stream_rl.rewards.verifiers.VERIFIERS`, compares with the reference answer), naming the reward, how
+- error, once per reward: rows without an answer that a reward needing one would score (every built-in verifier
+  and simple reward, :data:`~stream_rl.rewards.names.NEED_ANSWER`, compares with the reference answer), naming the reward, how
   many rows, the answer column read (or that none was found) and the file's columns;
 - error, once per metadata value: rows that no route takes and no default scores (the scorer would dead-letter
   every rollout of them);
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from stream_rl.prompts.schema import Problem, PromptRow
 from stream_rl.rewards.routing import RewardRoutes, UnroutedError, fall_through, route
-from stream_rl.rewards.verifiers import VERIFIERS
+from stream_rl.rewards.names import NEED_ANSWER
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,9 @@ class RewardPlan:
 
 
 def needs_answer(fn: str) -> bool:
-    """Whether reward ``fn`` compares with the reference answer: every built-in verifier does."""
-    verifier = VERIFIERS.get(fn)
-    return verifier is not None and getattr(verifier, "needs_answer", True)
+    """Whether reward ``fn`` compares with the reference answer: every built-in verifier and simple reward does
+    (:data:`stream_rl.rewards.names.NEED_ANSWER`)."""
+    return fn in NEED_ANSWER
 
 
 def reward_problems(rows: Sequence[PromptRow], plan: RewardPlan | None, answer_key: str | None,

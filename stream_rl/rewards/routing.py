@@ -6,7 +6,7 @@ per rollout, its metadata (and texts, answer and response length to score it).
 Produces: the terms of a rollout (:func:`route`), a :class:`RewardRouter` with every function loaded once, and per
 rollout a :class:`RoutedReward`: the reward, one component per term and the optional token rewards.
 Guarantees:
-- A term's ``fn`` is a built-in verifier's short name (:data:`stream_rl.rewards.verifiers.VERIFIERS`) or a
+- A term's ``fn`` is a built-in reward's short name (:data:`stream_rl.rewards.names.BUILTIN_NAMES`) or a
   ``module:function`` reference (:mod:`stream_rl.rewards.contract`); routes are checked when built: a non-empty
   key, no empty list, finite non-zero weights, no function twice in one list, at least one route or a default.
 - A rollout whose value (or missing key) has no route and no default raises :class:`UnroutedError`, whose message
@@ -38,10 +38,8 @@ from stream_rl.rewards.contract import (
     RewardOutput,
     RewardValueError,
     call_reward_fn,
-    load_reward_fn,
-    parse_reference,
 )
-from stream_rl.rewards.verifiers import VERIFIERS
+from stream_rl.rewards import names
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +69,7 @@ class RewardTerm:
 
 def check_fn_name(fn: str) -> str:
     """``fn`` if it is a built-in short name or a well-formed ``module:function`` (RewardFnError otherwise)."""
-    if fn in VERIFIERS:
-        return fn
-    if ":" not in fn:
-        raise RewardFnError(f"reward {fn!r} is neither a built-in verifier ({', '.join(sorted(VERIFIERS))}) nor "
-                            f"a 'module:function' reference")
-    parse_reference(fn)
-    return fn
+    return names.check_name(fn)
 
 
 def check_terms(terms: Sequence[RewardTerm], where: str) -> tuple[RewardTerm, ...]:
@@ -139,8 +131,9 @@ def fall_through(routes: RewardRoutes, metadata: Mapping[str, str]) -> str | Non
 
 
 def resolve_fn(fn: str) -> RewardFn:
-    """The callable of a term: a built-in verifier's ``reward`` or the imported ``module:function``."""
-    return VERIFIERS[fn].reward if fn in VERIFIERS else load_reward_fn(check_fn_name(fn))
+    """The callable of a term: a built-in reward's (:mod:`stream_rl.rewards.names`) or the imported
+    ``module:function``."""
+    return names.resolve(fn)
 
 
 @dataclass(frozen=True)

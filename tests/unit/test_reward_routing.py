@@ -76,7 +76,7 @@ def test_no_route_and_no_default_names_the_key_and_value():
 @pytest.mark.parametrize("build, message", [
     (lambda: RewardTerm("gsm8k", 0.0), "weight must be finite and non-zero"),
     (lambda: RewardTerm("gsm8k", float("nan")), "weight must be finite and non-zero"),
-    (lambda: RewardTerm("gsm9k"), "neither a built-in verifier"),
+    (lambda: RewardTerm("gsm9k"), "neither a built-in reward"),
     (lambda: RewardTerm("a:b:c"), "exactly one ':'"),
     (lambda: RewardRoutes(routes={"m": ()}), "route 'm': the list of rewards is empty"),
     (lambda: RewardRoutes(routes={"m": GSM + GSM}), "route 'm': ['gsm8k'] listed more than once"),
@@ -145,7 +145,7 @@ def test_the_documented_config_loads_and_replaces_reward_fn(tmp_path):
     ({"scorer.rewards.routes.math": [{"fn": "gsm8k", "weight": "inf"}]}, "scorer.rewards.routes.math.0.weight",
      "finite"),
     ({"scorer.rewards.routes.math": [{"fn": "nope"}]}, "scorer.rewards.routes.math.0.fn",
-     "neither a built-in verifier"),
+     "neither a built-in reward"),
     ({"scorer.rewards.routes.math": [{"fn": "1bad:fn"}]}, "scorer.rewards.routes.math.0.fn", "module part '1bad'"),
     ({"scorer.rewards.routes.math": []}, "scorer.rewards.routes.math", "at least 1 item"),
     ({"scorer.rewards.routes.math": [{"fn": "gsm8k"}, {"fn": "gsm8k"}]}, "scorer.rewards",

@@ -80,8 +80,12 @@ def test_module_that_fails_to_import_is_reported_as_such(tmp_path, monkeypatch):
 def test_good_references_load_and_config_checks_reward_sources():
     assert load_reward_fn("consumers.scorer.builtin_rewards:exact_match") is exact_match
     assert load_reward_fn("support.scorer:poisonable_reward") is poisonable_reward
-    with pytest.raises(ValidationError, match="exactly one ':'"):
+    with pytest.raises(ValidationError, match="neither a built-in reward .* nor a 'module:function' reference"):
         ScorerConfig(reward_fn="not-a-reference")
+    with pytest.raises(ValidationError, match="exactly one ':'"):
+        ScorerConfig(reward_fn="not:a:reference")
+    for short in ("exact_match", "gsm8k", "code_tests"):  # one registry of short names: they work here too
+        assert ScorerConfig(reward_fn=short).reward_fn == short
     with pytest.raises(ValidationError, match="needs a reward source"):
         ScorerConfig(reward_fn=None)
     with pytest.raises(ValidationError):

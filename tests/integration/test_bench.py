@@ -163,23 +163,6 @@ def test_offpolicy_tiny_run_produces_every_figure_and_paired_differences(demo_bu
     assert offpolicy.paired_difference(fake, 4, "ppo_mu") is None
 
 
-@pytest.mark.broker
-@pytest.mark.timeout(600)
-def test_gpu_pipeline_check_runs_tiny_on_cpu_through_stream_rl_run(broker, tmp_path):
-    """The GPU pipeline check on CPU at tiny size: the product's `stream-rl run` (producer, scorer with a
-    reference model, trainer, bf16 settings on the CPU) reaches its step budget and every figure is recorded."""
-    from bench import gpu_pipeline
-
-    out = tmp_path / "out"
-    assert gpu_pipeline.main(["--out", str(out), "--device", "cpu", "--tiny", "--bootstrap", broker.bootstrap]) == 0
-    result = json.loads((out / "gpu_pipeline.json").read_text())
-    assert result["steps"] == 3 and result["mode"] == "tiny" and result["device"] == "cpu"
-    assert all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in result["figures"].values()), result
-    assert set(result["peak_memory_mib"]) == {"produce", "score", "train"}
-    assert all(v > 50 for v in result["peak_memory_mib"].values())  # a Python process with torch: > 50 MiB
-    assert len(result["reward_curve"]) == 3 and all(0.0 <= r <= 1.0 for r in result["reward_curve"])
-
-
 def test_deltas_tiny_run_measures_real_steps_of_both_workloads(demo_build, tmp_path, monkeypatch):
     from bench import deltas
     from stream_rl.weights.delta import MAX_CHANGED_FRACTION

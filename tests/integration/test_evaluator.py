@@ -72,7 +72,9 @@ def test_follows_versions_skips_and_survives_kill_9_without_loss_or_duplicates(m
     try:
         wait_for(lambda: "skipping versions [1, 2]" in log1.read_text(), "the skip line of the first evaluator",
                  120.0)
-        assert _versions(transport) == [0]  # v0 recorded; v3 is being evaluated now
+        # v0 recorded; v3 is being evaluated now, or (a quiet machine evaluates the 48 prompts in well under a
+        # second) already recorded: either way the restarted evaluator below must not evaluate it again
+        assert _versions(transport) in ([0], [0, 3])
         first.send_signal(signal.SIGKILL)
         assert first.wait(30) == -9
     finally:

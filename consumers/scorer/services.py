@@ -130,7 +130,10 @@ def _http_client(cfg: Any) -> Any:
     try:
         health_checked, note = check_reachable(cfg.reward_url, timeout_s=min(cfg.reward_timeout_s, 10.0))
         (log.info if health_checked else log.warning)(note)
-        return HttpRewardClient(cfg.reward_url, timeout_s=cfg.reward_timeout_s, headers_env=cfg.reward_headers_env)
+        # the caller's deadline (reward_timeout_s) decides a call's fate; the client's own, a second later, only
+        # frees the abandoned thread: with equal deadlines a slow server's call was retried when the client's fired first
+        return HttpRewardClient(cfg.reward_url, timeout_s=cfg.reward_timeout_s + 1.0,
+                                headers_env=cfg.reward_headers_env)
     except ValueError as exc:  # one line naming scorer.reward_url (or the missing variable), exit 2
         raise RewardFnError(str(exc)) from None
 

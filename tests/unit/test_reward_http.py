@@ -73,7 +73,8 @@ def rewards_json(values: list) -> tuple[int, str, bytes]:
 
 
 def call(url: str, requests: list[RewardRequest], policy: CallPolicy = POLICY, **client_kw):
-    with RewardCaller(HttpRewardClient(url, timeout_s=policy.timeout_s, **client_kw), policy) as caller:
+    client_kw.setdefault("timeout_s", policy.timeout_s)
+    with RewardCaller(HttpRewardClient(url, **client_kw), policy) as caller:
         return caller.call(requests)
 
 
@@ -185,10 +186,12 @@ def test_slow_server_times_out():
     policy = CallPolicy(timeout_s=0.5, concurrency=1, max_retries=2, backoff_s=0.01, max_backoff_s=0.01)
     with serving(server) as url:
         start = time.perf_counter()
-        [outcome] = call(url, batch(["1"]), policy)
+        # the scorer's client deadline is a second after the caller's (consumers.scorer.services): the caller's
+        # deadline decides, not retried; with equal deadlines the client's could fire first, and be retried
+        [outcome] = call(url, batch(["1"]), policy, timeout_s=policy.timeout_s + 1.0)
         elapsed = time.perf_counter() - start
     assert outcome.timed_out and outcome.reason.endswith("timed out after 0.5 s")
-    assert elapsed < 1.4
+    assert outcome.attempts == 1 and elapsed < 1.4
 
 
 def test_headers_come_from_the_environment_and_never_appear_in_reasons():

@@ -40,6 +40,7 @@ host's kernel), side channels, and reads of world-readable files under the syste
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
 import shlex
@@ -223,10 +224,10 @@ def _close(fd: int) -> None:
 
 def _spawn(command: list[str], files: _HostFiles) -> int:
     """posix_spawn (thread-safe) with the descriptors moved to fixed numbers; a new session = process group."""
-    high = [(os.dup(fd) if fd < 10 else fd, target) for fd, target in files.child_fds()]
-    moved = [_dup_high(fd) for fd, _ in high]  # sources >= 10 so that no dup2 overwrites a later source
+    pairs = files.child_fds()
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd, _ in pairs]  # >= 10: no dup2 below overwrites one
     try:
-        actions = [(os.POSIX_SPAWN_DUP2, src, target) for src, (_, target) in zip(moved, high)]
+        actions = [(os.POSIX_SPAWN_DUP2, src, target) for src, (_, target) in zip(moved, pairs)]
         env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "LANG": "C.UTF-8"}
         try:
             pid = os.posix_spawn(command[0], command, env, file_actions=actions, setsid=True)
@@ -235,18 +236,9 @@ def _spawn(command: list[str], files: _HostFiles) -> int:
     finally:
         for fd in moved:
             os.close(fd)
-        for (fd, _), (orig, _) in zip(high, files.child_fds()):
-            if fd != orig:
-                os.close(fd)
     _close(files.marker_w)
     files.marker_w = -1
     return pid
-
-
-def _dup_high(fd: int) -> int:
-    import fcntl
-
-    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
 
 
 def _await_marker(pid: int, files: _HostFiles) -> None:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from support.prompt_files import write_jsonl
 from typer.testing import CliRunner
 
 from producers.engines.base import Sampling
@@ -24,12 +25,6 @@ from stream_rl.prompts.clean import percentile
 
 SECRET = "zebra-quartz-secret"  # sample text that must never appear in a report
 
-
-def write_jsonl(path: Path, lines: list) -> Path:
-    """Objects are dumped as JSON; strings are written verbatim (for malformed lines)."""
-    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines),
-                    encoding="utf-8")
-    return path
 
 
 def error_keys(report) -> set[tuple[int, str | None]]:

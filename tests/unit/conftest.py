@@ -54,3 +54,11 @@ def make_config(tmp_path, run_name):
     yield _make
     memory.reset(run_name)
 
+
+
+@pytest.fixture(scope="module")
+def chat_dir(tmp_path_factory):
+    """The tests' chat tokenizer saved once per module (support.chat.save_chat_tokenizer)."""
+    from support.chat import save_chat_tokenizer
+
+    return save_chat_tokenizer(tmp_path_factory.mktemp("chat"))

@@ -10,7 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
-from support.chat import render_chatml, save_chat_tokenizer
+from support.chat import render_chatml
+from support.prompt_files import write_jsonl
 from typer.testing import CliRunner
 
 from stream_rl.cli.main import app
@@ -34,14 +35,6 @@ def write_parquet(path: Path, records: list) -> Path:
     return path
 
 
-def write_jsonl(path: Path, records: list) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
-def chat_dir(tmp_path_factory) -> Path:
-    return save_chat_tokenizer(tmp_path_factory.mktemp("chat"))
 
 
 def validate(path: Path, *args: str):

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.chat import render_chatml, save_chat_tokenizer
+from support.chat import render_chatml
+from support.prompt_files import write_jsonl
 from typer.testing import CliRunner
 
 from stream_rl.cli.main import app
@@ -40,10 +41,6 @@ VERL_TAGS = [
 ]
 
 
-def write_jsonl(path: Path, records: list) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    return path
-
 
 def write_parquet(path: Path, records: list) -> Path:
     import pyarrow as pa
@@ -59,10 +56,6 @@ def write_hf(path: Path, records: list) -> Path:
     datasets.Dataset.from_list(records).save_to_disk(str(path))
     return path
 
-
-@pytest.fixture(scope="module")
-def chat_dir(tmp_path_factory) -> Path:
-    return save_chat_tokenizer(tmp_path_factory.mktemp("chat"))
 
 
 def options(chat_dir: Path | None = None, **kwargs) -> CheckOptions:

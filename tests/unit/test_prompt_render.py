@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.chat import CHARACTERS, RAISING_TEMPLATE, SPECIAL_TOKENS, render_chatml, save_chat_tokenizer
+from support.prompt_files import write_jsonl
 from typer.testing import CliRunner
 
 from schemas import decode, encode, validate
@@ -35,14 +36,6 @@ def char_id(character: str) -> int:
     return len(SPECIAL_TOKENS) + CHARACTERS.index(character)
 
 
-def write_jsonl(path: Path, records: list) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
-def chat_dir(tmp_path_factory) -> Path:
-    return save_chat_tokenizer(tmp_path_factory.mktemp("chat"))
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,9 @@ Every run trains the same number of steps (``skip + steps``). Wall time to a fix
 measured from the end of trainer step ``skip`` to the end of step ``skip + steps`` (``steps x 256`` rollouts), with
 ``skip = max(k) + 2``: this leaves out process start-up and model loading, and the first steps, which drain the
 rollouts a producer ``k`` versions ahead generated while the trainer was still loading (they would flatter
-streaming). Reward reached: mean ``reward/mean`` over the last ``steps`` trainer steps. Stale drops are counted from
-the trainer's batcher (a lock-step run must have none).
+streaming); the tiny mode, which checks the code path only, skips one step. Reward reached: mean ``reward/mean``
+over the last ``steps`` trainer steps. Stale drops are counted from the trainer's batcher (a lock-step run must have
+none).
 
 Lock-step really is lock-step: with ``versions_ahead = 0`` the producer's budget at version v is
 ``(v - v0 + 1) * 32`` groups (:class:`producers.budget.Budget`), so it generates one step's 32 groups and polls
@@ -56,7 +57,8 @@ def run(ctx: BenchContext) -> dict[str, Any]:
     demo = dr.demo_dir(ctx)
     size = sizes(ctx)
     lags = (0, *size["lags"])
-    skip = max(lags) + 2
+    warm_up = max(lags) + 2
+    skip = ctx.pick(full=warm_up, quick=warm_up, tiny=1)  # tiny: the code path only, one step skipped
     total = skip + size["steps"]
     stale: dict[str, list[int]] = {label(lag): [] for lag in lags}
     placements: list[dict[str, int]] = []

@@ -16,7 +16,8 @@ Produces: ``FILE.json`` (``--out`` may also name a directory: ``DIR/gpu_pipeline
   estimate for the same shapes (``planned_memory_mib``, colocated on one GPU of this device's size);
 - before the pipeline, :mod:`bench.gpu_mismatch` in its own process: the per-token ``|mu - pi|`` of vLLM's
   logprobs against the trainer's bf16 computation on the same sampled tokens (mean, p99, max) and the engine's
-  in-place reload against a plain safetensors save + load of the same weights (``handover``).
+  in-place reload against a plain safetensors save + load of the same weights (``handover``); in the tiny CPU
+  check it runs beside the pipeline instead (:func:`overlaps_pipeline`).
 Guarantees: the pipeline figures come from the product's code path (the roles' own metrics in ``metrics.jsonl``),
 not from a loop of this script; the run must reach its step budget or the script exits 1 with the tail of every
 role log. The scorer has no throughput metric of its own, so no scoring tokens/s is reported.
@@ -211,16 +212,36 @@ def _device_name(device: str) -> str:
     return "cpu"
 
 
-def mismatch_stage(work: Path, model: Path, device: str, mode: str) -> dict[str, Any]:
-    """:mod:`bench.gpu_mismatch` in its own process (its GPU memory is freed when it exits)."""
-    out = work / "mismatch.json"
+def start_mismatch(work: Path, model: Path, device: str, mode: str) -> subprocess.Popen:
+    """Start :mod:`bench.gpu_mismatch` in its own process (its GPU memory is freed when it exits), its output to
+    ``work/mismatch.log``; :func:`finish_mismatch` waits for it."""
     prompts, new = (4, 8) if mode == "tiny" else (64, 128)
-    cmd = [sys.executable, "-m", "bench.gpu_mismatch", "--model", str(model), "--out", str(out), "--device",
-           device, "--prompts", str(prompts), "--new-tokens", str(new), "--gpu-memory-utilization", str(VLLM_SHARE)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parents[1])
-    if done.returncode != 0:
-        raise RuntimeError(f"bench.gpu_mismatch failed (exit {done.returncode}): {done.stderr[-2000:]}")
-    return json.loads(out.read_text())
+    cmd = [sys.executable, "-m", "bench.gpu_mismatch", "--model", str(model), "--out", str(work / "mismatch.json"),
+           "--device", device, "--prompts", str(prompts), "--new-tokens", str(new), "--gpu-memory-utilization",
+           str(VLLM_SHARE)]
+    with open(work / "mismatch.log", "w") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[1])
+
+
+def finish_mismatch(proc: subprocess.Popen, work: Path, timeout_s: float = 900.0) -> dict[str, Any]:
+    """Wait for the process :func:`start_mismatch` started (killed after ``timeout_s``); its results."""
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    if code != 0:
+        tail = (work / "mismatch.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"bench.gpu_mismatch failed (exit {code}): {tail}")
+    return json.loads((work / "mismatch.json").read_text())
+
+
+def overlaps_pipeline(device: str, mode: str) -> bool:
+    """Whether the mismatch stage may run beside the pipeline instead of before it: only in the tiny CPU check,
+    where there is no device memory to free first and its figures are never published (the code path is the
+    same; on a GPU, or at full size, it runs alone first)."""
+    return mode == "tiny" and not device.startswith("cuda")
 
 
 def planned_mib(model: Path, mode: str, gpu_gib: float) -> dict[str, float]:
@@ -274,12 +295,18 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or RUN[mode]["steps"]
     out = _out_path(args.out)
     work = Path(tempfile.mkdtemp(prefix="gpu-pipeline-"))
+    checking = None
     try:
         params = build_model(work / "model", mode)
-        mismatch = mismatch_stage(work, work / "model", args.device, mode) if args.engine == "vllm" else None
+        checking = start_mismatch(work, work / "model", args.device, mode) if args.engine == "vllm" else None
+        mismatch = None
+        if checking is not None and not overlaps_pipeline(args.device, mode):
+            mismatch, checking = finish_mismatch(checking, work), None
         prompts = write_prompts(work / "prompts.jsonl", RUN[mode]["prompts"])
         sets = overrides(work, work / "model", prompts, args.device, mode, steps, args.engine)
         code, peak, seen, wall_s = run_pipeline(work, sets, args.bootstrap, args.device)
+        if checking is not None:
+            mismatch, checking = finish_mismatch(checking, work), None
         metrics = work / "run" / "metrics.jsonl"
         rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
         if code != 0 or len(rows) < steps:
@@ -297,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, indent=1, sort_keys=True))
         return 0
     finally:
+        if checking is not None:  # the pipeline failed while the mismatch stage ran beside it
+            checking.kill()
+            checking.wait()
         shutil.rmtree(work, ignore_errors=True)
 
 

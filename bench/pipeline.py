@@ -15,8 +15,8 @@ All four count the same unit, response tokens, so the pipeline's figure can be d
 Stages run in this process on one torch thread (each role process runs with ``OMP_NUM_THREADS=1``). Pipeline roles
 are pinned once training has started: the slowest stage alone (as measured in the rounds so far) gets a core to
 itself and the other two roles share the second core (three roles on two cores); with three or more cores each
-role has its own. The broker and this process are not pinned. Warm-up steps (``versions_ahead + 2``) are skipped:
-the first steps drain the rollouts generated while the trainer was still loading.
+role has its own. The broker and this process are not pinned. Warm-up steps (``versions_ahead + 2``; one in the tiny
+mode) are skipped: the first steps drain the rollouts generated while the trainer was still loading.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def run(ctx: BenchContext) -> dict[str, Any]:
     demo = dr.demo_dir(ctx)
     size = sizes(ctx)
     cfg = dr.demo_config(ctx, demo, "bench-stages")
-    skip = cfg.producer.versions_ahead + 2
+    warm_up = cfg.producer.versions_ahead + 2
+    skip = ctx.pick(full=warm_up, quick=warm_up, tiny=1)  # tiny: the code path only, one step skipped
     samples: dict[str, list[float]] = {}
     rounds: list[dict[str, Any]] = []
 

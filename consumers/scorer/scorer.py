@@ -55,7 +55,6 @@ from consumers.scorer.config import ScorerConfig
 from consumers.scorer.scoring import Rejected, Scoring, batch_metrics, load_scoring, score_rollouts
 from schemas import MemberRejected
 from stream_rl.config.shared import SharedConfig
-from stream_rl.launch.lease import Lender
 from stream_rl.telemetry.role import RoleTelemetry
 from stream_rl.transport import Consumed, RecordTooLarge, Sink, Source
 from stream_rl.transport.client import Transport
@@ -115,7 +114,6 @@ def run_scorer(shared: SharedConfig, scfg: ScorerConfig, stop_event: threading.E
                               pause_when=lambda: telemetry.paused)  # alerts: "pause"
     telemetry.attach(source, sink).set_ready(model_loaded=True, version=0)  # scores do not depend on the policy
     stats = ScorerStats()
-    lease = Lender.from_env()  # a no-op unless `stream-rl run` placed the run elastically
     log.info("scorer %s subscribed to %s in group %s", scoring.scorer_id, transport.names.rollouts, scorer_group(shared))
     try:
         while not (stop_event is not None and stop_event.is_set()) and \
@@ -123,10 +121,7 @@ def run_scorer(shared: SharedConfig, scfg: ScorerConfig, stop_event: threading.E
             telemetry.tick()  # alerts: "stop" ends here, after the previous batch was committed
             telemetry.check_stop()
             dead_before = source.dead_lettered
-            lease.lend()  # run.placement = "elastic": the trainer may use this core while nothing arrives
             records = source.poll(scfg.poll_timeout_s, max_records=scfg.batch_size)
-            if records or sink.pending or source.dead_lettered > dead_before:
-                lease.reclaim()
             send_notices(source, sink, transport.names.scored, transport.instance_id)
             if records:
                 started = time.monotonic()
@@ -150,7 +145,6 @@ def run_scorer(shared: SharedConfig, scfg: ScorerConfig, stop_event: threading.E
         telemetry.error(type(exc).__name__)
         raise
     finally:
-        lease.close()
         telemetry.close()
         source.close()
         sink.close()

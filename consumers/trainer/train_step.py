@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -117,17 +116,14 @@ def _targets(engine, batch: RolloutBatch, cfg: TrainerConfig, kl_coef: float) ->
 
 
 def _updates(engine, batch: RolloutBatch, tg: BatchTargets, cfg: TrainerConfig, state: TrainState, lr: float,
-             record: ForwardRecord | None, between: Callable[[], object] = lambda: None,
-             ) -> tuple[dict[str, float], list[float], int, int, float | None]:
-    """``epochs`` x ``minibatches`` guarded updates: (summed metrics, grad norms, applied, skipped, bad loss);
-    ``between`` is called before each update."""
+             record: ForwardRecord | None) -> tuple[dict[str, float], list[float], int, int, float | None]:
+    """``epochs`` x ``minibatches`` guarded updates: (summed metrics, grad norms, applied, skipped, bad loss)."""
     generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + state.step)
     acc: dict[str, float] = {}
     norms, applied_n, skipped_n, nonfinite_loss = [], 0, 0, None
     for _ in range(cfg.epochs):
         order = torch.randperm(batch.size, generator=generator)
         for rows in order.to(batch.device).tensor_split(min(cfg.minibatches, batch.size)):
-            between()
             applied, norm, metrics = update(engine, batch, tg, rows, cfg, state.kl_coef, lr, record)
             applied_n, skipped_n = applied_n + applied, skipped_n + (not applied)
             if applied:
@@ -138,11 +134,8 @@ def _updates(engine, batch: RolloutBatch, tg: BatchTargets, cfg: TrainerConfig, 
     return acc, norms, applied_n, skipped_n, nonfinite_loss
 
 
-def train_step(engine, batch: RolloutBatch, cfg: TrainerConfig, state: TrainState,
-               between: Callable[[], object] = lambda: None) -> dict[str, float]:
+def train_step(engine, batch: RolloutBatch, cfg: TrainerConfig, state: TrainState) -> dict[str, float]:
     """Train on one batch (``epochs`` x ``minibatches`` guarded updates); returns the step's metrics.
-    ``between`` runs between its phases (after the proximal forward pass, before each update): where the elastic
-    placement may widen or narrow the process (:mod:`stream_rl.launch.lease`); it changes no number.
 
     On several ranks every rank calls this with the same batch and state and gets the same metrics and state."""
     t0 = time.perf_counter()
@@ -152,7 +145,7 @@ def train_step(engine, batch: RolloutBatch, cfg: TrainerConfig, state: TrainStat
     lr = lr_at(state.step, cfg)
     record = ForwardRecord.empty(batch) if prox is None else None
     acc, norms, applied_n, skipped_n, nonfinite_loss = _updates(engine, loss_batch(batch, cfg), tg, cfg, state, lr,
-                                                                record, between)
+                                                                record)
     t2 = time.perf_counter()
     if record is not None:
         record.gather(engine.ranks)

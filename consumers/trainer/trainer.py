@@ -97,7 +97,6 @@ from consumers.trainer.train_step import TrainState, skip_reason, train_step
 from consumers.trainer.versions import PolicyVersions, check_fresh
 from stream_rl.alerts.monitor import AlertStop
 from stream_rl.config.shared import Agreements, SharedConfig, checkpoint_root
-from stream_rl.launch.lease import Borrower
 from stream_rl.runtime import failpoints
 from stream_rl.storage.checkpoint import prune_checkpoints, save_checkpoint
 from stream_rl.telemetry.role import RoleTelemetry
@@ -172,7 +171,6 @@ class Trainer:
             self.telemetry.restart()  # resumed from a checkpoint
         self.telemetry.set_step(self.state.step)
         self.sink = self.transport.sink()
-        self.lease = Borrower.from_env(torch.set_num_threads)  # run.placement = "elastic": the lenders' cores
         self.versions = PolicyVersions(cfg.weights, tcfg.lora, agreements.weights_dtype, self.transport, self.sink,
                                        self.engine, ranks)
         if resume:
@@ -187,7 +185,7 @@ class Trainer:
         self.telemetry.set_ready(model_loaded=True, version=self.state.version)
         # experiment trackers (telemetry.trackers): a resumed run continues its tracker runs after the checkpoint
         self.trackers = Trackers.open(cfg, (ckpt.step if ckpt else 0) if resume else None)
-        self.best = KeepBest.open(tcfg, agreements, Path(cfg.run_dir), self.root, self.engine,
+        self.best = KeepBest.open(tcfg, agreements, self.transport, self.root, self.engine,
                                   ranks)  # trainer.keep_best (keep_best.py)
         if ckpt is None:
             self.best.hold(self.state.version, self.state.step)  # the initial weights, when evaluated
@@ -268,7 +266,7 @@ class Trainer:
         self._write_row(run)
         if run.stop is not None:
             raise run.stop
-        self.best.poll()  # trainer.keep_best: judge the evaluations appended since the last step
+        self.best.poll()  # trainer.keep_best: judge the evaluations published since the last step
         self._checkpoint_if_due()
         if self.last_checkpoint_step != self.state.step:
             self._commit_progress()
@@ -287,25 +285,9 @@ class Trainer:
             run.lags = [max(rollout_lag(s, self.state.version, self.batcher.lineage), 0) for s in scored]
             run.metrics = rollout_metrics(scored, self.state.version, self.tcfg.success_threshold, run.lags,
                                           time.time())
-            run.metrics.update(self._elastic_train_step(batch))
+            run.metrics.update(train_step(self.engine, batch, self.tcfg, self.state))
             run.trace = self.source.trace_headers()  # the step's sends below continue this span
         run.train_s = time.monotonic() - run.started
-
-    def _elastic_train_step(self, batch) -> dict[str, float]:
-        """``train_step``, on every core of the run while the other roles lend theirs (``run.placement =
-        "elastic"``, :mod:`stream_rl.launch.lease`): re-checked between its phases, narrowed before returning."""
-        lease = self.lease
-        if not lease.active:
-            return train_step(self.engine, batch, self.tcfg, self.state)
-        before = lease.wide_updates
-        between = lambda: lease.widen(torch.get_num_threads())  # noqa: E731
-        between()
-        try:
-            metrics = train_step(self.engine, batch, self.tcfg, self.state, between=between)
-        finally:
-            lease.narrow()
-        metrics["placement/wide_phases"] = float(lease.wide_updates - before)
-        return metrics
 
     def _record(self, run: StepRun) -> None:
         """Settle the step: its groups are trained, or, when no update was applied, dropped with the reason and
@@ -421,6 +403,7 @@ class Trainer:
         self.source.close()
         self.sink.close()
         self.best.poll()
+        self.best.close()
         self.trackers.close()
         self.telemetry.close()
         self.transport.tracing.shutdown()

@@ -39,7 +39,6 @@ from producers.evaluator.config import EvalConfig
 from producers.evaluator.step import evaluate, load_sets, set_options, tokenize_sets
 from schemas import Evaluation
 from stream_rl.config.shared import SharedConfig
-from stream_rl.launch.lease import Lender
 from stream_rl.telemetry.role import RoleTelemetry
 
 log = logging.getLogger(__name__)
@@ -112,7 +111,7 @@ def run_evaluator(shared: SharedConfig, ecfg: EvalConfig | None, engine_cfg: Pro
             telemetry.tick()
             loop.iterate()
     finally:
-        for closable in (loop.lease, receiver, sink, telemetry):
+        for closable in (receiver, sink, telemetry):
             closable.close()
         if deps.engine is None:
             engine.close()
@@ -129,13 +128,11 @@ class _Loop:
         self.rejected: set[int] = set()
         self.evaluator_id, self.work = "evaluator", None
         self.telemetry = None  # RoleTelemetry: the heartbeat's version, step (= evaluations) and last metrics
-        self.lease = Lender.from_env()  # a no-op unless `stream-rl run` placed the run elastically
 
     def iterate(self) -> None:
         from stream_rl.evaluation.schedule import plan_next
 
         wait = self.ecfg.poll_timeout_s
-        self.lease.lend()  # run.placement = "elastic": the trainer may use this core until a version is due
         self.receiver.poll_latest(wait, newer_than=max(self.seen, default=-1))  # wait for a newer version, then
         latest = self.receiver.poll_latest(wait)  # catch up with the topic's end: the newest due is the target
         if latest is not None:
@@ -143,7 +140,6 @@ class _Loop:
         plan = plan_next(set(self.seen) - self.rejected, self.done, self.ecfg.every_versions, self.ecfg.before_train)
         if plan.target is None:
             return
-        self.lease.reclaim()
         if plan.skipped:
             log.warning("evaluator: skipping versions %s (slower than the trainer); evaluating v%d", plan.skipped,
                         plan.target)

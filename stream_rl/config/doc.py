@@ -50,6 +50,7 @@ fields names both and where each value came from.
 | `trainer.kl.adaptive = true` needs `trainer.kl.coef > 0` | the controller is multiplicative: from 0 it never moves |
 | `trainer.temperature` is refused | removed: each rollout's logits are divided by its own `Rollout.temperature` (`producer.temperature`) |
 | `scorer.half_precision` is refused | removed: `scorer.dtype` (`bfloat16` for what `half_precision = true` did) |
+| `run.placement = "elastic"` is refused | removed: its lease measured 1.03x `auto` on the demo, within the noise (docs/architecture.md, "Elastic placement: designed, measured, removed"); use `auto` |
 | `trainer.schedule` other than `constant` needs `trainer.max_steps` | the decay ends at `max_steps` |
 | `scorer` needs `reward_fn` and/or `reward_model_dir` | a scorer without a reward source has nothing to attach |
 | `alerts.consumer_lag.action` and `alerts.trainer_stalled.action` may not be `pause` | a paused role could never clear them (docs/alerts.md) |

@@ -1,6 +1,7 @@
 """Keep the best policy version by one evaluation metric beside the latest checkpoint (``trainer.keep_best``).
 
-Consumes: the rows the evaluator appends to ``RUN_DIR/evals.jsonl`` (``version``, ``step``, ``metrics``), the
+Consumes: the rows of the evaluations the evaluator publishes on the run's evals topic (``version``, ``step``,
+``metrics``; handed over by a feed, :class:`stream_rl.evaluation.feed.EvalsFeed`, never read from a file), the
 metric to judge by (``trainer.keep_best = "eval/<set>/<metric>"``, ``trainer.keep_best_mode``), which versions the
 evaluator evaluates (``eval.every_versions``, ``eval.before_train``) and, from the trainer, a writer of the
 weights of the version it just published.
@@ -24,8 +25,8 @@ Guarantees:
   the same ``model.safetensors`` (and ``lora.json``) as a ``step-*`` checkpoint, so ``stream-rl export
   --checkpoint .../best`` exports it. Neither ``best/`` nor ``eval-pending/`` matches what checkpoint pruning or
   ``stream-rl gc`` removes (``step-*``, ``.tmp-*``, ``.del-*``).
-- Restart-safe: at start every row of ``evals.jsonl`` is read again; a row whose candidate is gone was judged
-  before (or lost its weights) and changes nothing.
+- Restart-safe: at start the feed hands over every evaluation on the topic again; a row whose candidate is gone
+  was judged before (or lost its weights) and changes nothing.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from schemas import FINISH_REASONS  # finish/<reason> metrics
-from stream_rl.runtime.appended import AppendedLines
 from stream_rl.storage.fsync import fsync_path
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ _CANDIDATE = re.compile(r"^v(\d{8})$")
 
 
 def metric_key(keep_best: str) -> str:
-    """The ``evals.jsonl`` metrics key of ``trainer.keep_best``: ``"eval/heldout/greedy/accuracy"`` ->
+    """The evaluation metrics key of ``trainer.keep_best``: ``"eval/heldout/greedy/accuracy"`` ->
     ``"heldout/greedy/accuracy"``."""
     if not keep_best.startswith(PREFIX) or keep_best.count("/") < 2:
         raise ValueError(f"trainer.keep_best: {keep_best!r} is not of the form eval/<set>/<metric>")
@@ -110,7 +110,7 @@ def keep_best_problem(keep_best: str, sets: Iterable[str], metric_names: set[str
 
 @dataclass(frozen=True)
 class Judgement:
-    """What one ``evals.jsonl`` row did: ``kept`` (now the best), ``worse``, ``no-weights`` (its candidate is
+    """What one evaluation row did: ``kept`` (now the best), ``worse``, ``no-weights`` (its candidate is
     gone) or ``no-metric`` (the row lacks the metric)."""
 
     version: int
@@ -121,14 +121,14 @@ class Judgement:
 class BestKeeper:
     """The trainer's side of ``trainer.keep_best`` (see the module docstring). One per checkpoint directory."""
 
-    def __init__(self, root: Path, evals_path: Path, metric: str, mode: str, every_versions: int,
+    def __init__(self, root: Path, feed, metric: str, mode: str, every_versions: int,
                  before_train: bool, pending_limit: int = 3):
-        self.root, self.evals_path, self.mode = Path(root), Path(evals_path), mode
+        """``feed.new_rows()`` returns the evaluation rows published since its last call (the first call: all)."""
+        self.root, self.feed, self.mode = Path(root), feed, mode
         self.key = metric_key(metric)
         self.metric = metric
         self.every, self.before_train, self.pending_limit = every_versions, before_train, pending_limit
         self.best_dir, self.pending_dir = self.root / BEST_DIR, self.root / PENDING_DIR
-        self._appended = AppendedLines(self.evals_path)
         self._backlog = True  # the rows present at start were (mostly) judged before
         self._recover()
 
@@ -186,21 +186,10 @@ class BestKeeper:
             shutil.rmtree(pending[version])
 
     def poll(self) -> list[Judgement]:
-        """Judge every whole row appended to ``evals.jsonl`` since the last call (a torn last line waits)."""
-        rows = self._new_rows()
+        """Judge every evaluation the feed hands over since the last call."""
+        rows = self.feed.new_rows()
         backlog, self._backlog = self._backlog, False
         return [self.judge(row, quiet=backlog) for row in rows]
-
-    def _new_rows(self) -> list[dict]:
-        rows = []
-        for line in self._appended.new_lines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line torn by a kill -9, then continued on a fresh line
-            if isinstance(row, dict) and isinstance(row.get("version"), int):
-                rows.append(row)
-        return rows
 
     def judge(self, row: dict, quiet: bool = False) -> Judgement:
         """One evaluation: promote its candidate when it improves on the best, drop it (and older ones) else."""

@@ -69,17 +69,16 @@ class Supervisor:
     children: list[Child] = field(default_factory=list)
 
     def start(self, role: str, index: int, extra_args: list[str] | None = None, threads: int = 1,
-              cuda_devices: str | None = None, extra_env: dict[str, str] | None = None) -> Child:
+              cuda_devices: str | None = None) -> Child:
         """Start ``role`` number ``index``; ``cuda_devices``: its ``CUDA_VISIBLE_DEVICES`` (the run's GPU layout,
-        :mod:`stream_rl.launch.gpus`), None: the environment's; ``extra_env``: added to its environment (the
-        elastic placement's lease, :func:`stream_rl.launch.lease.lease_env`)."""
+        :mod:`stream_rl.launch.gpus`), None: the environment's."""
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"{role}-{index}.log"
         cmd = [sys.executable, "-m", "stream_rl.cli.main", role, "--config", str(self.config_file),
                "--instance", str(index), *(extra_args or [])]
         log_fh = open(log_path, "ab")
-        env = {**role_env(os.environ, threads, cuda_devices), **(extra_env or {})}
+        env = role_env(os.environ, threads, cuda_devices)
         proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 preexec_fn=die_with_parent)
         log_fh.close()

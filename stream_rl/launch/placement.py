@@ -36,21 +36,9 @@ class Placement:
 
     cores: dict[str, frozenset[int]]  # role -> cores it may run on (empty: wherever the kernel puts it)
     threads: dict[str, int]  # role -> torch/OpenMP threads per process (per rank for train)
-    elastic: bool = False  # the trainer borrows the other roles' cores while they idle (stream_rl.launch.lease)
 
     def describe(self) -> str:
         """One line: what was chosen, for the run's output."""
-        line = self._pinning()
-        if self.elastic:
-            every = ",".join(str(c) for c in sorted(self.all_cores()))
-            line += (f"; elastic: while every producer, scorer and evaluator idles, the trainer's update runs on "
-                     f"core(s) {every} ({len(self.all_cores())} threads)")
-        return line
-
-    def all_cores(self) -> frozenset[int]:
-        return frozenset().union(*self.cores.values())
-
-    def _pinning(self) -> str:
         if not self.cores["train"]:
             return (f"placement: not pinned; threads per process: train {self.threads['train']}, "
                     f"produce {self.threads['produce']}, score {self.threads['score']}")
@@ -68,7 +56,6 @@ def plan(cores: list[int], trainer_ranks: int, mode: str = "auto") -> Placement:
 
     ``auto`` with at least ``trainer_ranks + 1`` cores: the trainer ranks take the first cores (half of them when
     there are more than twice as many cores as ranks, else all but one), the producers the others, scorers float.
-    ``elastic``: the same, and the trainer may borrow every core while the other roles idle (``elastic`` set).
     Otherwise (``none``, or too few cores) nothing is pinned and every process gets one thread."""
     ones = {"train": 1, "produce": 1, "score": 1}
     if mode == "none" or len(cores) < trainer_ranks + 1:
@@ -77,7 +64,7 @@ def plan(cores: list[int], trainer_ranks: int, mode: str = "auto") -> Placement:
     trainer_cores = cores[:len(cores) - shared]
     per_rank = max(1, len(trainer_cores) // trainer_ranks)
     return Placement({"train": frozenset(trainer_cores), "produce": frozenset(cores[len(cores) - shared:]),
-                      "score": frozenset()}, {**ones, "train": per_rank}, elastic=mode == "elastic")
+                      "score": frozenset()}, {**ones, "train": per_rank})
 
 
 def sized_partitions(partitions: dict[str, int], producers: int, scorers: int) -> dict[str, int]:

@@ -255,8 +255,8 @@ class RewardCaller:
 class DaemonPool:
     """Daemon threads that run sync reward calls, ``size`` of them free for new work.
 
-    A fresh thread per call cost more CPU than the demo's verifier itself (benchmark 14, docs/benchmarks.md: the
-    scorer's CPU per step fell by a third with this pool). The guarantee a fresh thread gave is kept: a hung call
+    A fresh thread per call cost more CPU than the demo's verifier itself (found by the elastic-cores benchmark,
+    since removed, docs/architecture.md: the scorer's CPU per step fell by a third with this pool). The guarantee a fresh thread gave is kept: a hung call
     holds only its own thread (a daemon, so never the process's exit); :meth:`abandon` (a call past its deadline) starts a replacement, and the abandoned call's thread ends once the
     call returns, so ``size`` threads stay free."""
 

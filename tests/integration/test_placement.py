@@ -65,8 +65,6 @@ def test_run_sizes_partitions_unless_the_user_set_them_or_placement_is_none():
     assert _dry_run("topics.partitions.rollouts=8")["topics"]["partitions"] == {
         **_dry_run("run.placement=none")["topics"]["partitions"], "rollouts": 8}
     assert _dry_run("run.placement=none")["topics"]["partitions"]["prompts"] == 4  # the defaults stay
-    assert _dry_run("run.placement=elastic", "run.scorers=2")["topics"]["partitions"] == _dry_run(
-        "run.scorers=2")["topics"]["partitions"]  # elastic pins and sizes as auto (4 partitions: 2x the broker CPU)
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,

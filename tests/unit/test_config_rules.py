@@ -65,6 +65,17 @@ def test_trainer_temperature_is_gone_and_the_error_names_the_replacement():
     assert "producer.temperature" in message and "Rollout.temperature" in message
 
 
+def test_elastic_placement_is_gone_and_a_file_naming_it_is_refused_saying_why(tmp_path):
+    message = refused("run.placement='elastic' was removed", run__placement="elastic")
+    assert "1.03x 'auto'" in message and "use 'auto'" in message and "docs/architecture.md" in message
+    toml = tmp_path / "old.toml"
+    toml.write_text('[run]\nplacement = "elastic"\n')
+    with pytest.raises(ConfigError, match=f"run.placement.*was removed.*from file {toml}"):
+        load_config(toml, env={})
+    assert load(run__placement="none").run.placement == "none"
+    assert load(run__trainer_ranks=2).run.placement == "auto"
+
+
 def test_dr_grpo_budget_defaults_to_the_generation_budget_and_must_cover_it(tmp_path):
     assert load(producer__max_new_tokens="12").trainer.loss.max_len == 12
     ok = load(producer__max_new_tokens="12", trainer__loss__agg="seq-mean-token-sum-norm", trainer__loss__max_len="16")

@@ -1,11 +1,14 @@
 """``trainer.keep_best``: the best evaluated version kept beside the latest checkpoint (stream_rl/evaluation/best.py,
-consumers/trainer/keep_best.py): judging, candidates, crash recovery, gc, export, and the config rule."""
+consumers/trainer/keep_best.py): judging, candidates, crash recovery, gc, export, and the config rule. The
+evaluations come as records of an evals topic (a list per test here) through the feed's pure step
+(stream_rl/evaluation/feed.py), which also gets its own test: bad and foreign records are skipped."""
 
 from __future__ import annotations
 
 import json
 import os
 import time
+from collections import defaultdict
 
 import pytest
 import torch
@@ -14,6 +17,7 @@ from support.trainer import tiny_policy, trainer_cfg
 from consumers.trainer.engines import MODEL_FILE, TorchEngine, TrainModule
 from consumers.trainer.keep_best import KeepBest
 from consumers.trainer.ranks import SOLO
+from schemas import Evaluation, encode
 from stream_rl.cli.config import load_config
 from stream_rl.config.base import ConfigError
 from stream_rl.evaluation.best import (
@@ -25,8 +29,10 @@ from stream_rl.evaluation.best import (
     metric_key,
     set_metric_names,
 )
+from stream_rl.evaluation.feed import evaluation_rows
 from stream_rl.operator_tools.gc import GcPaths, GcPolicy, apply_gc, plan_gc
 from stream_rl.storage.checkpoint import read_tensors, save_checkpoint, write_tensors
+from stream_rl.transport.reader import Record
 
 torch.set_num_threads(1)
 METRIC = "eval/heldout/greedy/accuracy"
@@ -40,17 +46,35 @@ def writer(version: int):
     return lambda d: write_tensors(d / MODEL_FILE, weights_of(version))
 
 
+TOPICS: dict = defaultdict(list)  # the evals topic of each test (by tmp_path): its record values, in order
+
+
+class ListFeed:
+    """A feed over a test's topic, from its first record, through the real pure step."""
+
+    def __init__(self, tmp_path):
+        self.records, self.offset, self.seen = TOPICS[tmp_path], 0, set()
+
+    def new_rows(self) -> list[dict]:
+        new = self.records[self.offset:]
+        recs = [Record("evals", 0, self.offset + i, None, value) for i, value in enumerate(new)]
+        self.offset += len(new)
+        return evaluation_rows(recs, self.seen).rows
+
+
 def keeper(tmp_path, mode="max", every=2, before=True, limit=3) -> BestKeeper:
-    return BestKeeper(tmp_path / "checkpoints", tmp_path / "evals.jsonl", METRIC, mode, every, before, limit)
+    return BestKeeper(tmp_path / "checkpoints", ListFeed(tmp_path), METRIC, mode, every, before, limit)
 
 
-def append_row(tmp_path, version: int, value: float | None, step: int | None = None, torn: bool = False) -> None:
+def evaluation(version: int, value: float | None, step: int | None = None) -> Evaluation:
     metrics = {} if value is None else {"heldout/greedy/accuracy": value, "heldout/pass@1": 1.0 - value}
-    line = json.dumps({"version": version, "step": version if step is None else step, "metrics": metrics})
-    with open(tmp_path / "evals.jsonl", "a") as f:
-        f.write(line if not torn else line[:10])
-        if not torn:
-            f.write("\n")
+    return Evaluation(version=version, step=version if step is None else step, sets=["heldout"], metrics=metrics,
+                      evaluator_id="evaluator-test")
+
+
+def append_row(tmp_path, version: int, value: float | None, step: int | None = None, bad: bool = False) -> None:
+    """Publish the evaluation of ``version`` on the test's topic (``bad``: bytes that are no message)."""
+    TOPICS[tmp_path].append(b"\x00not msgpack" if bad else encode(evaluation(version, value, step)))
 
 
 def kept_version(k: BestKeeper) -> float:
@@ -114,15 +138,13 @@ def test_min_mode_keeps_the_lowest(tmp_path):
     assert kept_version(k) == 4.0 and k.best["value"] == 0.25
 
 
-def test_torn_line_waits_and_a_row_without_the_metric_keeps_nothing(tmp_path):
+def test_a_bad_record_is_skipped_and_a_row_without_the_metric_keeps_nothing(tmp_path):
     k = keeper(tmp_path, before=False)
     k.hold(2, 2, writer(2))
     k.hold(4, 4, writer(4))
     append_row(tmp_path, 2, None)
-    append_row(tmp_path, 4, 0.5, torn=True)
+    append_row(tmp_path, 4, 0.5, bad=True)
     assert [(j.version, j.outcome) for j in k.poll()] == [(2, "no-metric")]
-    with open(tmp_path / "evals.jsonl", "a") as f:  # the evaluator's ledger starts a fresh line after a torn one
-        f.write("\n")
     append_row(tmp_path, 4, 0.5)
     assert [(j.version, j.outcome) for j in k.poll()] == [(4, "kept")]
 
@@ -203,6 +225,26 @@ def test_trainer_hook_saves_the_engine_state_and_export_reads_best(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, engine.module.policy(ids).logits, rtol=1e-5, atol=1e-5)
     assert KeepBest(None, engine, SOLO).hold(5, 5) is None  # keep_best unset: nothing held
+
+
+def test_the_feed_step_skips_bad_foreign_and_repeated_records_with_a_reason():
+    from schemas import Heartbeat  # a foreign kind: valid message, not an evaluation
+
+    values = [encode(evaluation(4, 0.5)), b"\x00junk", None, encode(evaluation(2, 0.25, step=3)),
+              encode(evaluation(4, 0.75))]
+    records = [Record("run.evals", 0, i, None, v) for i, v in enumerate(values)]
+    beat = Heartbeat(role="trainer", instance_id="trainer-1a2b3c4d", host="h", pid=1, state="ready",
+                     policy_version=0, step=0)
+    records.append(Record("run.evals", 0, 5, None, encode(beat)))
+    seen = set()
+    batch = evaluation_rows(records, seen)
+    assert [(r["version"], r["step"], r["metrics"]["heldout/greedy/accuracy"]) for r in batch.rows] == [
+        (2, 3, 0.25), (4, 4, 0.5)]  # version order; the second v4 is a retried send
+    assert [where for where, _ in batch.skipped] == ["run.evals[0]@1", "run.evals[0]@2", "run.evals[0]@4",
+                                                     "run.evals[0]@5"]
+    assert "no value" in batch.skipped[1][1] and "read before" in batch.skipped[2][1]
+    assert "not an evaluation" in batch.skipped[0][1] and "not an evaluation" in batch.skipped[3][1]
+    assert seen == {2, 4} and evaluation_rows(records, seen).rows == []
 
 
 def load(**overrides):

@@ -53,16 +53,20 @@ def test_role_entry_points_take_the_shared_sections_and_their_own(index):
     assert [hints[n] for n in names] == want, (fn.__qualname__, names)
 
 
-def test_keep_best_follows_the_evaluators_cadence_from_the_agreements(tmp_path):
+def test_keep_best_follows_the_evaluators_cadence_from_the_agreements(tmp_path, make_config):
     from consumers.trainer.keep_best import KeepBest
     from consumers.trainer.ranks import SOLO
+    from stream_rl.transport.client import Transport
 
+    transport = Transport(make_config(), "test")
     tcfg = TrainerConfig(keep_best="eval/heldout/greedy/accuracy")
-    keeper = KeepBest.open(tcfg, Agreements(eval_every_versions=3, eval_before_train=False), tmp_path,
-                           tmp_path / "ck", None, SOLO).keeper
+    hook = KeepBest.open(tcfg, Agreements(eval_every_versions=3, eval_before_train=False), transport,
+                         tmp_path / "ck", None, SOLO)
+    keeper = hook.keeper
     assert (keeper.every, keeper.before_train, keeper.root) == (3, False, tmp_path / "ck")
-    assert keeper.evals_path == tmp_path / "evals.jsonl"
-    assert KeepBest.open(TrainerConfig(), Agreements(), tmp_path, tmp_path / "ck", None, SOLO).keeper is None
+    assert keeper.feed.topic == transport.names.name("evals")  # the evals topic, not RUN_DIR/evals.jsonl
+    hook.close()
+    assert KeepBest.open(TrainerConfig(), Agreements(), transport, tmp_path / "ck", None, SOLO).keeper is None
 
 
 def test_gc_and_doctor_take_the_checkpoint_dir_from_the_cli(tmp_path):

@@ -40,10 +40,11 @@ from schemas.weights import (  # isort: skip
 from schemas.run_records import (  # isort: skip
     ALERT_ACTIONS, ALERT_STATES, ROLE_STATES, ROLES, Alert, DeadLetter, Evaluation, Heartbeat, StaleRollout,
 )
+from schemas.gateway import GatewayCall, GatewayEpisode  # isort: skip
 
 __all__ = [
     "ALERT_ACTIONS", "ALERT_STATES", "FINISH_REASONS", "MAX_GROUP_SIZE", "MESSAGE_TYPES", "ROLES", "ROLE_STATES",
-    "SAFETENSORS_ITEMSIZE", "WEIGHTS_MODES", "Alert", "DeadLetter", "Evaluation", "Heartbeat", "MemberRejected",
+    "SAFETENSORS_ITEMSIZE", "WEIGHTS_MODES", "Alert", "DeadLetter", "Evaluation", "GatewayCall", "GatewayEpisode", "Heartbeat", "MemberRejected",
     "Message", "Prompt", "Rollout", "ScoredRollout", "StaleRollout", "TensorEntry", "WeightsChunk",
     "WeightsManifest", "chunk_count_for",
 ]

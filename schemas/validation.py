@@ -34,6 +34,7 @@ from schemas.messages import (
     ScoredRollout, StaleRollout, WeightsChunk, WeightsManifest, chunk_count_for,
 )
 from schemas.weights import TENSOR_SPEC, TensorList
+from schemas.gateway import GatewayCall, GatewayEpisode  # isort: skip
 
 __all__ = [
     "FINISH_REASONS", "RULES", "SPECS", "TENSOR_SPEC", "WEIGHTS_MODES", "Embedded", "TensorList", "check_message",
@@ -198,6 +199,17 @@ def _evaluation_rule(msg: Evaluation) -> None:
         raise SchemaError("elapsed_s", f"must be >= 0, got {msg.elapsed_s}")
 
 
+def _gateway_call_rule(msg: GatewayCall) -> None:
+    length = msg.response_token_ids.shape[0]
+    _require_length("behavior_logprobs", msg.behavior_logprobs, length)
+    _require_length("token_policy_versions", msg.token_policy_versions, length)
+
+
+def _gateway_episode_rule(msg: GatewayEpisode) -> None:
+    if (msg.outcome == "dead_lettered") != bool(msg.reason):
+        raise SchemaError("reason", "must be non-empty exactly when outcome is 'dead_lettered'")
+
+
 def _no_rule(msg: Message) -> None:
     del msg
 
@@ -206,6 +218,7 @@ RULES.update({
     Prompt: _no_rule, Rollout: _rollout_rule, ScoredRollout: _scored_rule, WeightsManifest: _manifest_rule,
     WeightsChunk: _chunk_rule, DeadLetter: _dead_letter_rule, StaleRollout: _stale_rule, Heartbeat: _no_rule,
     Alert: _no_rule, MemberRejected: _member_rejected_rule, Evaluation: _evaluation_rule,
+    GatewayCall: _gateway_call_rule, GatewayEpisode: _gateway_episode_rule,
 })
 
 

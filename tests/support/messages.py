@@ -178,11 +178,33 @@ def make_evaluation() -> Evaluation:
                       evaluator_id="evaluator-1a2b3c4d", elapsed_s=1.5, created_at=1.7e9)
 
 
+def make_gateway_call(**changes):
+    """A recorded gateway call (tests/unit/test_gateway_episodes.py builds chains of them)."""
+    from schemas import GatewayCall
+
+    fields = dict(episode_id="calc-7/0", call_index=1, endpoint="chat",
+                  messages_json='[{"role": "user", "content": "2+3?"}]', tools_json="[]",
+                  prompt_token_ids=np.array([7, 8, 9], np.int32), response_token_ids=np.array([1, 2], np.int32),
+                  behavior_logprobs=np.array([-0.25, -1.5], np.float32),
+                  token_policy_versions=np.array([6, 6], np.int64), finish_reason="stop", temperature=0.7,
+                  response_text="5", created_at=1_700_000_000.25)
+    return GatewayCall(**{**fields, **changes})
+
+
+def make_gateway_episode(**changes):
+    from schemas import GatewayEpisode
+
+    fields = dict(episode_id="calc-7/0", outcome="ended", reward=0.5, answer="5", metadata={"task": "calc"},
+                  reason="", calls=2, created_at=1_700_000_000.25)
+    return GatewayEpisode(**{**fields, **changes})
+
+
 MAKERS = {"prompt": make_prompt, "rollout": make_rollout, "scored_rollout": make_scored,
           "weights_manifest": lambda: make_manifest()[1], "weights_chunk": make_chunk,
           "dead_letter": make_dead_letter, "stale_rollout": make_stale, "heartbeat": make_heartbeat,
           "alert": make_alert, "member_rejected": make_member_rejected,
-          "evaluation": make_evaluation}
+          "evaluation": make_evaluation, "gateway_call": make_gateway_call,
+          "gateway_episode": make_gateway_episode}
 
 
 def rewrite(record: bytes, **changes) -> bytes:

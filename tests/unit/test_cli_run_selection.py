@@ -103,7 +103,8 @@ EVERY_COMMAND = _leaf_commands(typer.main.get_command(app))
 NEEDS = {("prompts", "validate"): ["prompts.jsonl"], ("prompts", "load"): ["prompts.jsonl"],
          ("demo", "init"): ["new-demo"], ("demo", "chat-model"): ["new-chat-model"], ("plan",): ["--params", "7e9"],
          ("replay",): ["rollouts"], ("export",): ["--out", "exported"], ("rescore",): ["--to-run", "new-run"],
-         ("evaluate",): ["--set", "eval.sets.heldout=prompts.jsonl"], ("reward-server",): ["gsm8k"]}
+         ("evaluate",): ["--set", "eval.sets.heldout=prompts.jsonl"], ("reward-server",): ["gsm8k"],
+         ("gateway",): ["--port", "0"]}
 """Arguments a command requires besides --dry-run (every file named here exists in the working directory)."""
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from schemas import (
-    MESSAGE_TYPES, Alert, DeadLetter, Evaluation, Heartbeat, MemberRejected, Prompt, Rollout, ScoredRollout,
+    MESSAGE_TYPES, Alert, DeadLetter, Evaluation, GatewayCall, GatewayEpisode, Heartbeat, MemberRejected, Prompt, Rollout, ScoredRollout,
     StaleRollout, TensorEntry, WeightsChunk, WeightsManifest, decode, encode, group_id_for, rollout_id_for,
     to_jsonable,
 )
@@ -102,6 +102,17 @@ def golden_messages() -> dict[str, object]:
         "alert/without_value": Alert(
             name="loss_nonfinite", state="resolved", action="stop", role="trainer", instance_id="trainer-0",
             message="loss/total is nan", created_at=T0),
+        "gateway_call/one": GatewayCall(
+            episode_id="calc-7/0", call_index=1, endpoint="chat", messages_json='[{"role": "user", "content": "2+3?"}]',
+            tools_json='[{"type": "function"}]', prompt_token_ids=np.array([7, 8, 9], np.int32),
+            response_token_ids=np.array([1, 2], np.int32), behavior_logprobs=np.array([-0.25, -1.5], np.float32),
+            token_policy_versions=np.array([6, 6], np.int64), finish_reason="stop", temperature=0.7,
+            response_text="5", created_at=T0),
+        "gateway_episode/ended": GatewayEpisode(
+            episode_id="calc-7/0", outcome="ended", reward=0.5, answer="5", metadata={"task": "calc"}, reason="",
+            calls=2, created_at=T0),
+        "gateway_episode/dead": GatewayEpisode(
+            episode_id="calc-7/1", outcome="dead_lettered", reason="timeout", calls=1, created_at=T0),
         "evaluation/one": Evaluation(
             version=3, step=30, sets=["heldout", "gsm8k"], metrics={"heldout/pass@8": 0.75}, evaluator_id="eval-1",
             elapsed_s=1.5, created_at=T0),

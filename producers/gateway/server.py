@@ -1,0 +1,146 @@
+"""The gateway's HTTP server: an OpenAI-compatible API in front of the policy (standard library
+``ThreadingHTTPServer``, as the reward server; no web framework).
+
+Consumes: HTTP requests from agents using any OpenAI client with ``base_url`` pointed here, and a
+:class:`~producers.gateway.service.Gateway` to do the work.
+Produces:
+- ``POST /v1/chat/completions`` (tools accepted) and ``POST /v1/completions``: one whole answer (``stream: true``
+  is refused with a 400 saying why);
+- ``POST /v1/episodes/{episode_id}/end`` with ``{"reward": float}`` (the environment's reward), ``{}`` or
+  ``{"answer": ..., "metadata": {...}}`` (the scorer's reward functions score the final state), or
+  ``{"failed": "reason"}`` (dead-lettered, never trained); answers ``{"episode_id", "state", "calls"}``;
+- ``GET /v1/models`` (the one model name served) and ``GET /health``.
+
+The episode id of a call comes from the ``X-Episode-Id`` header, else from the API key (``Authorization: Bearer
+<episode id>``, the ``api_key`` of the OpenAI client): the agent is unmodified apart from ``base_url`` and that id.
+
+Guarantees: every refusal is an OpenAI error object (``{"error": {"message", "type", "param", "code"}}``) whose
+message names what was wrong: a missing or malformed episode id, an unknown model, streaming, too many tokens,
+malformed messages (:mod:`producers.gateway.calls`), a body over ``gateway.max_body_bytes`` (413, refused before it
+is read), no Content-Length (411), a path that does not exist (404). An unexpected failure is a 500 with its type
+and message; the server itself never dies of a request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import unquote
+
+from producers.gateway.calls import RequestError
+from producers.gateway.episodes import group_of
+from schemas import ID_PATTERN, PROMPT_ID_MAX_LEN
+
+log = logging.getLogger(__name__)
+CONNECTION_TIMEOUT_S = 30.0
+"""Each read and write of a connection (a client that stalls loses its connection, not a thread for ever)."""
+_END = re.compile(r"^/v1/episodes/(?P<episode>.+)/end$")  # an id may hold '/' (GROUP/NAME), sent as is or %2F
+_CALLS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+
+
+class GatewayServer(ThreadingHTTPServer):
+    """The HTTP server; ``serve_forever()`` in a thread, ``shutdown()`` to stop."""
+
+    daemon_threads = True
+    request_queue_size = 128
+
+    def __init__(self, gateway, *, host: str, port: int, max_body_bytes: int) -> None:
+        self.gateway, self.max_body_bytes = gateway, max_body_bytes
+        super().__init__((host, port), _Handler)
+
+    @property
+    def url(self) -> str:
+        """The base URL an OpenAI client takes (``.../v1``)."""
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+
+def episode_of(headers: Any) -> str:
+    """The episode id of a request: ``X-Episode-Id``, else the API key; RequestError when neither is a valid id."""
+    found = headers.get("X-Episode-Id")
+    if not found:
+        auth = headers.get("Authorization") or ""
+        found = auth[len("Bearer "):].strip() if auth.startswith("Bearer ") else ""
+    if not found:
+        raise RequestError("missing episode id: send it as the X-Episode-Id header or as the API key",
+                           status=400, code="missing_episode_id")
+    if not ID_PATTERN.match(found):
+        raise RequestError(f"malformed episode id {found[:80]!r}: 1-255 characters of A-Z a-z 0-9 . _ : / @ -, "
+                           f"starting with a letter or digit", code="bad_episode_id")
+    if len(group_of(found)) > PROMPT_ID_MAX_LEN:
+        raise RequestError(f"episode id {found[:80]!r}...: its group (the part before the last '/') is longer than "
+                           f"{PROMPT_ID_MAX_LEN} characters, the longest prompt id", code="bad_episode_id")
+    return found
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: GatewayServer
+    timeout = CONNECTION_TIMEOUT_S
+
+    def log_message(self, format: str, *args: Any) -> None:  # no per-request stderr lines (keys stay private)
+        return
+
+    def do_GET(self) -> None:
+        path = self.path.split("?")[0].rstrip("/")
+        if path == "/v1/models":
+            name = self.server.gateway.gcfg.model_name
+            self._send(200, {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "stream-rl"}]})
+        elif path == "/health":
+            self._send(200, {"status": "ok", "version": self.server.gateway.engine.version})
+        else:
+            self._refuse(RequestError(f"no such path {self.path[:80]!r}", status=404, code="not_found"))
+
+    def do_POST(self) -> None:
+        path = self.path.split("?")[0].rstrip("/")
+        try:
+            end = _END.match(path)
+            if end is None and path not in _CALLS:
+                raise RequestError(f"no such path {self.path[:80]!r}: POST /v1/chat/completions, /v1/completions "
+                                   f"or /v1/episodes/{{id}}/end", status=404, code="not_found")
+            body = self._body()
+            gateway = self.server.gateway
+            if end is not None:
+                answer = gateway.end(episode_of({"X-Episode-Id": unquote(end.group("episode"))}), body)
+            else:
+                answer = gateway.call(_CALLS[path], episode_of(self.headers), body)
+        except RequestError as exc:
+            self._refuse(exc)
+            return
+        except Exception as exc:  # the server goes on; the agent sees the reason
+            log.exception("gateway request failed")
+            self._refuse(RequestError(f"{type(exc).__name__}: {str(exc)[:2000]}", status=500, code="server_error"))
+            return
+        self._send(200, answer)
+
+    def _body(self) -> Any:
+        declared = self.headers.get("Content-Length")
+        if declared is None:
+            raise RequestError("a Content-Length is required (chunked bodies are not accepted)", status=411)
+        if not declared.strip().isdigit():
+            raise RequestError(f"Content-Length {declared[:40]!r} is not a number")
+        length = int(declared)
+        if length > self.server.max_body_bytes:
+            raise RequestError(f"the body of {length} bytes is over gateway.max_body_bytes="
+                               f"{self.server.max_body_bytes}", status=413, code="body_too_large")
+        raw = self.rfile.read(length) if length else b""
+        if len(raw) < length:
+            raise RequestError(f"the body ended after {len(raw)} of {length} bytes")
+        try:
+            return json.loads(raw) if raw else None
+        except (ValueError, RecursionError):
+            raise RequestError("the body is not JSON") from None
+
+    def _refuse(self, exc: RequestError) -> None:
+        self._send(exc.status, exc.body())
+
+    def _send(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        self.wfile.flush()

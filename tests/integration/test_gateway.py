@@ -1,0 +1,234 @@
+"""The gateway for black-box agents on the real broker, driven by the real ``openai`` client: a tool-using agent's
+calls are recorded and its episode published as rollouts; concurrent episodes never mix; streaming and bad requests
+are refused with OpenAI errors naming why; a killed agent's episode is dead-lettered with its reason; a restarted
+gateway loses no recorded call.
+
+A tiny chat policy (support.chat_model) with a tool-use template (support.chat.TOOLS_TEMPLATE) on the hf engine,
+one engine shared by the module's tests; each test has its own run (topics) and its own gateway thread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+import torch
+from support.chat import TOOLS_TEMPLATE
+from support.chat_model import build_chat_model_dir
+from support.producers import collect
+from support.topics import read_records
+from support.waiting import wait_for
+
+from producers.gateway.episodes import chain_breaks
+from producers.gateway.role import GatewayDeps, run_gateway
+
+pytestmark = pytest.mark.broker
+torch.set_num_threads(1)
+TOOLS = [{"type": "function", "function": {"name": "calc", "description": "add two integers",
+                                           "parameters": {"type": "object", "properties": {
+                                               "a": {"type": "integer"}, "b": {"type": "integer"}}}}}]
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+    """(model dir, template file, engine) shared by the module."""
+    from producers.engines.hf import HFEngine
+
+    root = tmp_path_factory.mktemp("gateway-policy")
+    model = build_chat_model_dir(root / "policy")
+    template = root / "tools.jinja"
+    template.write_text(TOOLS_TEMPLATE)
+    engine = HFEngine.from_dir(model)
+    yield model, template, engine
+    engine.close()
+
+
+@pytest.fixture
+def start(make_config, policy):
+    """Start a gateway thread on this test's run: ``start(**overrides) -> (url, cfg, stop)``; stopped at the end."""
+    model, template, engine = policy
+    running = []
+
+    def _start(**overrides):
+        cfg = make_config(**{"producer.model_dir": str(model), "producer.max_new_tokens": 6,
+                             "producer.follow_weights": False, "data.chat_template": str(template),
+                             "gateway.port": 0, "gateway.sweep_interval_s": 0.2, **overrides})
+        ready, stop, out = threading.Event(), threading.Event(), {}
+
+        def target():
+            try:
+                run_gateway(cfg, cfg.gateway, cfg.producer, stop,
+                            deps=GatewayDeps(engine=engine, on_ready=lambda s: (out.update(url=s.url), ready.set())))
+            except BaseException as exc:  # surfaced below
+                out["error"] = exc
+                ready.set()
+
+        thread = threading.Thread(target=target, daemon=True)
+        thread.start()
+        assert ready.wait(60) and "error" not in out, out.get("error")
+        running.append((thread, stop, out))
+        return out["url"], cfg, stop, thread
+
+    yield _start
+    for thread, stop, out in running:
+        stop.set()
+        thread.join(30)
+        assert "error" not in out, out["error"]
+
+
+def _end(url: str, episode: str, body: dict) -> dict:
+    request = urllib.request.Request(f"{url}/episodes/{episode}/end", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return json.loads(answer.read())
+
+
+def _agent(url: str, episode: str, reward: float) -> None:
+    """A tool-using agent with the unmodified openai client: ask, run the calculator on a tool call (or tell the
+    model the calculator's result), ask again, end the episode with its environment's reward."""
+    client = openai.OpenAI(base_url=url, api_key=episode, max_retries=0)
+    messages = [{"role": "user", "content": "What is 2+3? Use the calculator."}]
+    for _ in range(2):
+        answer = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, max_tokens=6)
+        message = answer.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if message.tool_calls:
+            for call in message.tool_calls:
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": "5"})
+        else:
+            messages.append({"role": "user", "content": "The calculator says 5."})
+    assert _end(url, episode, {"reward": reward})["state"] == "published"
+
+
+def _calls(transport, topic: str) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for record in read_records(transport, topic, None):
+        from schemas import GatewayCall, decode
+
+        message = decode(record.value)
+        if isinstance(message, GatewayCall):
+            out.setdefault(message.episode_id, []).append(message)
+    return out
+
+
+def test_concurrent_tool_using_agents_are_recorded_and_published_without_mixing(start):
+    from stream_rl.transport.client import Transport
+
+    url, cfg, _, _ = start()
+    rewards = {"calc-a": 0.25, "calc-b": 0.75, "calc-c": 1.0}
+    agents = [threading.Thread(target=_agent, args=(url, e, r)) for e, r in rewards.items()]
+    for agent in agents:
+        agent.start()
+    for agent in agents:
+        agent.join(120)
+    transport = Transport(cfg, "test")
+    calls = _calls(transport, transport.names.name("gateway"))
+    assert {e: [c.call_index for c in cs] for e, cs in calls.items()} == {e: [0, 1] for e in rewards}
+    rollouts = [r.value for r in collect(transport, transport.names.rollouts, want=len(rewards), timeout_s=30)]
+    by_episode: dict[str, list] = {}
+    for rollout in rollouts:
+        by_episode.setdefault(rollout.metadata["episode_id"], []).append(rollout)
+    for episode, own in by_episode.items():
+        mine = calls[episode]
+        chained = not chain_breaks(mine)
+        assert [r.metadata["gateway_mode"] for r in own] == (["chain"] if chained else ["turns", "turns"])
+        assert {r.metadata["episode_reward"] for r in own} == {json.dumps(rewards[episode])}
+        assert all(r.prompt_id == episode and r.answer is None for r in own)
+        assert own[0].prompt_token_ids.tolist() == mine[0].prompt_token_ids.tolist()  # its own prompt, no other's
+        if chained:  # one rollout: the last call's prompt and answer, the policy's tokens masked in
+            whole = mine[1].prompt_token_ids.tolist() + mine[1].response_token_ids.tolist()
+            assert own[0].prompt_token_ids.tolist() + own[0].response_token_ids.tolist() == whole
+            assert int(own[0].policy_mask.sum()) == sum(len(c.response_token_ids) for c in mine)
+    assert set(by_episode) == set(rewards)
+    first = json.loads(calls["calc-a"][0].messages_json)
+    assert first == [{"role": "user", "content": "What is 2+3? Use the calculator."}]  # as the agent sent them
+    assert json.loads(calls["calc-a"][0].tools_json) == TOOLS
+
+
+def test_streaming_and_bad_requests_are_refused_with_openai_errors_naming_why(start):
+    url, _, _, _ = start(**{"gateway.max_body_bytes": 1024})
+    client = openai.OpenAI(base_url=url, api_key="refusals", max_retries=0)
+    hello = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError, match="stream=true is not supported"):
+        client.chat.completions.create(model="policy", messages=hello, stream=True)
+    with pytest.raises(openai.NotFoundError, match="unknown model 'gpt-4o'"):
+        client.chat.completions.create(model="gpt-4o", messages=hello)
+    with pytest.raises(openai.BadRequestError, match="too many tokens: max_tokens=7"):
+        client.chat.completions.create(model="policy", messages=hello, max_tokens=7)
+    with pytest.raises(openai.BadRequestError, match=r"messages\[0\]"):
+        client.chat.completions.create(model="policy", messages=[{"role": "robot", "content": "x"}])
+    request = urllib.request.Request(f"{url}/chat/completions", method="POST",
+                                     data=json.dumps({"model": "policy", "messages": hello}).encode())
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        urllib.request.urlopen(request, timeout=30)
+    assert missing.value.code == 400 and "missing episode id" in json.loads(missing.value.read())["error"]["message"]
+    with pytest.raises(openai.APIStatusError, match="over gateway.max_body_bytes=1024") as large:
+        client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x" * 2000}])
+    assert large.value.status_code == 413
+    text = client.completions.create(model="policy", prompt="2+3=", max_tokens=4)  # the completions endpoint
+    assert text.choices[0].finish_reason in ("stop", "length") and text.usage.completion_tokens >= 1
+
+
+AGENT = """
+import sys, time, openai
+client = openai.OpenAI(base_url=sys.argv[1], api_key=sys.argv[2], max_retries=0)
+client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "2+3?"}], max_tokens=4)
+print("called", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_agents_episode_is_dead_lettered_with_its_reason_and_never_trained(start):
+    from schemas import decode
+    from stream_rl.transport.client import Transport
+
+    url, cfg, _, _ = start(**{"gateway.episode_timeout_s": 1.0})
+    agent = subprocess.Popen([sys.executable, "-c", AGENT, url, "crashy"], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+    try:
+        assert agent.stdout.readline().strip() == "called"
+    finally:
+        os.kill(agent.pid, signal.SIGKILL)
+        agent.wait(30)
+    transport = Transport(cfg, "test")
+    letters = wait_for(lambda: [decode(r.value) for r in read_records(transport, transport.names.dlq, None)],
+                       timeout_s=30, what="the dead letter of the killed agent's episode")
+    (letter,) = letters
+    assert letter.error_type == "EpisodeTimeout" and "gateway.episode_timeout_s=1" in letter.reason
+    assert letter.raw_key == b"crashy" and letter.source_topic == transport.names.name("gateway")
+    assert decode(letter.raw_value).episode_id == "crashy"  # it points at the episode's first call
+    assert read_records(transport, transport.names.rollouts, None) == []
+    client = openai.OpenAI(base_url=url, api_key="crashy", max_retries=0)
+    with pytest.raises(openai.ConflictError, match="dead-lettered"):
+        client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "again"}])
+
+
+def test_a_restarted_gateway_loses_no_recorded_call(start):
+    from stream_rl.transport.client import Transport
+
+    url, cfg, stop, thread = start()
+    client = openai.OpenAI(base_url=url, api_key="survivor", max_retries=0)
+    messages = [{"role": "user", "content": "2+3?"}]
+    first = client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
+    stop.set()
+    thread.join(30)
+    url, _, _, _ = start(**{"topics.run": cfg.topics.run})  # the same run: the gateway topic is replayed
+    client = openai.OpenAI(base_url=url, api_key="survivor", max_retries=0)
+    messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "sure?"}]
+    client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
+    assert _end(url, "survivor", {})["state"] == "published"  # no reward: the scorer's reward functions score it
+    transport = Transport(cfg, "test")
+    calls = _calls(transport, transport.names.name("gateway"))["survivor"]
+    assert [c.call_index for c in calls] == [0, 1]
+    rollouts = [r.value for r in collect(transport, transport.names.rollouts, want=1, timeout_s=30)]
+    assert {r.metadata["reward_source"] for r in rollouts} == {"scorer"}
+    assert rollouts[0].prompt_token_ids.tolist() == calls[0].prompt_token_ids.tolist()
+    assert sum(len(r.response_token_ids) for r in rollouts) >= sum(len(c.response_token_ids) for c in calls)

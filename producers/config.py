@@ -55,12 +55,53 @@ class VLLMSettings(Section):
         return value
 
 
+class ServerSettings(Section):
+    """Settings of the ``server`` engine: a fleet of ``vllm serve`` processes driven token in, token out
+    (:mod:`producers.engines.server`; docs/operations.md, "Generation on inference servers")."""
+
+    urls: list[str] = Field(
+        default_factory=list, max_length=1024,
+        description="base URLs of the servers (http://host:port); each is checked when the engine starts (reachable, "
+                    "same model, token ids and behaviour logprobs in its answers) and refused naming this field. "
+                    "`stream-rl run` fills it from [run.servers]")
+    urls_file: Path | None = Field(
+        None, description="a file of further server URLs, one per line, re-read every discover_every_s: a URL added "
+                          "joins the fleet mid-run (brought to the current version first), one removed retires")
+    discover_every_s: float = Field(5.0, gt=0.0, le=3600.0,
+                                    description="how often urls_file is re-read and a server marked down is retried")
+    request_timeout_s: float = Field(
+        600.0, gt=0.0, le=86_400.0,
+        description="deadline of one generation request (one prompt's group); past it the server is marked down "
+                    "and the request re-issued on another")
+    max_outstanding: int = Field(64, ge=1, le=65536,
+                                 description="requests (groups) one server runs at once at most")
+    unavailable_s: float = Field(
+        120.0, gt=0.0, le=86_400.0,
+        description="how long a generation waits for some server to be healthy before the producer stops with "
+                    "an error naming the servers and why each is down")
+    weights_dir: Path | None = Field(
+        None, description="where each new version is written (safetensors) for the servers to load; must be "
+                          "readable by every server (shared storage across nodes). None: a private directory "
+                          "in the system's temporary directory (servers on this machine)")
+
+    @field_validator("urls")
+    @classmethod
+    def _urls_well_formed(cls, urls: list[str]) -> list[str]:
+        from producers.engines.server_http import check_url
+
+        checked = [check_url(url) for url in urls]
+        if len(set(checked)) != len(checked):
+            raise ValueError("a server URL is listed twice")
+        return checked
+
+
 class ProducerConfig(Section):
     """How ``stream-rl produce`` turns prompts into groups of sampled rollouts."""
 
-    engine: Literal["hf", "vllm"] = Field(
+    engine: Literal["hf", "vllm", "server"] = Field(
         "hf", description="generation engine: hf (a transformers model, sampled by the engine's own decode "
-        "loop) or vllm (real vLLM, in-process)")
+        "loop), vllm (real vLLM, in-process) or server (vllm serve processes, token in token out: "
+        "producer.server)")
     model_dir: Path = Field(
         Path("demo/policy"),
         description="local save_pretrained directory (safetensors) of the initial policy, version 0")
@@ -154,7 +195,7 @@ class ProducerConfig(Section):
         False, description="also look for newer weights between decode steps of a generation (every "
         "inflight_check_every tokens) and load a complete, verified version in place; each token records the "
         "version that produced it (the KV cache of earlier tokens stays, PipelineRL's approximation). Needs "
-        "follow_weights (both engines: hf, vllm)")
+        "follow_weights (engines hf, vllm and server: a server reports the version of each token)")
     inflight_check_every: int = Field(
         8, ge=1, le=65536, description="with inflight_updates: decode steps (tokens) between two looks at the "
                                        "weights topic during a generation")
@@ -170,6 +211,8 @@ class ProducerConfig(Section):
         5.0, ge=0.0,
         description="at start-up, wait up to this long for the newest complete version (late joiners catch up)")
     vllm: VLLMSettings = Field(default_factory=VLLMSettings, description="settings of the vllm engine")
+    server: ServerSettings = Field(default_factory=ServerSettings,
+                                   description="settings of the server engine (a fleet of vllm serve processes)")
 
     @field_validator("stop")
     @classmethod

@@ -83,7 +83,6 @@ from producers.stale_feed import StaleFeed, inheritance
 from producers.weights_follower import ProducerStats, WeightsFollower, inflight_hook, make_follower
 from schemas import group_id_for
 from stream_rl.config.shared import SharedConfig
-from stream_rl.launch.lease import Lender
 from stream_rl.runtime import failpoints
 
 log = logging.getLogger(__name__)
@@ -136,7 +135,6 @@ def run_producer(shared: SharedConfig, pcfg: ProducerConfig, stop_event: threadi
     batch.turns = turns
     batch.hold = (inheritance(transport, source, batch.producer_id, follower, budget, stats)
                   if budget.share is not None else None)  # the groups its predecessor left in flight
-    batch.lease = Lender.from_env()  # a no-op unless `stream-rl run` placed the run elastically
     try:
         while not stop_event.is_set() and (max_batches is None or stats.batches < max_batches):
             _iterate(batch, follower, budget, stale, stats, telemetry)
@@ -144,7 +142,7 @@ def run_producer(shared: SharedConfig, pcfg: ProducerConfig, stop_event: threadi
         telemetry.error(type(exc).__name__)
         raise
     finally:
-        for closable in (batch.lease, telemetry, follower.receiver if follower else None, stale, source, sink,
+        for closable in (telemetry, follower.receiver if follower else None, stale, source, sink,
                          batch.gate.reader if batch.gate else None):
             if closable is not None:
                 closable.close()
@@ -169,10 +167,8 @@ def _iterate(batch: _Batcher, follower: WeightsFollower | None, budget: Budget, 
     if stale is not None:
         stats.groups_returned += budget.returned_stale(stale.poll())
     if budget.over(engine.version, time.monotonic()) and not (batch.gate and batch.gate.finishing()):
-        batch.lease.lend()  # run.placement = "elastic": the trainer may use this core until the budget opens
         follower.update(timeout_s=pcfg.poll_timeout_s, wait_for_newer=True)  # backpressure
         return
-    batch.lease.reclaim()
     result = batch.run_once(stats, telemetry)
     if result is not None:
         budget.charge({r.group_id: r.group_size for r in result.rollouts},
@@ -191,7 +187,6 @@ class _Batcher:
         self.carry: list = []
         self._committed: dict = {}  # (topic, partition) -> the offset last committed by this process
         self.gate = None  # producers.epoch_gate.EpochGate: epoch order across partitions (producer.epoch_order)
-        self.lease = Lender(None)  # run.placement = "elastic": set by run_producer (stream_rl.launch.lease)
         self.turns: Turns | None = None  # multi-turn episodes (producer.environment)
         self.hold = None  # () -> bool after each poll: True keeps the batch for later (stale_feed.inheritance)
         self.aborted: set[tuple] = set()  # (topic, partition, offset) of prompts aborted in the last batch
@@ -281,6 +276,11 @@ def _observe(telemetry, result: StepResult, follower: WeightsFollower | None, en
     telemetry.tokens(int(result.metrics.get("producer/response_tokens", 0)))
     telemetry.observe_seconds("generate", float(result.metrics.get("producer/generate_s", 0.0)))
     telemetry.set_version(engine.version)
+    fleet = getattr(engine, "fleet", None)
+    if fleet is not None:  # the server engine: each server's health, queue depth and throughput in heartbeats
+        from producers.engines.server_fleet import fleet_metrics
+
+        telemetry.step_metrics = fleet_metrics(fleet())
     if follower is not None and follower.newest_seen >= 0:
         telemetry.observe_staleness([max(0, follower.newest_seen - engine.version)])
 

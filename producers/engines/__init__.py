@@ -1,4 +1,5 @@
-"""Generation engines behind one interface (``base.GenerationEngine``): ``hf`` and ``vllm``.
+"""Generation engines behind one interface (``base.GenerationEngine``): ``hf``, ``vllm`` (in-process) and
+``server`` (a fleet of ``vllm serve`` processes).
 
 Consumes: a :class:`~producers.config.ProducerConfig`. Produces: a ready engine at policy version 0.
 Guarantees: importing this package imports neither torch nor vLLM; each engine module is imported on demand; the
@@ -39,4 +40,8 @@ def _load(cfg: ProducerConfig) -> GenerationEngine:
         from producers.engines.vllm import VLLMEngine
 
         return VLLMEngine(cfg.model_dir, settings=cfg.vllm, dtype=cfg.dtype, seed=cfg.seed)
-    raise EngineError(f"unknown engine {cfg.engine!r} (expected 'hf' or 'vllm')")
+    if cfg.engine == "server":
+        from producers.engines.server import ServerEngine
+
+        return ServerEngine(cfg.model_dir, settings=cfg.server)
+    raise EngineError(f"unknown engine {cfg.engine!r} (expected 'hf', 'vllm' or 'server')")

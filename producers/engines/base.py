@@ -23,9 +23,10 @@ Guarantees every engine gives (``tests/integration/test_producers.py``, ``test_s
   accumulate (v1 then v2 gives what v2 alone gives): both engines merge ``W0 + scale * B A``
   (:mod:`producers.engines.adapters`); ``hf`` into the base weights it keeps, ``vllm`` into the checkpoint's
   weights, reloaded in full (it refuses an adapter version after a full-weight version: it keeps no other base).
-- In-flight updates (``set_weights_hook``, engines that support them: ``hf``, ``vllm``): between decode steps, every
-  ``every`` tokens, the engine calls the hook, which may replace the weights through ``load_weights`` (all or
-  nothing); each token then records the version that produced it in ``Sample.token_versions``. Without a hook
+- In-flight updates (``set_weights_hook``, engines that support them: ``hf``, ``vllm``, ``server``): between
+  decode steps, every ``every`` tokens (``server``: every ``every`` x 0.05 s while requests run), the engine calls
+  the hook, which may replace the weights through ``load_weights`` (all or nothing); each token then records the
+  version that produced it in ``Sample.token_versions``. Without a hook
   ``token_versions`` is None: every token comes from the version held when ``generate`` was called.
 """
 
@@ -185,7 +186,7 @@ class GenerationEngine(ABC):
         cannot change weights between decode steps refuse with :class:`EngineError`."""
         if hook is not None:
             raise EngineError(f"the {type(self).__name__} engine cannot change weights during a generation "
-                              f"(producer.inflight_updates needs producer.engine = \"hf\" or \"vllm\")")
+                              f"(producer.inflight_updates needs producer.engine = \"hf\", \"vllm\" or \"server\")")
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the engine's resources (default: nothing to do)."""

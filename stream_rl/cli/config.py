@@ -22,10 +22,16 @@ from consumers.scorer.config import ScorerConfig
 from consumers.trainer.config import PPO_RANGE_CLIP, TrainerConfig
 from producers.config import ProducerConfig
 from producers.evaluator.config import EvalConfig
+from producers.gateway.config import GatewayConfig
 from stream_rl.config.base import CrossFieldError, Section
 from stream_rl.config.loading import resolve_config
 from stream_rl.config.shared import Agreements, SharedConfig
 from stream_rl.launch.gpus import GpuLayout, RoleCounts, layout_errors
+from stream_rl.launch.servers import ServersSpec
+
+ELASTIC_REMOVED = ("run.placement='elastic' was removed: its lease (the trainer's update on the idle roles' cores) "
+                   "measured 1.03x 'auto' on the demo, within the noise (docs/architecture.md, \"Elastic placement: "
+                   "designed, measured, removed\"); use 'auto'")
 
 
 class RunConfig(Section):
@@ -48,22 +54,23 @@ class RunConfig(Section):
                                    "their memory shares, e.g. [run.gpus] producers = \"0-5\", trainer = \"6-7\" "
                                    "(stream_rl/launch/gpus.py, docs/operations.md); None: roles see the "
                                    "environment's GPUs")
-    placement: Literal["auto", "elastic", "none"] = Field(
+    placement: Literal["auto", "none"] = Field(
         "auto", description="'auto': once training starts each trainer rank runs on cores of its own (with their "
         "threads), producers on the rest (1 thread each), scorers and the local broker where the kernel finds "
         "room, and the prompts/rollouts/scored topics get one partition per consumer unless topics.partitions is "
-        "set (stream_rl/launch/placement.py); 'elastic': as 'auto', and while every producer, scorer and "
-        "evaluator has nothing to do (backpressure, an empty poll) the trainer's update runs on all the run's "
-        "cores, one thread each (stream_rl/launch/lease.py; one trainer rank); 'none': nothing pinned, one thread "
-        "per process")
+        "set (stream_rl/launch/placement.py); 'none': nothing pinned, one thread per process ('elastic' was "
+        "removed: docs/architecture.md)")
+    servers: ServersSpec | None = Field(
+        None, description="with producer.engine = \"server\": the vllm serve processes `run` starts and stops "
+        "(stream_rl/launch/servers.py); each producer gets its own share of them. None: the producers use "
+        "producer.server.urls / urls_file as given")
 
-    @model_validator(mode="after")
-    def _elastic_one_rank(self) -> RunConfig:
-        if self.placement == "elastic" and self.trainer_ranks > 1:
-            raise CrossFieldError(("run.placement", "run.trainer_ranks"), (
-                f"run.placement='elastic' with run.trainer_ranks={self.trainer_ranks}: the lent cores widen one "
-                f"trainer process; with several ranks use 'auto'"))
-        return self
+    @field_validator("placement", mode="before")
+    @classmethod
+    def _elastic_removed(cls, value: object) -> object:
+        if value == "elastic":
+            raise ValueError(ELASTIC_REMOVED)
+        return value
 
     @field_validator("demo_dir", mode="before")
     @classmethod
@@ -85,6 +92,9 @@ class StreamRLConfig(SharedConfig):
     run: RunConfig = Field(default_factory=RunConfig)
     eval: EvalConfig | None = Field(None, description="held-out evaluation (stream-rl evaluate; `run` starts the "
                                                         "evaluator when this section is set); None: no evaluation")
+    gateway: GatewayConfig | None = Field(None, description="OpenAI-compatible endpoint for black-box agents "
+                                          "(stream-rl gateway; `run` starts it when this section is set, "
+                                          "docs/agents.md); None: no gateway")
 
     @model_validator(mode="after")
     def _across_sections(self) -> StreamRLConfig:
@@ -120,7 +130,24 @@ class StreamRLConfig(SharedConfig):
                 f"trainer.loss.max_len={loss.max_len} < producer.max_new_tokens={budget}: Dr. GRPO's constant "
                 f"normaliser must cover the longest response the producers may generate"))
         self._keep_best_rule()
+        self._servers_rule()
         return self
+
+    def _servers_rule(self) -> None:
+        """``producer.engine = "server"`` needs servers; a server belongs to one producer."""
+        servers, server = self.run.servers, self.producer.server
+        if self.producer.engine != "server":
+            return  # [run.servers] is then unused (config_warnings says so)
+        if servers is None and not server.urls and server.urls_file is None:
+            raise CrossFieldError(("producer.engine", "producer.server.urls"), (
+                "producer.engine = 'server' needs servers: producer.server.urls, producer.server.urls_file, or "
+                "[run.servers] for `stream-rl run` to start them"))
+        drivers = self.run.producers + (1 if self.gateway is not None else 0)
+        if servers is not None and servers.count < drivers:
+            raise CrossFieldError(("run.servers.count", "run.producers"), (
+                f"run.servers.count={servers.count} < run.producers={self.run.producers}"
+                f"{' + 1 for the gateway' if self.gateway is not None else ''}: each producer (and the gateway) "
+                f"drives servers of its own (a server holds one driver's weights version)"))
 
     def _keep_best_rule(self) -> None:
         """``trainer.keep_best`` names a metric an evaluation of a configured set produces
@@ -178,6 +205,9 @@ def config_warnings(cfg: StreamRLConfig) -> list[str]:
         out.append(f"producer.versions_ahead = trainer.max_lag = {lag}: rollouts generated that far ahead reach the "
                    f"trainer up to max_lag + 1 versions old and some are dropped as stale (measured in "
                    f"docs/benchmarks.md); versions_ahead < max_lag avoids it")
+    if cfg.run.servers is not None and cfg.producer.engine != "server":
+        out.append(f"[run.servers] is set but producer.engine = {cfg.producer.engine!r}: no server is started "
+                   f"(the servers are for producer.engine = 'server')")
     return out
 
 

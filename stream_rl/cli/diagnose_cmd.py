@@ -38,7 +38,9 @@ def doctor(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapOp
     cfg = resolve(config, set_, {"kafka.bootstrap_servers": bootstrap, "topics.run": run}, dry_run)
     if cfg.run.demo_dir is not None:
         apply_demo(cfg, Path(cfg.run.demo_dir))
-    checks = run_checks(cfg, role_facts(cfg), model_dir or [], min_free_gib)
+    from stream_rl.cli.server_checks import server_checks
+
+    checks = run_checks(cfg, role_facts(cfg), model_dir or [], min_free_gib) + server_checks(cfg)
     if as_json:
         typer.echo(json.dumps({"ok": exit_code(checks) == 0, "checks": [asdict(c) for c in checks]}, indent=2))
     else:

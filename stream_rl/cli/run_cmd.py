@@ -12,6 +12,7 @@ it started it.
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -230,7 +231,7 @@ def _load_prompts(cfg, rows) -> None:
 
 
 def _place(cfg):
-    """The run's :class:`~stream_rl.launch.placement.Placement`; with ``run.placement`` "auto" or "elastic" and
+    """The run's :class:`~stream_rl.launch.placement.Placement`; with ``run.placement = "auto"`` and
     ``topics.partitions`` not set by the user, the data topics get one partition per consumer."""
     from stream_rl.launch import placement
 
@@ -246,24 +247,7 @@ def _pin_all(sup, chosen) -> None:
 
     for child in sup.children:
         role = child.role.rsplit("-", 1)[0]
-        pin_tree(child.proc.pid, chosen.cores["produce" if role == "evaluate" else role])
-
-
-def _lease(cfg, chosen):
-    """Each process's lease environment under ``run.placement = "elastic"`` (:mod:`stream_rl.launch.lease`): a
-    fresh ``run_dir/lease`` (a loan left by an earlier process of this run dir means nothing now), every producer,
-    scorer and evaluator a lender. Otherwise every process gets none."""
-    import shutil
-
-    from stream_rl.launch.lease import lease_env
-
-    if not chosen.elastic:
-        return lambda name: {}
-    directory = Path(cfg.run_dir) / "lease"
-    shutil.rmtree(directory, ignore_errors=True)
-    directory.mkdir(parents=True)
-    lenders = cfg.run.producers + cfg.run.scorers + (cfg.eval is not None)
-    return lambda name: lease_env(directory, name, lenders, chosen.all_cores())
+        pin_tree(child.proc.pid, chosen.cores["produce" if role in ("evaluate", "gateway") else role])
 
 
 def _gpu_lines(cfg) -> list[str]:
@@ -298,6 +282,7 @@ def _gpu_devices(cfg) -> dict[str, str]:
 def _launch(cfg, chosen, resume: bool = False, devices: dict[str, str] | None = None) -> None:
     from stream_rl.launch.orchestrator import RoleDied, Supervisor, supervise, write_run_config
 
+    servers = _start_servers(cfg)
     config_file = write_run_config(cfg, Path(cfg.run_dir))
     sup = Supervisor(Path(cfg.run_dir), config_file)
     ranks = cfg.run.trainer_ranks
@@ -306,20 +291,21 @@ def _launch(cfg, chosen, resume: bool = False, devices: dict[str, str] | None = 
     try:
         try:
             args = (["--nproc", str(ranks)] if ranks > 1 else []) + (["--resume"] if resume else [])
-            lease = _lease(cfg, chosen)  # process name -> its lease environment (empty unless elastic)
-            sup.start("train", 0, args, threads=chosen.threads["train"], cuda_devices=gpus("train-0"),
-                      extra_env=lease("train-0"))
+            sup.start("train", 0, args, threads=chosen.threads["train"], cuda_devices=gpus("train-0"))
             for i in range(cfg.run.scorers):
-                sup.start("score", i, threads=chosen.threads["score"], cuda_devices=gpus(f"score-{i}"),
-                          extra_env=lease(f"score-{i}"))
+                sup.start("score", i, threads=chosen.threads["score"], cuda_devices=gpus(f"score-{i}"))
             for i in range(cfg.run.producers):
-                sup.start("produce", i, threads=chosen.threads["produce"], cuda_devices=gpus(f"produce-{i}"),
-                          extra_env=lease(f"produce-{i}"))
+                sup.start("produce", i, _server_args(cfg, i, servers), threads=chosen.threads["produce"],
+                          cuda_devices=gpus(f"produce-{i}"))
             if cfg.eval is not None:  # held-out evaluation: its own process, placed with the producers
-                sup.start("evaluate", 0, threads=chosen.threads["produce"], cuda_devices=gpus("evaluate-0"),
-                          extra_env=lease("evaluate-0"))
+                sup.start("evaluate", 0, _eval_args(cfg), threads=chosen.threads["produce"],
+                          cuda_devices=gpus("evaluate-0"))
+            if cfg.gateway is not None:  # black-box agents' OpenAI endpoint (docs/agents.md), placed with the producers
+                sup.start("gateway", 0, _server_args(cfg, cfg.run.producers, servers),
+                          threads=chosen.threads["produce"], cuda_devices=gpus("gateway-0"))
         except BaseException:
             sup.stop_all()  # a signal between two starts: the roles already started are stopped, not orphaned
+            _stop_servers(servers)
             raise
         # pinned once training has started: three processes importing torch load fastest where the kernel puts them
         rows = supervise(sup, metrics, typer.echo, cfg.run.max_wall_s, poll_s=0.5,
@@ -328,12 +314,67 @@ def _launch(cfg, chosen, resume: bool = False, devices: dict[str, str] | None = 
         fail(f"run failed: {exc}")
     except KeyboardInterrupt as exc:
         fail("interrupted; every role was stopped", interrupted_code(exc))
+    finally:
+        _stop_servers(servers)
     typer.echo(summarize(rows))
     if cfg.eval is not None:
         from stream_rl.evaluation.ledger import FILE_NAME, read_rows
         from stream_rl.evaluation.report import before_after_line
 
         typer.echo(before_after_line(read_rows(Path(cfg.run_dir) / FILE_NAME)))
+
+
+def _start_servers(cfg) -> list:
+    """``[run.servers]``: start the inference servers, wait until each answers, write each producer's URL file
+    (``run_dir/servers-I.urls``); versions go through ``run_dir/server-weights`` unless
+    ``producer.server.weights_dir`` is set."""
+    if cfg.run.servers is None:
+        return []
+    from stream_rl.launch.orchestrator import die_with_parent
+    from stream_rl.launch.servers import ServerStartError, share, start_servers, wait_ready, write_urls_file
+
+    run_dir = Path(cfg.run_dir)
+    spec = cfg.run.servers
+    typer.echo(f"starting {spec.count} inference server(s) (logs: {run_dir / 'logs'}/server-N.log)")
+    servers = start_servers(spec, Path(cfg.producer.model_dir), cfg.producer.dtype, run_dir / "logs",
+                            preexec_fn=die_with_parent)
+    try:
+        wait_ready(servers, spec.startup_timeout_s)
+    except BaseException as exc:
+        _stop_servers(servers)
+        if isinstance(exc, ServerStartError):
+            fail(str(exc))
+        raise
+    drivers = cfg.run.producers + (1 if cfg.gateway is not None else 0)  # the gateway drives its own share
+    for i, urls in enumerate(share([s.url for s in servers], drivers)):
+        write_urls_file(run_dir / f"servers-{i}.urls", urls)
+    (run_dir / "servers.json").write_text(json.dumps(
+        [{"url": s.url, "pid": s.proc.pid, "log": str(s.log)} for s in servers], indent=1) + "\n")
+    if cfg.producer.server.weights_dir is None:
+        cfg.producer.server.weights_dir = run_dir / "server-weights"
+        cfg.producer.server.weights_dir.mkdir(parents=True, exist_ok=True)
+    return servers
+
+
+def _server_args(cfg, index: int, servers: list) -> list[str]:
+    """Producer ``index``'s own URL file (the gateway's: index ``run.producers``), when `run` started the
+    servers."""
+    if not servers:
+        return []
+    return ["--set", f"producer.server.urls_file={Path(cfg.run_dir) / f'servers-{index}.urls'}"]
+
+
+def _eval_args(cfg) -> list[str]:
+    """The evaluator generates in-process (``hf``) when the producers use servers: a server holds one producer's
+    version, and the evaluator walks versions of its own (docs/operations.md)."""
+    return ["--set", "producer.engine=hf"] if cfg.producer.engine == "server" else []
+
+
+def _stop_servers(servers: list) -> None:
+    if servers:
+        from stream_rl.launch.servers import stop_servers
+
+        stop_servers(servers)
 
 
 def summarize(rows: list[dict]) -> str:

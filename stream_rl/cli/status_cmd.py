@@ -187,6 +187,8 @@ def _render(snap: dict[str, Any]):
             for key, value in list(values.items())[:_METRICS_SHOWN]:
                 calls.add_row(instance, key.removeprefix("rewards/"), f"{value:.4g}")
         parts.append(calls)
+    if snap.get("servers"):
+        parts.append(_servers_table(snap["servers"]))
     if snap.get("evaluation"):
         ev = snap["evaluation"]
         evals = Table(title=f"last evaluation: v{ev['version']} (step {ev['step']})")
@@ -238,3 +240,19 @@ def trace_show(run_dir: Annotated[Path | None, typer.Argument(help="the run dire
     except TraceViewError as exc:
         fail(f"stream-rl trace show: {exc}")
     typer.echo("\n".join(lines))
+
+
+def _servers_table(servers: dict[str, dict[str, float]]):
+    """One row per inference server of each producer (``producer.engine = "server"``)."""
+    from rich.table import Table
+
+    table = Table(title="inference servers (each producer's fleet)")
+    for col in ("producer", "server", "healthy", "version", "outstanding", "requests", "tokens", "failures"):
+        table.add_column(col)
+    for instance, values in servers.items():
+        for i in range(int(values.get("servers/total", 0))):
+            row = [values.get(f"servers/{i}/{key}", float("nan")) for key in
+                   ("healthy", "version", "outstanding", "requests", "tokens", "failures")]
+            table.add_row(instance, str(i), "yes" if row[0] else "NO", *(f"{v:.0f}" for v in row[1:]))
+    return table
+

@@ -9,7 +9,8 @@ tables::
 
     {"run", "time", "roles": [...], "weights": {...} | None, "topics": {...}, "lag": {...},
      "trainer_metrics": {...}, "data": {"epoch", "distinct_prompts"}, "alerts": [...], "endpoints": [...],
-     "reward_calls": {scorer instance: {"rewards/<reward>/<data_source>/<metric>": value}}}
+     "reward_calls": {scorer instance: {"rewards/<reward>/<data_source>/<metric>": value}},
+     "servers": {producer instance: {"servers/<i>/<metric>": value}}}
 
 Guarantees:
 - Per instance only its newest heartbeat counts (by ``created_at``); an instance is ``alive`` when that heartbeat
@@ -130,6 +131,16 @@ def reward_calls(latest: Mapping[str, Any]) -> dict[str, dict[str, float]]:
             if hb.role == "scorer" and any(k.startswith("rewards/") for k in hb.metrics)}
 
 
+def inference_servers(latest: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """Per producer instance driving inference servers (``producer.engine = "server"``), the fleet metrics of its
+    newest heartbeat (``servers/total``, ``servers/healthy``, ``servers/I/{healthy, outstanding, requests, tokens,
+    failures, version}``), finite only."""
+    return {hb.instance_id: {k: v for k, v in sorted(hb.metrics.items())
+                             if k.startswith("servers/") and isinstance(v, (int, float)) and math.isfinite(v)}
+            for hb in sorted(latest.values(), key=lambda h: h.instance_id)
+            if hb.role == "producer" and any(k.startswith("servers/") for k in hb.metrics)}
+
+
 def data_progress(metrics: Mapping[str, float]) -> dict[str, int | None]:
     """The trainer's ``data/epoch`` (highest epoch trained, 0-based) and ``data/distinct_prompts`` (prompt ids
     trained at least once) from its last metrics; None where the trainer does not report it."""
@@ -173,5 +184,5 @@ def build_snapshot(*, run: str, now: float, heartbeats: Iterable[Any], manifest:
             "topics": topic_rows(marks, previous_marks, dt_s),
             "lag": lag_rows(marks, committed or {}, groups or {}),
             "trainer_metrics": metrics, "data": data_progress(metrics), "alerts": open_alerts(alerts),
-            "reward_calls": reward_calls(latest),
+            "reward_calls": reward_calls(latest), "servers": inference_servers(latest),
             "endpoints": list(endpoints or [])}

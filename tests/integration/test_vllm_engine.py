@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from support.lora import random_adapter
 
 from producers.engines.base import Sampling
 
@@ -37,23 +38,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(PROBLEM is not None, reason=P
 
 TEMPERATURE = 0.7
 ADAPTED = ("self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj")
-
-
-def random_adapter(model_dir, modules: tuple[str, ...], rank: int = 4, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Wire-named adapter tensors (``{module}.lora_A.weight`` [r, in], ``.lora_B.weight`` [out, r]) for ``modules``
-    of every layer of the tiny model, with B != 0 so the version changes the policy."""
-    from stream_rl.models.loading import safetensors_shapes
-
-    shapes = safetensors_shapes(model_dir)
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for layer in range(2):
-        for module in modules:
-            path = f"model.layers.{layer}.{module}"
-            out_dim, in_dim = shapes[f"{path}.weight"]
-            tensors[f"{path}.lora_A.weight"] = 0.3 * torch.randn(rank, in_dim, generator=gen)
-            tensors[f"{path}.lora_B.weight"] = 0.3 * torch.randn(out_dim, rank, generator=gen)
-    return tensors
 
 
 @pytest.fixture(scope="module")

@@ -49,3 +49,20 @@ def trained_adapters(steps: int = 1, seed: int = 0) -> tuple[TorchEngine, dict[s
 def logits_of(model, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return model(input_ids=ids).logits
+
+
+def random_adapter(model_dir, modules: tuple[str, ...], rank: int = 4, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Wire-named adapter tensors (``{module}.lora_A.weight`` [r, in], ``.lora_B.weight`` [out, r]) for ``modules``
+    of every layer of the tiny model, with B != 0 so the version changes the policy."""
+    from stream_rl.models.loading import safetensors_shapes
+
+    shapes = safetensors_shapes(model_dir)
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(2):
+        for module in modules:
+            path = f"model.layers.{layer}.{module}"
+            out_dim, in_dim = shapes[f"{path}.weight"]
+            tensors[f"{path}.lora_A.weight"] = 0.3 * torch.randn(rank, in_dim, generator=gen)
+            tensors[f"{path}.lora_B.weight"] = 0.3 * torch.randn(out_dim, rank, generator=gen)
+    return tensors

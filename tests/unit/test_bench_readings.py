@@ -9,7 +9,7 @@ from bench import common
 from bench import run as bench_run
 
 MOVED = ("transport", "async", "weights", "offpolicy", "scorers", "ranks", "deltas", "packing", "rewards", "evalcost",
-         "longtail", "elastic")
+         "longtail", "servers")
 """Benchmarks whose reading is written by hand in docs/benchmarks.md (moved there from an f-string in their module,
 or written there from the start)."""
 

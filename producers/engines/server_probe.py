@@ -4,7 +4,8 @@ Consumes: a server's base URL and the policy's checkpoint directory (``producer.
 Produces: :class:`ServerInfo` (vocabulary size, max model length, the version it is labelled with), or raises
 :class:`~producers.engines.base.EngineError` with one line saying what is wrong and how to start the server right;
 :func:`push_version` loads a version into a server.
-Guarantees: a server is refused when it cannot be reached, is not a vLLM server with the RL endpoints
+Guarantees: a server is refused when it cannot be reached, runs a vLLM outside the tested range (``/version``,
+:data:`producers.engines.vllm_args.TESTED_RANGE`), is not a vLLM server with the RL endpoints
 (``VLLM_SERVER_DEV_MODE=1``), lacks the worker extension, serves another model (parameter names and shapes, or
 the values of the checkpoint's smallest tensor, differ from ``model_dir``), returns logprobs other than those of
 the sampled distribution, has the token-in/token-out endpoint disabled, or answers a one-token probe without token
@@ -58,6 +59,7 @@ def probe_server(url: str, model_dir: Path, timeout_s: float) -> ServerInfo:
         raise EngineError(f"cannot reach {url}: {exc}") from exc
     except ServerRefused as exc:
         raise EngineError(f"{url} is not an OpenAI-compatible server (GET /v1/models: {exc})") from exc
+    _check_version(url, timeout_s)
     info = rpc(url, "stream_rl_info", [], timeout_s)
     if info.get("shapes_digest") != shapes_digest(checkpoint_shapes(model_dir)):
         raise EngineError(f"{url} serves another model: its parameter names or shapes differ from those of "
@@ -71,6 +73,19 @@ def probe_server(url: str, model_dir: Path, timeout_s: float) -> ServerInfo:
     _probe_generate(url, timeout_s)
     label = str(call(url, "GET", "/weight_info", timeout_s=timeout_s).get("weight_version"))
     return ServerInfo(int(info["vocab_size"]), int(info["max_model_len"]), int(label) if label.isdigit() else None)
+
+
+def _check_version(url: str, timeout_s: float) -> None:
+    """The server's vLLM must be in the range the worker extension and the endpoints were checked in: the extension
+    calls the worker's ``reload_weights``, and the engine reads ``/inference/v1/generate``'s version spans."""
+    from producers.engines.vllm_args import TESTED_RANGE, in_tested_range
+
+    answer = call(url, "GET", "/version", timeout_s=timeout_s)
+    version = str(answer.get("version")) if isinstance(answer, dict) else ""
+    if not in_tested_range(version):
+        raise EngineError(f"{url} runs vLLM {version or '(unknown version)'}; the server engine is tested with "
+                          f"vllm>={TESTED_RANGE[0]},<{TESTED_RANGE[1]} (its worker extension uses the worker's "
+                          f"reload_weights)")
 
 
 def _probe_generate(url: str, timeout_s: float) -> None:

@@ -208,6 +208,12 @@ def test_wrong_servers_are_refused_at_start_naming_the_setting(model_dir, server
             assert expected in _refusal(model_dir, broken.url, tmp_path)
         finally:
             broken.close()
+    broken = BrokenServer(model_dir, no_logprobs, version="0.33.1")
+    try:
+        assert "runs vLLM 0.33.1; the server engine is tested with vllm>=0.32,<0.33" in _refusal(model_dir, broken.url,
+                                                                                                tmp_path)
+    finally:
+        broken.close()
     broken = BrokenServer(model_dir, no_logprobs, rpc_status=404)
     try:
         assert "VLLM_SERVER_DEV_MODE=1" in _refusal(model_dir, broken.url, tmp_path)

@@ -38,11 +38,12 @@ def started_servers(model_dir: Path, count: int, logs: Path):
 
 
 class BrokenServer:
-    """Answers ``GET /v1/models``, ``/weight_info`` and ``POST /collective_rpc`` (``stream_rl_info`` as a right
-    server of ``model_dir`` would) and ``POST /inference/v1/generate`` with ``generate(body) -> (status, answer)``;
-    ``rpc_status`` other than 200 answers every ``/collective_rpc`` with it."""
+    """Answers ``GET /v1/models``, ``/version`` (``version``), ``/weight_info`` and ``POST /collective_rpc``
+    (``stream_rl_info`` as a right server of ``model_dir`` would) and ``POST /inference/v1/generate`` with
+    ``generate(body) -> (status, answer)``; ``rpc_status`` other than 200 answers every ``/collective_rpc`` with it."""
 
-    def __init__(self, model_dir: Path, generate: Callable[[dict], tuple[int, dict]], rpc_status: int = 200):
+    def __init__(self, model_dir: Path, generate: Callable[[dict], tuple[int, dict]], rpc_status: int = 200,
+                 version: str = "0.32.0"):
         from producers.engines.server_worker import checkpoint_shapes, shapes_digest, values_digest
 
         info = {"shapes_digest": shapes_digest(checkpoint_shapes(model_dir)), "values_digest": values_digest(model_dir),
@@ -64,6 +65,8 @@ class BrokenServer:
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 if self.path == "/weight_info":
                     self._answer(200, {"weight_version": "0"})
+                elif self.path == "/version":
+                    self._answer(200, {"version": outer.version})
                 else:
                     self._answer(200, {"object": "list", "data": [{"id": "broken"}]})
 
@@ -79,7 +82,7 @@ class BrokenServer:
                 else:
                     self._answer(200, {})
 
-        self.generate, self.rpc_status = generate, rpc_status
+        self.generate, self.rpc_status, self.version = generate, rpc_status, version
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

@@ -55,7 +55,7 @@ from producers.engines.base import (
 )
 from producers.engines.server_fleet import Fleet, read_urls_file
 from producers.engines.server_http import ServerDown, ServerRefused, call
-from producers.engines.server_probe import ServerInfo, probe_server, push_version
+from producers.engines.server_probe import Fingerprint, ServerInfo, probe_server, push_version
 
 if TYPE_CHECKING:
     import torch
@@ -147,6 +147,7 @@ class ServerEngine(GenerationEngine):
         if not urls:
             raise EngineError("producer.server: no server URLs (producer.server.urls is empty and "
                               f"producer.server.urls_file {settings.urls_file} lists none)")
+        self._fingerprint = Fingerprint.of(self.model_dir)  # every server joining is checked against it
         self._fleet = Fleet(urls, max_outstanding=settings.max_outstanding)
         self._info: ServerInfo | None = None
         for url in urls:  # every server given at start must be right: refused naming the field
@@ -185,7 +186,7 @@ class ServerEngine(GenerationEngine):
         """Check ``url`` (:func:`probe_server`), bring it to the current version, let it take requests; a failure
         raises (``fatal``: a URL of ``producer.server.urls`` at start) or marks it down with the reason."""
         try:
-            info = probe_server(url, self.model_dir, self.settings.request_timeout_s)
+            info = probe_server(url, self._fingerprint, self.settings.request_timeout_s)
             if self._info is None:
                 self._info = info
             elif (info.vocab_size, info.max_model_len) != (self._info.vocab_size, self._info.max_model_len):

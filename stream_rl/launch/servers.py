@@ -16,9 +16,7 @@ with the last line of its log; so does one not ready within ``startup_timeout_s`
 from __future__ import annotations
 
 import os
-import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,7 +26,9 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
+from stream_rl.broker import free_port
 from stream_rl.config.base import Section
+from stream_rl.launch.orchestrator import last_error_line
 
 EXTENSION = "producers.engines.server_worker.StreamRLWorker"  # the server engine's worker extension, by name
 OWN_FLAGS = ("--model", "--port", "--host", "--enable-scale-out", "--logprobs-mode", "--worker-extension-cls",
@@ -75,13 +75,6 @@ class ServerProcess:
     log: Path
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on now (the kernel's choice)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def server_command(model_dir: Path, port: int, spec: ServersSpec, dtype: str) -> list[str]:
     """The command line of one server."""
     cmd = [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", str(model_dir),
@@ -109,7 +102,7 @@ def start_servers(spec: ServersSpec, model_dir: Path, dtype: str, logs: Path,
     logs.mkdir(parents=True, exist_ok=True)
     servers = []
     for i in range(spec.count):
-        port = free_port()
+        port = free_port()  # the local broker's helper: a port on 127.0.0.1 nobody listens on now
         log = logs / f"server-{i}.log"
         cuda = spec.gpus[i] if spec.gpus else None
         with open(log, "ab") as fh:
@@ -131,7 +124,7 @@ def wait_ready(servers: list[ServerProcess], timeout_s: float) -> None:
             code = server.proc.poll()
             if code is not None:
                 raise ServerStartError(f"inference server {server.url} exited with code {code} before it was "
-                                       f"ready: {_last_line(server.log)} (log: {server.log})")
+                                       f"ready: {last_error_line(server.log)} (log: {server.log})")
             try:
                 with urllib.request.urlopen(f"{server.url}/health", timeout=2) as answer:  # noqa: S310 - our URL
                     if answer.status == 200:
@@ -150,15 +143,6 @@ def write_urls_file(path: Path, urls: list[str]) -> None:
     partial = path.with_suffix(".partial")
     partial.write_text("".join(f"{url}\n" for url in urls))
     partial.replace(path)
-
-
-def _last_line(log: Path) -> str:
-    try:
-        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        return "(no log)"
-    errors = [line for line in lines if re.search(r"\w(Error|Exception)\b:|Value error", line)]
-    return (errors or lines or ["(empty log)"])[-1].strip()[:300]
 
 
 def stop_servers(servers: list[ServerProcess], grace_s: float = 10.0) -> None:

@@ -69,7 +69,7 @@ def main(policy_dir: Path, out: Path, rows: int, steps: int) -> None:
         out.write_text(json.dumps({"step_s": times, "allreduce_s": reduce_s, "tokens": batch.n_tokens,
                                    "grad_bytes": sum(p.numel() * 4 for p in params), "world": ranks.world,
                                    "threads": torch.get_num_threads()}))
-    ranks.close()
+    ranks.close(together=True)
 
 
 if __name__ == "__main__":

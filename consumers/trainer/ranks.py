@@ -192,11 +192,21 @@ class Ranks:
                               f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}): a peer rank died, hung "
                               f"past trainer.collective_timeout_s={self.timeout_s:g} or stopped") from exc
 
-    def close(self) -> None:
+    def close(self, together: bool = False) -> None:
+        """Tear the process group down. ``together``: every rank is closing at this point of the protocol (after
+        ``STOP``), so they first meet at a barrier: gloo aborts a rank ("terminate called without an active
+        exception") whose peer tore its connections down while it was still closing its own. Not on an error path,
+        where a peer may be inside another collective."""
         if self.world > 1:
             import torch.distributed as dist
 
             if dist.is_initialized() and not self.broken:
+                try:
+                    if together:
+                        dist.barrier()
+                except (RuntimeError, ValueError):
+                    self.broken = True
+                    return
                 dist.destroy_process_group()
 
 

@@ -83,7 +83,7 @@ def read_step(payload: bytes) -> tuple[TrainState, list[ScoredRollout]]:
 def run_follower(cfg: SharedConfig, tcfg: TrainerConfig, ranks: Ranks, resume: bool) -> None:
     """Rank > 0: mirror the leader's engine calls until it says STOP (module docstring)."""
     replica = restore(cfg, tcfg, ranks, resume)
-    engine, steps = replica.engine, 0
+    engine, steps, stopped = replica.engine, 0, False
     log.info("rank %d follows the leader (%s)", ranks.rank,
              f"resumed from {replica.path}" if replica.path else "initial weights")
     try:
@@ -99,6 +99,7 @@ def run_follower(cfg: SharedConfig, tcfg: TrainerConfig, ranks: Ranks, resume: b
                 engine.full_state()
             elif command is Command.STOP:
                 log.info("rank %d: stop after %d steps", ranks.rank, steps)
+                stopped = True
                 return
     finally:
-        ranks.close()
+        ranks.close(together=stopped)

@@ -397,9 +397,10 @@ class Trainer:
                       self.state.step, self.last_checkpoint_step)
 
     def close(self) -> None:
-        if not self.ranks.broken:
+        stopped = not self.ranks.broken
+        if stopped:
             self.ranks.send(Command.STOP)
-        self.ranks.close()
+        self.ranks.close(together=stopped)
         self.source.close()
         self.sink.close()
         self.best.poll()

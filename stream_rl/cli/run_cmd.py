@@ -135,7 +135,9 @@ def _dry_run(cfg) -> None:
     the resolved config on stdout (and the GPU layout on stderr), exit 0."""
     from stream_rl.config.loading import dump_config
 
-    if cfg.run.prompts_file is not None and Path(cfg.run.prompts_file).exists():
+    from stream_rl.hubs.rgym import is_spec
+
+    if cfg.run.prompts_file is not None and (Path(cfg.run.prompts_file).exists() or is_spec(cfg.run.prompts_file)):
         _checked_prompts(cfg)
     typer.echo(dump_config(cfg))
     if cfg.run.gpus is not None:  # stderr: stdout stays the config's JSON

@@ -6,7 +6,7 @@ Produces: :data:`BUILTIN_NAMES` (sorted), :data:`NEED_ANSWER`, :func:`check_name
 short name) and :func:`resolve` (the callable). ``scorer.reward_fn``, ``scorer.rewards`` routes, ``stream-rl
 rescore --reward``, ``stream-rl reward-server`` and the isolated reward workers all resolve through here.
 Guarantees: short names never shadow a reference (a reference has a ``:``); resolving a short name imports only its
-own module (``code_tests`` loads the sandbox, nothing else does).
+own module (``code_tests`` loads the sandbox, ``reasoning_gym`` the reasoning-gym hub, nothing else does).
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from stream_rl.rewards.contract import RewardFn, RewardFnError, load_reward_fn, 
 _VERIFIERS = ("gsm8k", "math_boxed", "multiple_choice")
 _SIMPLE = ("exact_match", "contains_answer", "last_number_match")
 _SANDBOXED = ("code_tests",)
-BUILTIN_NAMES = tuple(sorted(_VERIFIERS + _SIMPLE + _SANDBOXED))
+_HUBS = {"reasoning_gym": "stream_rl.hubs.rgym:reasoning_gym_reward"}
+"""Rewards that are a hub's own verifier (the hub is imported when the name is resolved, ``stream-rl[envs]``)."""
+BUILTIN_NAMES = tuple(sorted(_VERIFIERS + _SIMPLE + _SANDBOXED + tuple(_HUBS)))
 NEED_ANSWER = frozenset(_VERIFIERS + _SIMPLE)
 """The built-ins that compare with the reference answer and fail a rollout without one (``code_tests`` also
 reads its cases from ``metadata["tests"]``)."""
@@ -31,6 +33,8 @@ def _loader(name: str) -> Callable[[], RewardFn]:
 
             return VERIFIERS[name].reward
         return verifier
+    if name in _HUBS:
+        return lambda: load_reward_fn(_HUBS[name])
     module = "stream_rl.rewards.simple" if name in _SIMPLE else "stream_rl.rewards.sandbox"
     return lambda: load_reward_fn(f"{module}:{name}")
 

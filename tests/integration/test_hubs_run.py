@@ -1,0 +1,85 @@
+"""Environment hubs through `stream-rl run` on the real broker, one short CPU run per hub (issue 42, section 2):
+the tiny chat policy (support.chat_model, a character tokenizer that spells every printable character), a few
+steps, and the hub's own verifier as the reward. Each run checks that its scored rollouts came from the hub and
+were scored by it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.chat_model import build_chat_model_dir
+from support.topics import read_records
+
+pytestmark = pytest.mark.broker
+
+CONFIG = """
+[run]
+demo_dir = "none"
+epochs = 1
+group_size = 2
+
+[producer]
+max_new_tokens = 6
+prompts_per_batch = 4
+max_groups_per_version = 2
+{producer}
+
+[scorer]
+{scorer}
+
+[trainer]
+groups_per_step = 2
+micro_batch_size = 8
+max_lag = 2
+checkpoint_every = 100
+"""
+STEPS = 2
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory) -> Path:
+    """The tiny chat policy, built once for the hub runs."""
+    return build_chat_model_dir(tmp_path_factory.mktemp("hubs") / "policy")
+
+
+def _run(tmp_path: Path, broker, run_name: str, policy: Path, prompts: str, producer: str = "",
+         scorer: str = "") -> list[dict]:
+    """`stream-rl run` for STEPS steps; its step rows (asserting it exited 0)."""
+    config = tmp_path / "run.toml"
+    config.write_text(CONFIG.format(producer=producer, scorer=scorer))
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "stream_rl.cli.main", "run", "-c", str(config), "--bootstrap", broker.bootstrap,
+         "--run", run_name, "--max-steps", str(STEPS), "--set", f"run.prompts_file={prompts}",
+         "--set", f"producer.model_dir={policy}", "--set", f"trainer.model_dir={policy}",
+         "--set", f"run_dir={run_dir}"], capture_output=True, text=True, timeout=240, cwd=tmp_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [row for row in rows if "step" in row]
+    assert steps[-1]["step"] == STEPS
+    return steps
+
+
+def _scored(make_config) -> list:
+    from stream_rl.transport.client import Transport
+
+    transport = Transport(make_config(), "test")
+    return [r.value for r in read_records(transport, transport.names.scored, "scored_rollout")]
+
+
+def test_reasoning_gym_prompts_train_through_stream_rl_run_scored_by_its_own_verifier(
+        broker, tmp_path, run_name, policy, make_config):
+    pytest.importorskip("reasoning_gym")
+    _run(tmp_path, broker, run_name, policy, "reasoning-gym:basic_arithmetic?size=8&seed=1&max_terms=2",
+         scorer='reward_fn = "reasoning_gym"')
+    scored = _scored(make_config)
+    assert len(scored) >= STEPS * 2 * 2
+    assert all(s.rollout.metadata["rg_dataset"] == "basic_arithmetic" for s in scored)
+    assert all(s.rollout.prompt_id.startswith("rg-basic_arithmetic-1-") for s in scored)
+    assert all(0.0 <= s.reward <= 1.0 for s in scored)

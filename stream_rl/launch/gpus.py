@@ -17,8 +17,10 @@ Rules (each refused naming its fields):
   by more producers), used round-robin when there are more producers than blocks; the list must hold a whole
   number of blocks, at least one (or none at all: ``""``, no producer sees a GPU);
 - each trainer rank needs a GPU of its own: ``run.trainer_ranks <= len(trainer GPUs)`` (``""``: CPU ranks);
+- an inference server's GPUs (``run.servers.gpus``, ``producer.engine = "server"``) must exist too;
 - per GPU, the shares of every process on it (a producer's ``gpu_memory_utilization`` on each GPU of its block, a
-  trainer rank's ``trainer_memory``, each scorer's ``scorer_memory``, the evaluator's ``evaluator_memory``) satisfy
+  trainer rank's ``trainer_memory``, each scorer's ``scorer_memory``, the evaluator's ``evaluator_memory``, each
+  inference server's ``--gpu-memory-utilization`` from ``run.servers.extra_args``, vLLM's 0.9 when unset) satisfy
   ``sum(shares) * (1 + headroom) <= 1``: the planner's 20 % headroom (``docs/planner.md``).
 """
 
@@ -105,6 +107,8 @@ class RoleCounts:
     tensor_parallel_size: int = 1
     producer_share: float | None = None  # producer.vllm.gpu_memory_utilization; None: run.gpus.producer_memory
     producer_share_field: str = "producer.vllm.gpu_memory_utilization"
+    servers: tuple[tuple[int, ...], ...] = ()  # each inference server's GPUs (run.servers.gpus)
+    server_share: float = 0.0  # each server's --gpu-memory-utilization (run.servers.extra_args)
 
 
 def producer_blocks(layout: GpuLayout, counts: RoleCounts) -> list[tuple[int, ...]] | None:
@@ -155,6 +159,9 @@ def _shares(layout: GpuLayout, counts: RoleCounts, table: dict[str, tuple[int, .
             continue
         for gpu in gpus:
             per_gpu.setdefault(gpu, []).append(field_of[role])
+    for gpus in counts.servers:  # an inference server holds its share on each GPU it sees (tensor parallel)
+        for gpu in gpus:
+            per_gpu.setdefault(gpu, []).append(("run.servers.gpus", counts.server_share))
     return per_gpu
 
 
@@ -164,13 +171,14 @@ def layout_errors(layout: GpuLayout, counts: RoleCounts, count: int | None = Non
     errors: list[tuple[tuple[str, ...], str]] = []
     known = count if count is not None else layout.count
     source = "run.gpus.count" if count is None else "torch"
-    for role in ("producers", "trainer", "scorers", "evaluator"):
-        gpus = layout.devices(role)
+    lists = [(f"run.gpus.{role}", layout.devices(role)) for role in ("producers", "trainer", "scorers", "evaluator")]
+    lists += [("run.servers.gpus", gpus) for gpus in counts.servers]
+    for field, gpus in lists:
         missing = [i for i in gpus or () if known is not None and i >= known]
         if missing:
-            fields = (f"run.gpus.{role}",) + (("run.gpus.count",) if count is None else ())
+            fields = (field,) + (("run.gpus.count",) if count is None else ())
             indexes = f"indexes 0-{known - 1}" if known else "no GPU"
-            errors.append((fields, f"run.gpus.{role}: GPU {missing[0]} does not exist: {source} says {known} "
+            errors.append((fields, f"{field}: GPU {missing[0]} does not exist: {source} says {known} "
                                    f"GPU(s), {indexes}"))
     producers, tp = layout.devices("producers"), counts.tensor_parallel_size
     if producers and (len(producers) < tp or len(producers) % tp):
@@ -203,6 +211,8 @@ def describe(layout: GpuLayout | None, counts: RoleCounts) -> list[str]:
     lines = [f"gpus ({count}):"]
     lines += [f"  {process}: CUDA_VISIBLE_DEVICES={','.join(map(str, gpus)) or '(none)'}"
               for process, gpus in table.items()]
+    lines += [f"  server-{i}: CUDA_VISIBLE_DEVICES={','.join(map(str, gpus)) or '(none)'} (run.servers.gpus)"
+              for i, gpus in enumerate(counts.servers)]
     for gpu, shares in sorted(_shares(layout, counts, table).items()):
         total = sum(s for _, s in shares)
         lines.append(f"  GPU {gpu}: memory share {total:.3g} ({total * (1 + layout.headroom):.3g} with headroom)")

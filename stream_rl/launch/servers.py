@@ -24,13 +24,15 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from stream_rl.broker import free_port
 from stream_rl.config.base import Section
+from stream_rl.launch.gpus import parse_devices
 from stream_rl.launch.orchestrator import last_error_line
 
 EXTENSION = "producers.engines.server_worker.StreamRLWorker"  # the server engine's worker extension, by name
+VLLM_MEMORY_DEFAULT = 0.9  # vllm serve's --gpu-memory-utilization when the user's extra_args do not set it
 OWN_FLAGS = ("--model", "--port", "--host", "--enable-scale-out", "--logprobs-mode", "--worker-extension-cls",
              "--dtype", "--max-model-len")
 
@@ -65,7 +67,45 @@ class ServersSpec(Section):
         for arg in args:
             if arg.split("=", 1)[0] in OWN_FLAGS:
                 raise ValueError(f"{arg.split('=', 1)[0]}: stream-rl sets this vllm serve flag itself")
+        memory_share(args)  # a share that is not a number in (0, 1] is refused here, not by the server
         return args
+
+    @field_validator("gpus")
+    @classmethod
+    def _devices(cls, gpus: list[str] | None) -> list[str] | None:
+        for entry in gpus or ():
+            if not parse_devices(entry):
+                raise ValueError(f"{entry!r} lists no GPU: leave run.servers.gpus unset for servers without one")
+        return gpus
+
+    @model_validator(mode="after")
+    def _one_entry_per_server(self) -> ServersSpec:
+        if self.gpus is not None and len(self.gpus) != self.count:
+            raise ValueError(f"run.servers.gpus has {len(self.gpus)} entries for run.servers.count={self.count}: "
+                             f"give one entry (a GPU list) per server")
+        return self
+
+    def devices(self) -> tuple[tuple[int, ...], ...]:
+        """Each server's GPU indexes (empty when ``gpus`` is unset)."""
+        return tuple(parse_devices(entry) for entry in self.gpus or ())
+
+
+def memory_share(args: list[str]) -> float:
+    """The ``--gpu-memory-utilization`` in a server's arguments (``--flag value`` or ``--flag=value``), else vLLM's
+    default (:data:`VLLM_MEMORY_DEFAULT`). Raises ValueError when it is not a number in (0, 1]."""
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name != "--gpu-memory-utilization":
+            continue
+        text = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+        try:
+            share = float(text)
+        except ValueError:
+            share = float("nan")
+        if not 0.0 < share <= 1.0:
+            raise ValueError(f"--gpu-memory-utilization {text!r}: a share of the GPU in (0, 1]")
+        return share
+    return VLLM_MEMORY_DEFAULT
 
 
 @dataclass

@@ -12,7 +12,12 @@ Layouts:
 - **colocated** on G GPUs: the trainer's G ranks on ``0-(G-1)``, one producer per GPU (``run.producers = G``,
   tensor parallel 1), one scorer on GPU 0 (none: ``scorers = ""`` when it has no model);
 - **separate**: the trainer's T ranks on ``0-(T-1)``, the scorer on GPU T when it has a model, one producer on
-  each GPU left (``run.producers`` = their count).
+  each GPU left (``run.producers`` = their count);
+- **servers** (``--servers N``, separate only): as separate, with N inference servers (``[run.servers]``) on the
+  GPUs after the scorer's, each with its GPU's all but the headroom, ``floor(100 / (1 + headroom)) / 100``, as
+  ``--gpu-memory-utilization`` (a server alone on its GPU turns the rest into KV cache), one producer per
+  server (``producer.engine = "server"``; producers see no GPU). Servers on other machines are not started by
+  ``stream-rl run``: list their URLs in ``producer.server.urls`` instead (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -51,27 +56,39 @@ def propose_layout(plan: Plan) -> dict | None:
         producers = max(1, plan.inputs.gpus - first)
         producer_gpus = _span(first, producers)
         scorer_gpus = str(ranks) if has_scorer else ""
+    gpus = {"count": plan.inputs.gpus, "producers": producer_gpus, "trainer": _span(0, ranks),
+            "scorers": scorer_gpus, "trainer_memory": share(trainer.total, gpu),
+            "scorer_memory": share(scorer.total, gpu), "headroom": plan.inputs.headroom}
+    memory = share(generator.total, gpu)
+    if plan.inputs.servers:  # a server on each GPU after the trainer's and the scorer's; producers see no GPU
+        first, n = ranks + int(has_scorer), plan.inputs.servers
+        alone = math.floor(100 / (1 + plan.inputs.headroom) + 1e-9) / 100  # all but the headroom: KV cache
+        servers = {"count": n, "gpus": [str(first + i) for i in range(n)],
+                   "extra_args": ["--gpu-memory-utilization", f"{max(memory, alone):g}"]}
+        return {"run": {"producers": n, "trainer_ranks": ranks, "scorers": 1, "gpus": {**gpus, "producers": ""},
+                        "servers": servers},
+                "producer": {"engine": "server"}}
     return {
-        "run": {"producers": producers, "trainer_ranks": ranks, "scorers": 1,
-                "gpus": {"count": plan.inputs.gpus, "producers": producer_gpus, "trainer": _span(0, ranks),
-                         "scorers": scorer_gpus, "trainer_memory": share(trainer.total, gpu),
-                         "scorer_memory": share(scorer.total, gpu), "headroom": plan.inputs.headroom}},
-        "producer": {"engine": "vllm", "vllm": {"tensor_parallel_size": 1,
-                                                "gpu_memory_utilization": share(generator.total, gpu)}},
+        "run": {"producers": producers, "trainer_ranks": ranks, "scorers": 1, "gpus": gpus},
+        "producer": {"engine": "vllm", "vllm": {"tensor_parallel_size": 1, "gpu_memory_utilization": memory}},
     }
 
 
 def layout_toml(layout: dict) -> list[str]:
-    """The layout as TOML tables: ``[run]``, ``[run.gpus]``, ``[producer]``, ``[producer.vllm]``."""
+    """The layout as TOML tables: ``[run]``, ``[run.gpus]``, ``[run.servers]``, ``[producer]``,
+    ``[producer.vllm]`` (those it has)."""
     def value(v) -> str:
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
         return f'"{v}"' if isinstance(v, str) else f"{v:g}" if isinstance(v, float) else str(v)
 
     lines: list[str] = []
-    for table, path in (("run", ("run",)), ("run.gpus", ("run", "gpus")), ("producer", ("producer",)),
-                        ("producer.vllm", ("producer", "vllm"))):
+    for table in ("run", "run.gpus", "run.servers", "producer", "producer.vllm"):
         node = layout
-        for key in path:
-            node = node[key]
+        for key in table.split("."):
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is None:
+            continue
         lines.append(f"[{table}]")
         lines += [f"{k} = {value(v)}" for k, v in node.items() if not isinstance(v, dict)]
     return lines

@@ -13,7 +13,8 @@ Placements:
   ``trainer_ranks`` set to anything but G it does not apply (:data:`Placement.reason` says why).
 - **separate**: each role on its own GPUs: the trainer on ``trainer_ranks`` data-parallel GPUs, or when that is
   None the fewest that fit (only ZeRO >= 1 gains from more); the generator and the scorer on one GPU each (none
-  for a scorer without models).
+  for a scorer without models); with ``servers`` N, the generator is N inference servers on a GPU each
+  (``producer.engine = "server"``), and colocation does not apply.
 
 Only layouts this project runs are planned: the trainer's data-parallel ranks (torch, DDP-style, at ZeRO 0;
 DeepSpeed ZeRO 1/2/3 over N ranks; ``consumers/trainer/engines.py``, ``ranks.py``). There is no tensor or pipeline
@@ -74,6 +75,9 @@ class PlanInputs(BaseModel):
     reference: bool = Field(True, description="a frozen reference copy of the policy (KL)")
     reward_model_params: int = Field(0, ge=0, description="parameters of a reward model; 0: rule-based reward")
     headroom: float = Field(0.2, ge=0.0, lt=1.0, description="fraction added on top of every estimate")
+    servers: int = Field(0, ge=0, le=MAX_GPUS, description="generate on this many inference servers "
+                         "(producer.engine = 'server', [run.servers]), one GPU each, beside the trainer's and the "
+                         "scorer's GPUs; 0: producers generate in-process")
 
     @field_validator("dtype")
     @classmethod
@@ -253,6 +257,9 @@ def scorer_memory(inputs: PlanInputs, params: int, tp: int) -> RoleMemory:
 
 def _colocated(inputs: PlanInputs, params: int) -> Placement:
     n = inputs.gpus
+    if inputs.servers:
+        return Placement("colocated", (), 0, 0, None, False, (
+            f"--servers {inputs.servers}: each inference server takes a GPU of its own"))
     if inputs.trainer_ranks is not None and inputs.trainer_ranks != n:
         reason = (f"colocation puts a trainer rank on every GPU, and --trainer-ranks {inputs.trainer_ranks} is "
                   f"not --gpus {n}")
@@ -285,9 +292,10 @@ def _one_gpu(inputs: PlanInputs, role: RoleMemory) -> RoleMemory:
 
 
 def _separate(inputs: PlanInputs, params: int) -> Placement:
-    roles = (_separate_trainer(inputs, params),
-             _one_gpu(inputs, generator_memory(inputs, params, 1)),
-             _one_gpu(inputs, scorer_memory(inputs, params, 1)))
+    generator = _one_gpu(inputs, generator_memory(inputs, params, 1))
+    if inputs.servers and generator.gpus is not None:  # one inference server per GPU
+        generator = RoleMemory(generator.role, inputs.servers, generator.components)
+    roles = (_separate_trainer(inputs, params), generator, _one_gpu(inputs, scorer_memory(inputs, params, 1)))
     per_gpu = max(r.total for r in roles)
     counts = [r.gpus for r in roles]
     gpus = None if None in counts else sum(counts)
@@ -303,7 +311,8 @@ def _recommend(inputs: PlanInputs, colocated: Placement, separate: Placement) ->
     counts = ", ".join(f"{r.role} {r.gpus if r.gpus is not None else 'none fit'}" for r in separate.roles)
     if separate.fits:
         spare = inputs.gpus - separate.gpus
-        extra = f"; {spare} spare (more generator replicas)" if spare else ""
+        more = "more --servers" if inputs.servers else "more generator replicas"
+        extra = f"; {spare} spare ({more})" if spare else ""
         return "separate", f"separate roles on {separate.gpus} of {inputs.gpus} GPU(s): {counts}{extra}"
     trainer = separate.roles[0]
     if inputs.trainer_ranks is not None and not _fits(inputs, trainer.total):
@@ -375,8 +384,13 @@ def _notes(inputs: PlanInputs, params: int, launch: TrainerLaunch | None) -> tup
                      f"{launch.nproc_per_node} per machine on {launch.nnodes} machines")
     generator = generator_memory(inputs, params, 1)
     share = mem.with_headroom(generator.total, inputs.headroom) / _gpu_bytes(inputs)
-    notes.append(f"vLLM preallocates gpu_memory_utilization of the GPU: colocated, the generator needs about "
-                 f"{max(share, 0.01):.2f} (producer.vllm.gpu_memory_utilization)")
+    if inputs.servers:
+        notes.append(f"each inference server has its GPU alone: the layout gives it all but the headroom as "
+                     f"--gpu-memory-utilization (the rest is KV cache); it needs at least {max(share, 0.01):.2f}. "
+                     f"Servers on other machines: start them there and list their URLs in producer.server.urls")
+    else:
+        notes.append(f"vLLM preallocates gpu_memory_utilization of the GPU: colocated, the generator needs about "
+                     f"{max(share, 0.01):.2f} (producer.vllm.gpu_memory_utilization)")
     return tuple(notes)
 
 

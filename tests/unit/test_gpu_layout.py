@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from stream_rl.cli.config import load_config
+from stream_rl.cli.config import gpu_counts, load_config
 from stream_rl.config.base import ConfigError
 from stream_rl.launch.gpus import GpuLayout, RoleCounts, assign, describe, layout_errors, parse_devices, visible_devices
 from stream_rl.planner import PlanInputs, make_plan
@@ -176,3 +176,85 @@ def test_plan_command_prints_the_layout():
     as_json = json.loads(subprocess.run(cmd + ["--json"], capture_output=True, text=True, check=True,
                                         timeout=120).stdout)
     assert as_json["layout"]["run"]["gpus"]["trainer_memory"] == 0.35
+
+
+def _dotted(node: dict, prefix: str = "") -> dict:
+    """A proposed layout as ``--set`` overrides (``run.gpus.count`` = 8, ...)."""
+    out: dict = {}
+    for key, value in node.items():
+        out.update(_dotted(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+def test_plan_proposes_inference_servers_on_the_gpus_left_and_the_run_accepts_it():
+    # 3e9 bf16 at ZeRO 3 over 8 x 80 GiB, trainer ranks 2, --servers 4: trainer 0-1, scorer 2, servers 3, 4, 5, 6
+    plan = make_plan(PlanInputs(params=3_000_000_000, zero_stage=3, gpus=8, trainer_ranks=2, servers=4))
+    assert plan.recommendation == "separate" and plan.colocated.reason.startswith("--servers 4")
+    assert plan.separate.gpus == 7  # 2 + 4 + 1: one GPU spare
+    layout = propose_layout(plan)
+    assert layout["producer"] == {"engine": "server"}
+    # a server has its GPU alone: all but the 20 % headroom, floor(100 / 1.2) / 100 = 0.83
+    assert layout["run"]["servers"] == {"count": 4, "gpus": ["3", "4", "5", "6"],
+                                        "extra_args": ["--gpu-memory-utilization", "0.83"]}
+    assert (layout["run"]["producers"], layout["run"]["gpus"]["producers"]) == (4, "")
+    assert '[run.servers]' in layout_toml(layout) and 'gpus = ["3", "4", "5", "6"]' in layout_toml(layout)
+    cfg = load_config(None, env={}, overrides=_dotted(layout))  # the run's own checks accept it
+    assert cfg.run.servers.devices() == ((3,), (4,), (5,), (6,))
+    # 0.83 x 1.2 = 0.996 <= 1 on each server's GPU
+    assert "  GPU 3: memory share 0.83 (0.996 with headroom)" in describe(cfg.run.gpus, gpu_counts(cfg))
+
+
+def test_a_server_on_a_trainer_gpu_or_past_the_count_is_refused_naming_run_servers_gpus():
+    layout = propose_layout(make_plan(PlanInputs(params=3_000_000_000, zero_stage=3, gpus=8, trainer_ranks=2,
+                                                 servers=2)))
+    sets = _dotted(layout)
+    # a server at 0.83 beside a trainer rank at 0.42: 1.25 of GPU 0
+    with pytest.raises(ConfigError) as err:
+        load_config(None, env={}, overrides={**sets, "run.servers.gpus": ["0", "4"]})
+    assert "run.servers.gpus" in str(err.value) and "run.gpus.trainer_memory" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        load_config(None, env={}, overrides={**sets, "run.servers.gpus": ["3", "8"]})
+    assert "run.servers.gpus: GPU 8 does not exist: run.gpus.count says 8 GPU(s)" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        load_config(None, env={}, overrides={**sets, "run.servers.gpus": ["3"]})
+    assert "run.servers.gpus has 1 entries for run.servers.count=2" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        load_config(None, env={}, overrides={**sets, "run.servers.extra_args": ["--gpu-memory-utilization=1.5"]})
+    assert "--gpu-memory-utilization '1.5'" in str(err.value)
+
+
+def test_server_memory_share_comes_from_its_arguments_or_vllms_default():
+    from stream_rl.launch.servers import VLLM_MEMORY_DEFAULT, memory_share
+
+    assert memory_share(["--max-num-seqs", "8", "--gpu-memory-utilization", "0.5"]) == 0.5
+    assert memory_share(["--gpu-memory-utilization=0.25"]) == 0.25
+    assert memory_share([]) == VLLM_MEMORY_DEFAULT == 0.9
+    for bad in (["--gpu-memory-utilization"], ["--gpu-memory-utilization", "x"], ["--gpu-memory-utilization=0"]):
+        with pytest.raises(ValueError, match="a share of the GPU in"):
+            memory_share(bad)
+    # two servers at vLLM's default on one GPU: 1.8 of it
+    counts = RoleCounts(1, 1, 1, False, servers=((0,), (0,)), server_share=0.9)
+    assert _fields(layout_errors(GpuLayout(count=1), counts)) == [("run.servers.gpus", "run.gpus.headroom")]
+
+
+def test_plan_servers_need_their_gpus():
+    plan = make_plan(PlanInputs(params=3_000_000_000, zero_stage=3, gpus=4, trainer_ranks=2, servers=2))
+    assert plan.recommendation == "does-not-fit" and "need 5 GPU(s)" in plan.message
+    assert propose_layout(plan) is None
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_the_gpu_pipeline_server_mode_is_a_layout_the_run_accepts(device, tmp_path):
+    # bench/gpu_pipeline.py --engine server: one server on GPU 0 at its vLLM share beside the trainer and scorer
+    # (a CPU machine: no GPU anywhere). Ran end to end on CPU by hand: docs/benchmarks.md (GPU pipeline check).
+    from bench.gpu_pipeline import VLLM_SHARE, overrides
+
+    sets = overrides(tmp_path, tmp_path / "model", tmp_path / "p.jsonl", device, "tiny", 3, engine="server")
+    cfg = load_config(None, env={}, overrides=sets)
+    counts = gpu_counts(cfg)
+    assert (cfg.producer.engine, cfg.run.servers.count, cfg.run.gpus.producers) == ("server", 1, "")
+    if device == "cuda":
+        assert counts.servers == ((0,),) and counts.server_share == VLLM_SHARE == 0.3
+        assert f"  GPU 0: memory share {VLLM_SHARE:g}" in "\n".join(describe(cfg.run.gpus, counts))
+    else:
+        assert counts.servers == () and cfg.run.servers.extra_args == []

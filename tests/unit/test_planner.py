@@ -452,6 +452,10 @@ def test_cli_json_and_table(tmp_path):
     table = runner.invoke(app, ["plan", "--params", "7e9", "--no-reference", "--reward-model-params", "1e9"])
     assert table.exit_code == 0, table.output
     assert "7 B parameters" in table.stdout and "recommendation:" in table.stdout
+    served = runner.invoke(app, ["plan", "--params", "7e9", "--gpus", "8", "--zero-stage", "3", "--servers", "2"])
+    assert served.exit_code == 0, served.output
+    assert "[run.servers]\n  count = 2\n" in served.stdout and 'engine = "server"' in served.stdout
+    assert "colocated: not applicable: --servers 2: each inference server takes a GPU of its own" in served.stdout
 
 
 @pytest.mark.parametrize(("args", "named"), [
@@ -464,6 +468,7 @@ def test_cli_json_and_table(tmp_path):
     (["--config-json", "/nonexistent/config.json"], "--config-json"),
     (["--params", "7e9", "--trainer-ranks", "0"], "--trainer-ranks"),
     (["--params", "7e9", "--gpus-per-node", "0"], "--gpus-per-node"),
+    (["--params", "7e9", "--servers", "-1"], "--servers"),
 ])
 def test_cli_bad_option_exits_2_naming_it(args, named):
     result = CliRunner().invoke(app, ["plan", *args])

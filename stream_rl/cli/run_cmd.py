@@ -135,9 +135,9 @@ def _dry_run(cfg) -> None:
     the resolved config on stdout (and the GPU layout on stderr), exit 0."""
     from stream_rl.config.loading import dump_config
 
-    from stream_rl.hubs.rgym import is_spec
+    from stream_rl.hubs import source_kind
 
-    if cfg.run.prompts_file is not None and (Path(cfg.run.prompts_file).exists() or is_spec(cfg.run.prompts_file)):
+    if cfg.run.prompts_file is not None and (Path(cfg.run.prompts_file).exists() or source_kind(cfg.run.prompts_file)):
         _checked_prompts(cfg)
     typer.echo(dump_config(cfg))
     if cfg.run.gpus is not None:  # stderr: stdout stays the config's JSON

@@ -55,11 +55,6 @@ class SpecError(ValueError):
     """A ``reasoning-gym:`` spec that names no usable dataset; ``str()`` says why."""
 
 
-def is_spec(source: object) -> bool:
-    """Whether a prompt source (a path or a string) is a ``reasoning-gym:`` spec."""
-    return str(source).startswith(PREFIX)
-
-
 def parse_spec(source: object) -> tuple[str, int, int, dict]:
     """``(name, size, seed, config)`` of a spec; :class:`SpecError` naming what is wrong."""
     body = str(source)[len(PREFIX):]

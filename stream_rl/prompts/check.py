@@ -39,7 +39,7 @@ from stream_rl.prompts.reward_fit import reward_problems
 from stream_rl.prompts.schema import Problem, PromptFileError, PromptRow, row_from_record
 from stream_rl.prompts.sources import columns, file_format, iter_records
 
-UNITS = {"jsonl": "line", "parquet": "row", "hf": "row", "reasoning-gym": "row"}
+UNITS = {"jsonl": "line", "parquet": "row", "hf": "row", "reasoning-gym": "row", "verifiers": "row"}
 """What a problem's number counts in each format."""
 
 SHOWN_ERRORS = 10

@@ -4,7 +4,8 @@ Consumes: a path whose suffix names the format (``.jsonl``/``.json``/``.ndjson``
 ``.pq``: Parquet, read with pyarrow), or a directory written by ``datasets.Dataset.save_to_disk`` (format ``hf``,
 read with ``datasets.load_from_disk``, imported only then: a missing package is one error naming the extra), or a
 named source instead of a path: ``reasoning-gym:NAME?size=N&seed=S`` (format ``reasoning-gym``, a reasoning-gym
-dataset generated in memory, :mod:`stream_rl.hubs.rgym`, which imports reasoning-gym only then).
+dataset generated in memory, :mod:`stream_rl.hubs.rgym`) or ``verifiers:TASKSET?size=N`` (format ``verifiers``,
+a verifiers taskset's tasks, :mod:`stream_rl.hubs.vf`); each imports its hub only then.
 Produces: ``(number, record)`` pairs in file order, where ``number`` is the 1-based physical line (JSON lines;
 blank lines are skipped but still counted) or the 1-based row (Parquet, ``hf``), and ``record`` is the decoded object or
 a :class:`~stream_rl.prompts.schema.Problem` when the line cannot be decoded (number 0: the whole file).
@@ -22,7 +23,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from stream_rl.hubs import HubMissing, rgym
+from stream_rl import hubs
 from stream_rl.prompts.schema import Problem, PromptFileError
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
@@ -45,9 +46,10 @@ class _DuplicateKey(ValueError):
 def file_format(path: Path) -> str:
     """``"jsonl"`` or ``"parquet"`` from the suffix (``"hf"``: a datasets directory, ``"reasoning-gym"``: a named
     source); :class:`PromptFileError` for a missing file or other suffix."""
-    if rgym.is_spec(path):
-        _named(lambda: rgym.parse_spec(path))
-        return "reasoning-gym"
+    kind = hubs.source_kind(path)
+    if kind is not None:
+        _named(kind, lambda hub: hub.parse_spec(path))
+        return kind
     path = Path(path)
     if path.is_dir():
         if any((path / marker).is_file() for marker in HF_MARKERS):
@@ -67,8 +69,8 @@ def iter_records(path: Path, fmt: str) -> Iterator[Record]:
     """Every record of the file with its line (JSON lines) or row (Parquet) number, in order."""
     if fmt == "hf":
         return _hf_records(Path(path))
-    if fmt == "reasoning-gym":
-        return _named(lambda: rgym.records(path))
+    if fmt in hubs.SOURCES:
+        return _named(fmt, lambda hub: hub.records(path))
     return _jsonl_records(Path(path)) if fmt == "jsonl" else _parquet_records(Path(path))
 
 
@@ -76,8 +78,8 @@ def columns(path: Path, fmt: str) -> list[str]:
     """The file's top-level columns; JSON lines: every key of every object record, in first-seen order."""
     if fmt == "hf":
         return list(load_hf(Path(path)).column_names)
-    if fmt == "reasoning-gym":
-        return ["prompt_id", "text", "answer", "metadata"]
+    if fmt in hubs.SOURCES:
+        return ["prompt_id", "text", "messages", "answer", "metadata"]
     if fmt == "parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -112,12 +114,13 @@ def load_hf(path: Path):
     return loaded
 
 
-def _named(call):
-    """``call()``, with a named source's errors (a bad spec, its hub not installed) as PromptFileError."""
+def _named(kind: str, call):
+    """``call(hub)``, with a named source's errors (a bad spec, its hub not installed) as PromptFileError."""
+    hub = hubs.source_module(kind)
     try:
-        out = call()
+        out = call(hub)
         return iter(list(out)) if isinstance(out, Iterator) else out
-    except (rgym.SpecError, HubMissing) as exc:
+    except (hub.SpecError, hubs.HubMissing) as exc:
         raise PromptFileError(str(exc)) from None
 
 

@@ -6,7 +6,8 @@ Produces: :data:`BUILTIN_NAMES` (sorted), :data:`NEED_ANSWER`, :func:`check_name
 short name) and :func:`resolve` (the callable). ``scorer.reward_fn``, ``scorer.rewards`` routes, ``stream-rl
 rescore --reward``, ``stream-rl reward-server`` and the isolated reward workers all resolve through here.
 Guarantees: short names never shadow a reference (a reference has a ``:``); resolving a short name imports only its
-own module (``code_tests`` loads the sandbox, ``reasoning_gym`` the reasoning-gym hub, nothing else does).
+own module (``code_tests`` loads the sandbox, ``reasoning_gym`` and ``verifiers`` their hub's module, nothing else
+does).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from stream_rl.rewards.contract import RewardFn, RewardFnError, load_reward_fn, 
 _VERIFIERS = ("gsm8k", "math_boxed", "multiple_choice")
 _SIMPLE = ("exact_match", "contains_answer", "last_number_match")
 _SANDBOXED = ("code_tests",)
-_HUBS = {"reasoning_gym": "stream_rl.hubs.rgym:reasoning_gym_reward"}
+_HUBS = {"reasoning_gym": "stream_rl.hubs.rgym:reasoning_gym_reward", "verifiers": "stream_rl.hubs.vf:verifiers_reward"}
 """Rewards that are a hub's own verifier (the hub is imported when the name is resolved, ``stream-rl[envs]``)."""
 BUILTIN_NAMES = tuple(sorted(_VERIFIERS + _SIMPLE + _SANDBOXED + tuple(_HUBS)))
 NEED_ANSWER = frozenset(_VERIFIERS + _SIMPLE)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from support.chat_model import build_chat_model_dir
+from support.paths import VF_TASKSETS
 from support.topics import read_records
 
 pytestmark = pytest.mark.broker
@@ -48,8 +49,9 @@ def policy(tmp_path_factory) -> Path:
 
 
 def _run(tmp_path: Path, broker, run_name: str, policy: Path, prompts: str, producer: str = "",
-         scorer: str = "") -> list[dict]:
-    """`stream-rl run` for STEPS steps; its step rows (asserting it exited 0)."""
+         scorer: str = "", path: Path | None = None) -> list[dict]:
+    """`stream-rl run` for STEPS steps (``path``: a folder the roles import from); its step rows (asserting it
+    exited 0)."""
     config = tmp_path / "run.toml"
     config.write_text(CONFIG.format(producer=producer, scorer=scorer))
     run_dir = tmp_path / "run"
@@ -58,7 +60,9 @@ def _run(tmp_path: Path, broker, run_name: str, policy: Path, prompts: str, prod
          "--run", run_name, "--max-steps", str(STEPS), "--set", f"run.prompts_file={prompts}",
          "--set", f"producer.model_dir={policy}", "--set", f"trainer.model_dir={policy}",
          "--set", f"run_dir={run_dir}"], capture_output=True, text=True, timeout=240, cwd=tmp_path,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        env={**os.environ, "PYTHONUNBUFFERED": "1",
+             **({"PYTHONPATH": os.pathsep.join(filter(None, [str(path), os.environ.get("PYTHONPATH")]))}
+                if path else {})})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [row for row in rows if "step" in row]
@@ -83,3 +87,15 @@ def test_reasoning_gym_prompts_train_through_stream_rl_run_scored_by_its_own_ver
     assert all(s.rollout.metadata["rg_dataset"] == "basic_arithmetic" for s in scored)
     assert all(s.rollout.prompt_id.startswith("rg-basic_arithmetic-1-") for s in scored)
     assert all(0.0 <= s.reward <= 1.0 for s in scored)
+
+
+def test_a_verifiers_taskset_trains_through_stream_rl_run_scored_by_its_own_rewards(
+        broker, tmp_path, run_name, policy, make_config):
+    pytest.importorskip("verifiers.v1")
+    _run(tmp_path, broker, run_name, policy, "verifiers:vf_reverse?size=6", scorer='reward_fn = "verifiers"',
+         path=VF_TASKSETS)
+    scored = _scored(make_config)
+    assert len(scored) >= STEPS * 2 * 2
+    assert all(s.rollout.metadata["vf_taskset"] == "vf_reverse" for s in scored)
+    assert all(s.reward in (0.0, 0.5, 1.0, 1.5) for s in scored)  # 1 x reversed + 0.5 x short
+    assert any(s.reward >= 0.5 for s in scored)  # the tiny policy's turns are short

@@ -15,7 +15,7 @@ from stream_rl.rewards.routing import RewardRouter, RewardRoutes, RewardTerm
 
 def test_every_command_takes_every_short_name():
     assert set(BUILTIN_NAMES) == {"code_tests", "contains_answer", "exact_match", "gsm8k", "last_number_match",
-                                  "math_boxed", "multiple_choice", "reasoning_gym"}
+                                  "math_boxed", "multiple_choice", "reasoning_gym", "verifiers"}
     for name in BUILTIN_NAMES:
         fn = resolve(name)
         assert callable(fn)

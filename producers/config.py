@@ -185,12 +185,21 @@ class ProducerConfig(Section):
         0.0, ge=0.0, le=4.0, description="over-sample each batch: once ceil(B / (1 + oversample)) of its B groups "
                                          "are complete, decoding stops and the groups still running (the long "
                                          "tail) are re-queued: their prompts are carried, uncommitted, into the "
-                                         "next batch and regenerated from scratch, never dropped; a prompt aborted "
+                                         "next batch and regenerated from scratch, never dropped (with "
+                                         "partial_max_lag: their prefixes are resumed instead); a prompt aborted "
                                          "once runs to its end the next time; 0: off; hf engine, single-turn only")
     abort_after_s: float | None = Field(
         None, gt=0.0, le=86_400.0, description="stop decoding a batch after this many seconds once at least one "
                                                "group is complete; the groups still running are re-queued as with "
                                                "oversample; None: off; hf engine, single-turn only")
+    partial_max_lag: int | None = Field(
+        None, ge=0, le=1_000_000, description="durable partial rollouts: with oversample or abort_after_s, the "
+        "prefixes of the cut groups (token ids, behaviour logprobs, per-token versions) are published to the "
+        "partials topic, flushed before the prompts are committed, and resumed by a producer of the run (this one, "
+        "or any other after it died) on the weights it holds; a prefix whose oldest token is more than this many "
+        "versions behind those weights is dropped as stale and its prompt regenerated from scratch (keep it at or "
+        "below trainer.max_lag). None: a cut group's prompt is re-queued and regenerated from scratch. Not with "
+        "stop strings (producer.stop)")
     inflight_updates: bool = Field(
         False, description="also look for newer weights between decode steps of a generation (every "
         "inflight_check_every tokens) and load a complete, verified version in place; each token records the "
@@ -252,6 +261,18 @@ class ProducerConfig(Section):
                              f"returns whole batches)")
         if self.environment is not None:
             raise ValueError(f"{named} does not apply to multi-turn episodes (producer.environment): unset one")
+        return self
+
+    @model_validator(mode="after")
+    def _partials_possible(self) -> ProducerConfig:
+        if self.partial_max_lag is None:
+            return self
+        if self.oversample == 0 and self.abort_after_s is None:
+            raise ValueError("producer.partial_max_lag needs producer.oversample > 0 or producer.abort_after_s "
+                             "(nothing is ever cut otherwise)")
+        if self.stop:
+            raise ValueError("producer.partial_max_lag with producer.stop is refused: a stop string that spans the "
+                             "cut would not be seen by the resumed generation (use producer.stop_token_ids)")
         return self
 
     @model_validator(mode="after")

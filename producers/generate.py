@@ -25,7 +25,9 @@ Guarantees:
 - No batch barrier: with ``on_group`` each complete group is handed over once, from inside the decode loop when
   the engine streams groups (the hf engine), with the rollouts the result holds; the samples are those of a call
   without it. With ``early_stop`` (:func:`should_stop`) a batch stops decoding before its long tail ends; the cut
-  groups are listed in ``StepResult.aborted`` (nothing partial is returned) for the caller to re-queue.
+  groups are listed in ``StepResult.aborted`` (no partial rollout is returned) for the caller to re-queue, or,
+  with ``EarlyStop.keep_partials``, their prefixes come back as ``StepResult.partials``
+  (:class:`~schemas.PartialGroup`, :mod:`producers.partials`) for the caller to publish and resume.
 - :func:`plan_batch` orders a polled batch so that rejected prompts are dead-lettered and committed before any
   generation that comes after them in their partition (a crash while generating never re-dead-letters them).
 """
@@ -45,7 +47,7 @@ from producers.chat_turns import ChatTurns
 from producers.engines.base import SEED_MODULUS, GenerationEngine, Sample, Sampling
 from producers.environment import Environment
 from producers.multiturn import Episode, run_episodes
-from schemas import Prompt, Rollout, group_id_for, rollout_id_for
+from schemas import PartialGroup, Prompt, Rollout, group_id_for, rollout_id_for
 
 
 GroupSink = Callable[[list[Rollout]], None]
@@ -69,6 +71,9 @@ class StepResult:
     rejected: list[Rejected] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     aborted: list[int] = field(default_factory=list)
+    partials: list[PartialGroup] = field(default_factory=list)
+    """With ``EarlyStop.keep_partials``: the prefixes of the aborted groups (one per index of ``aborted``, in that
+    order), for the caller to publish instead of re-queuing the prompts."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ class EarlyStop:
     oversample: float = 0.0
     abort_after_s: float | None = None
     protected: frozenset[int] = frozenset()
+    keep_partials: bool = False  # the cut groups' prefixes come back in StepResult.partials (producer.partial_max_lag)
 
 
 def should_stop(ended: Sequence[bool], protected: Collection[int], oversample: float, elapsed_s: float,
@@ -184,6 +190,7 @@ def produce_rollouts(prompts: Sequence[Prompt], engine: GenerationEngine, *, pro
         by_size.setdefault(group_size or item[1].group_size, []).append(item)
     groups: dict[int, list[Sample]] = {}  # prompt index -> its samples
     aborted: list[int] = []
+    partials: dict[int, PartialGroup] = {}  # prompt index -> the prefixes of its cut group
     early: dict[int, list[Rollout]] = {}  # prompt index -> rollouts already handed to on_group
 
     def wrap(item: tuple[int, Prompt, list[int]], samples: list[Sample], generate_s: float,
@@ -208,7 +215,12 @@ def produce_rollouts(prompts: Sequence[Prompt], engine: GenerationEngine, *, pro
                 items[b], samples, generate_s + time.perf_counter() - t0)
         sampling_seed = batch_seed(seed, [p for _, p, _ in items])
         stop = _stop_when(early_stop, items, t0) if turns is None and getattr(engine, "streams_groups", False) else None
-        generated = _generate_groups(engine, items, n, sampling, max_new_tokens, sampling_seed, turns, stream, stop)
+        cut = None
+        if stop is not None and early_stop.keep_partials:
+            cut = lambda b, samples, running, items=items: partials.__setitem__(  # noqa: E731
+                items[b][0], _partial(items[b], samples, running, version, producer_id))
+        generated = _generate_groups(engine, items, n, sampling, max_new_tokens, sampling_seed, turns, stream, stop,
+                                     cut)
         generate_s += time.perf_counter() - t0
         for item, group in zip(items, generated, strict=True):
             if isinstance(group, str):  # its environment failed: dead-lettered with the reason
@@ -225,7 +237,15 @@ def produce_rollouts(prompts: Sequence[Prompt], engine: GenerationEngine, *, pro
     rollouts = [r for item in accepted
                 for r in (early[item[0]] if item[0] in early else wrap(item, groups[item[0]], generate_s, created_at))]
     metrics = {**_metrics(rollouts, len(accepted), generate_s, engine.version), "producer/aborted": float(len(aborted))}
-    return StepResult(rollouts, rejected, metrics, sorted(aborted))
+    return StepResult(rollouts, rejected, metrics, sorted(aborted), [partials[i] for i in sorted(aborted)
+                                                                     if i in partials])
+
+
+def _partial(item: tuple[int, Prompt, list[int]], samples: list[Sample], running: list[bool], version: int,
+             producer_id: str) -> PartialGroup:
+    from producers.partials import partial_group
+
+    return partial_group(item[1], item[2], samples, running, version=version, producer_id=producer_id)
 
 
 def _stop_when(early_stop: EarlyStop | None, items, t0: float) -> Callable[[list[bool]], bool] | None:
@@ -239,13 +259,16 @@ def _stop_when(early_stop: EarlyStop | None, items, t0: float) -> Callable[[list
 
 def _generate_groups(engine: GenerationEngine, items, n: int, sampling: Sampling, max_new_tokens: int, seed: int,
                      turns: Turns | None, stream: Callable[[int, list[Sample]], None] | None,
-                     stop: Callable[[list[bool]], bool] | None = None) -> list:
+                     stop: Callable[[list[bool]], bool] | None = None,
+                     cut: Callable[[int, list[Sample], list[bool]], None] | None = None) -> list:
     """The groups of ``items`` (a list of samples per prompt, or a multi-turn failure's reason)."""
     ids = [ids for _, _, ids in items]
     if turns is not None:
         return run_episodes(engine, [p for _, p, _ in items], ids, n, sampling=sampling,
                             max_new_tokens=max_new_tokens, seed=seed, make_env=turns.make_env,
                             max_turns=turns.max_turns, chat=turns.chat(engine.tokenizer))
+    if cut is not None:
+        return engine.generate(ids, n, sampling, max_new_tokens, seed, on_group=stream, stop_when=stop, on_cut=cut)
     if stream is not None or stop is not None:
         return engine.generate(ids, n, sampling, max_new_tokens, seed, on_group=stream, stop_when=stop)
     return engine.generate(ids, n, sampling, max_new_tokens, seed)

@@ -120,7 +120,9 @@ def run_producer(shared: SharedConfig, pcfg: ProducerConfig, stop_event: threadi
     stats.version = engine.version
     sink = transport.sink()
     group = transport.names.group("producers")
-    source = transport.source([transport.names.prompts], group, "prompt", sink,
+    durable = pcfg.partial_max_lag is not None  # durable partial rollouts: the producers' group reads them too
+    source = transport.source([transport.names.prompts] + ([transport.names.partials] if durable else []), group,
+                              ("prompt", "partial_group") if durable else "prompt", sink,
                               pause_when=lambda: telemetry.paused)  # alerts: "pause" (telemetry is built below)
     follower = make_follower(transport, shared.weights, pcfg, engine, stats)
     stats.start_version = engine.version  # after the start-up catch-up: the backpressure budget counts from here
@@ -135,6 +137,8 @@ def run_producer(shared: SharedConfig, pcfg: ProducerConfig, stop_event: threadi
     batch.turns = turns
     batch.hold = (inheritance(transport, source, batch.producer_id, follower, budget, stats)
                   if budget.share is not None else None)  # the groups its predecessor left in flight
+    if durable:
+        batch.partials_topic = transport.names.partials
     try:
         while not stop_event.is_set() and (max_batches is None or stats.batches < max_batches):
             _iterate(batch, follower, budget, stale, stats, telemetry)
@@ -190,10 +194,15 @@ class _Batcher:
         self.turns: Turns | None = None  # multi-turn episodes (producer.environment)
         self.hold = None  # () -> bool after each poll: True keeps the batch for later (stale_feed.inheritance)
         self.aborted: set[tuple] = set()  # (topic, partition, offset) of prompts aborted in the last batch
+        self.partials_topic: str | None = None  # producer.partial_max_lag: cut groups' prefixes go there
+        self.partials: list = []  # partial group records polled with the prompts, resumed first
 
     def run_once(self, stats: ProducerStats, telemetry) -> StepResult | None:
         """Handle one batch; the StepResult when rollouts were generated (None: nothing or only dead letters)."""
         records = self._next_records()
+        if self.partials:  # the prompts polled with them wait in the carry (uncommitted) for the next iteration
+            self.carry = sorted(self.carry + records, key=_position)
+            return self._resume(stats, telemetry)
         if not records:
             self.sink.flush()  # dead letters of a poll with no valid prompt
             self._commit(telemetry)
@@ -219,11 +228,16 @@ class _Batcher:
             sent: set[str] = set()  # groups already sent from inside the generation (producer.stream_groups)
             on_group = _group_sender(self.sink, self.topic, sent) if pcfg.stream_groups else None
             result = _generate(todo, self.engine, pcfg, self.producer_id, self.turns, on_group,
-                               _early_stop(pcfg, todo, self.aborted))
+                               _early_stop(pcfg, todo, self.aborted, self.partials_topic is not None))
+            kept = _publish_partials(result, self.sink, self.partials_topic)  # flushed with the rollouts below
             _publish(result, todo, self.source, self.sink, self.topic, sent)
         failpoints.hit("producer.after_send")  # recovery drills: rollouts on the broker, prompts not committed
-        self._requeue([todo[i] for i in result.aborted])
+        cut = [todo[i] for i in result.aborted]  # a cut group whose prefixes are on the broker is not re-queued
+        self._requeue([r for r in cut if group_id_for(r.value.prompt_id, r.value.epoch) not in kept])
         self._commit(telemetry)
+        stats.partials_published += len(kept)
+        if kept:  # recovery drills: the prefixes on the broker, their prompts committed, nothing resumed yet
+            failpoints.hit("producer.after_partials")
         _account(stats, result, self.engine)
         telemetry.set_step(stats.batches)  # heartbeats report the batch counter in `step`
         return result
@@ -246,7 +260,29 @@ class _Batcher:
             records, self.carry = self.carry, []
         else:
             records = self.source.poll(self.pcfg.poll_timeout_s, max_records=self.pcfg.prompts_per_batch)
+            self.partials = [r for r in records if r.topic == self.partials_topic]
+            records = [r for r in records if r.topic != self.partials_topic]
         return self.gate.admit(records) if self.gate is not None else records
+
+    def _resume(self, stats: ProducerStats, telemetry) -> StepResult:
+        """Complete the polled partial groups (:mod:`producers.partials`), send and flush them, then commit (every
+        partials offset polled, the prompts up to the first carried one): a crash before the commit resumes them
+        again under the same rollout ids (dropped downstream as duplicates)."""
+        from producers.partials import resume_partials
+
+        records, self.partials, pcfg = self.partials, [], self.pcfg
+        with self.source.process_span("resume", records, {"stream_rl.producer_id": self.producer_id}):
+            result = resume_partials([r.value for r in records], self.engine, producer_id=self.producer_id,
+                                     sampling=pcfg.sampling(), max_new_tokens=pcfg.max_new_tokens,
+                                     max_lag=pcfg.partial_max_lag, seed=pcfg.seed)
+            _publish(result, records, self.source, self.sink, self.topic,
+                     group_of=lambda record: record.value.group_id)
+        self._commit(telemetry)
+        stats.partials_resumed += int(result.metrics["producer/partials_resumed"])
+        stats.partials_stale += int(result.metrics["producer/partials_stale"])
+        _account(stats, result, self.engine)
+        telemetry.set_step(stats.batches)
+        return result
 
     def _commit(self, telemetry) -> None:
         """Commit, per assigned partition, the first carried offset or else the consumer's position (one past
@@ -320,12 +356,30 @@ def _position(record) -> tuple:
     return record.topic, record.partition, record.offset
 
 
-def _early_stop(pcfg: ProducerConfig, records, aborted_before: set[tuple]) -> EarlyStop | None:
-    """``producer.oversample`` / ``abort_after_s`` for a batch of ``records``, the ones aborted last time protected."""
+def _early_stop(pcfg: ProducerConfig, records, aborted_before: set[tuple],
+                keep_partials: bool = False) -> EarlyStop | None:
+    """``producer.oversample`` / ``abort_after_s`` for a batch of ``records``, the ones aborted last time protected
+    (``keep_partials``: the cut groups' prefixes are returned, producer.partial_max_lag)."""
     if pcfg.oversample == 0 and pcfg.abort_after_s is None:
         return None
     protected = frozenset(i for i, r in enumerate(records) if _position(r) in aborted_before)
-    return EarlyStop(pcfg.oversample, pcfg.abort_after_s, protected)
+    return EarlyStop(pcfg.oversample, pcfg.abort_after_s, protected, keep_partials)
+
+
+def _publish_partials(result: StepResult, sink, topic: str | None) -> set[str]:
+    """Send the cut groups' prefixes (``producer.partial_max_lag``) keyed by group; the group ids sent. The batch's
+    flush (:func:`_publish`) acknowledges them before the prompts are committed. A prefix too large for one record
+    is not sent: its prompt is re-queued and regenerated from scratch instead."""
+    if topic is None:
+        return set()
+    kept = set()
+    for partial in result.partials:
+        if sink.oversize(topic, partial, partial.group_id) is None:
+            sink.send(topic, partial, key=partial.group_id)
+            kept.add(partial.group_id)
+    if kept:
+        log.info("published the prefixes of %d cut group(s) to be resumed", len(kept))
+    return kept
 
 
 def _group_sender(sink, topic: str, sent: set[str]) -> GroupSink:
@@ -357,8 +411,8 @@ def _turns(pcfg: ProducerConfig, data) -> Turns | None:
                  chat_template_kwargs=dict(data.chat_template_kwargs), use_chat=mode != "none")
 
 
-def _publish(result: StepResult, records, source, sink, topic: str, sent: frozenset[str] | set[str] = frozenset()
-             ) -> None:
+def _publish(result: StepResult, records, source, sink, topic: str, sent: frozenset[str] | set[str] = frozenset(),
+             group_of=lambda record: group_id_for(record.value.prompt_id, record.value.epoch)) -> None:
     """Send the rollouts keyed by group (except the groups in ``sent``, sent already) and dead-letter rejected
     prompts; wait for the broker's acks. A group with a rollout that cannot fit ``kafka.max_request_size`` is not
     sent at all: its prompt is dead-lettered (``RecordTooLarge``, both sizes), so no incomplete group ever reaches
@@ -368,7 +422,7 @@ def _publish(result: StepResult, records, source, sink, topic: str, sent: frozen
         if too_large.get(rollout.group_id) is None:
             too_large[rollout.group_id] = sink.oversize(topic, rollout, rollout.group_id)
     for record in records:
-        problem = too_large.get(group_id_for(record.value.prompt_id, record.value.epoch))
+        problem = too_large.get(group_of(record))
         if problem is not None:
             source.dead_letter(record.topic, record.partition, record.offset, record.key, record.raw_value,
                                f"{problem} (a rollout of its group)", "RecordTooLarge", headers=record.headers)

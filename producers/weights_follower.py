@@ -38,6 +38,9 @@ class ProducerStats:
     groups_inherited: int = 0  # groups found in flight at start-up, counted by the backpressure budget
     budget_resets: int = 0  # times the budget was re-derived after producer.backpressure_timeout_s
     inflight_updates: int = 0  # versions loaded between decode steps of a generation (producer.inflight_updates)
+    partials_published: int = 0  # cut groups whose prefixes went to the partials topic (producer.partial_max_lag)
+    partials_resumed: int = 0  # partial groups completed from their prefixes
+    partials_stale: int = 0  # partial groups dropped as stale, their prompts regenerated from scratch
 
 
 class WeightsFollower:

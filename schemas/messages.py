@@ -23,7 +23,8 @@ Flow (see docs/architecture.md): ``Prompt`` -> producers -> ``Rollout`` -> score
 (+ ``WeightsChunk`` records in inline mode) and ``StaleRollout`` records;
 any consumer writes ``DeadLetter`` records for input it cannot decode or validate; every role process publishes
 ``Heartbeat`` records (status topic) and ``Alert`` transitions (alerts topic); the evaluator publishes
-``Evaluation`` records (evals topic).
+``Evaluation`` records (evals topic); a producer whose batch stops before its long tail ends publishes
+``PartialGroup`` records (partials topic, :mod:`schemas.partials`), which producers resume.
 """
 
 from __future__ import annotations
@@ -41,10 +42,11 @@ from schemas.run_records import (  # isort: skip
     ALERT_ACTIONS, ALERT_STATES, ROLE_STATES, ROLES, Alert, DeadLetter, Evaluation, Heartbeat, StaleRollout,
 )
 from schemas.gateway import GatewayCall, GatewayEpisode  # isort: skip
+from schemas.partials import PARTIAL_FINISH_REASONS, PartialGroup  # isort: skip
 
 __all__ = [
     "ALERT_ACTIONS", "ALERT_STATES", "FINISH_REASONS", "MAX_GROUP_SIZE", "MESSAGE_TYPES", "ROLES", "ROLE_STATES",
     "SAFETENSORS_ITEMSIZE", "WEIGHTS_MODES", "Alert", "DeadLetter", "Evaluation", "GatewayCall", "GatewayEpisode", "Heartbeat", "MemberRejected",
-    "Message", "Prompt", "Rollout", "ScoredRollout", "StaleRollout", "TensorEntry", "WeightsChunk",
+    "Message", "PARTIAL_FINISH_REASONS", "PartialGroup", "Prompt", "Rollout", "ScoredRollout", "StaleRollout", "TensorEntry", "WeightsChunk",
     "WeightsManifest", "chunk_count_for",
 ]

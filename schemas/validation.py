@@ -35,6 +35,7 @@ from schemas.messages import (
 )
 from schemas.weights import TENSOR_SPEC, TensorList
 from schemas.gateway import GatewayCall, GatewayEpisode  # isort: skip
+from schemas.partials import PARTIAL_FINISH_REASONS, PartialGroup  # isort: skip
 
 __all__ = [
     "FINISH_REASONS", "RULES", "SPECS", "TENSOR_SPEC", "WEIGHTS_MODES", "Embedded", "TensorList", "check_message",
@@ -210,6 +211,23 @@ def _gateway_episode_rule(msg: GatewayEpisode) -> None:
         raise SchemaError("reason", "must be non-empty exactly when outcome is 'dead_lettered'")
 
 
+def _partial_rule(msg: PartialGroup) -> None:
+    if msg.group_id != msg.prompt.group_id:
+        raise SchemaError("group_id", f"must equal the prompt's group_id {msg.prompt.group_id!r}, got {msg.group_id!r}")
+    size = msg.sample_lengths.shape[0]
+    if len(msg.finish_reasons) != size:
+        raise SchemaError("finish_reasons", f"must have one entry per sample ({size}), got {len(msg.finish_reasons)}")
+    bad = [r for r in msg.finish_reasons if r not in PARTIAL_FINISH_REASONS]
+    if bad:
+        raise SchemaError("finish_reasons", f"must be one of {PARTIAL_FINISH_REASONS}, got {bad[0]!r:.40}")
+    if "cut" not in msg.finish_reasons:
+        raise SchemaError("finish_reasons", "at least one sample must be 'cut' (a group with none is complete)")
+    total = int(msg.sample_lengths.sum())
+    _require_length("token_ids", msg.token_ids, total)
+    _require_length("behavior_logprobs", msg.behavior_logprobs, total)
+    _require_length("token_policy_versions", msg.token_policy_versions, total)
+
+
 def _no_rule(msg: Message) -> None:
     del msg
 
@@ -218,7 +236,7 @@ RULES.update({
     Prompt: _no_rule, Rollout: _rollout_rule, ScoredRollout: _scored_rule, WeightsManifest: _manifest_rule,
     WeightsChunk: _chunk_rule, DeadLetter: _dead_letter_rule, StaleRollout: _stale_rule, Heartbeat: _no_rule,
     Alert: _no_rule, MemberRejected: _member_rejected_rule, Evaluation: _evaluation_rule,
-    GatewayCall: _gateway_call_rule, GatewayEpisode: _gateway_episode_rule,
+    GatewayCall: _gateway_call_rule, GatewayEpisode: _gateway_episode_rule, PartialGroup: _partial_rule,
 })
 
 

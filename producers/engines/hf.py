@@ -79,6 +79,9 @@ StopWhen = Callable[[list[bool]], bool]
 """``stop_when(done)``: end the decode loop now (``done[b]``: prompt b's group has ended); see :func:`sample_groups`."""
 GroupHook = Callable[[int, list[Sample]], None]
 """``on_group(b, samples)``: prompt b's group of n samples has ended (see :meth:`HFEngine.generate`)."""
+CutHook = Callable[[int, list[Sample], list[bool]], None]
+"""``on_cut(b, samples, running)``: prompt b's group was cut by ``stop_when``; ``samples`` are its n prefixes and
+``running[i]`` says sample i was still running (its prefix ends at the cut), else it had ended (whole)."""
 GroupsDone = Callable[[list[int], torch.Tensor, torch.Tensor, "list[int] | None"], None]
 """Called inside the decode loop when prompts' groups have ended: (prompt indices [k], their rows' tokens
 ``[k*n, s]``, behaviour logprobs ``[k*n, s]``, the versions of the s steps so far or None)."""
@@ -218,13 +221,14 @@ class HFEngine(GenerationEngine):
     streams_groups = True  # generate(..., on_group=...) reports each group when its last sample ends
 
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: Sampling, max_new_tokens: int,
-                 seed: int, on_group: GroupHook | None = None, stop_when: StopWhen | None = None
-                 ) -> list[list[Sample]]:
+                 seed: int, on_group: GroupHook | None = None, stop_when: StopWhen | None = None,
+                 on_cut: CutHook | None = None) -> list[list[Sample]]:
         """:meth:`GenerationEngine.generate`; with ``on_group``, ``on_group(b, samples)`` is called once for every
         prompt b, from inside the decode loop at the step its group's last sample ended (groups still running
         when the loop ends: right after it), with the samples the return value holds for b. With ``stop_when``
         the loop may end before every group has (:func:`sample_groups`): such an aborted group is returned as an
-        empty list and never handed to ``on_group``."""
+        empty list and never handed to ``on_group``; with ``on_cut`` its prefixes are handed to ``on_cut`` (the
+        tokens, logprobs and versions each row drew up to the cut, each ended row cut at its stop)."""
         check_generate_args(prompt_token_ids, n, sampling, max_new_tokens, self.max_model_len, self.vocab_size)
         if not prompt_token_ids:
             return []
@@ -259,13 +263,26 @@ class HFEngine(GenerationEngine):
                 self.model, input_ids.to(device), attention_mask.to(device), n, sampling, max_new_tokens,
                 stops, self._pad, self._inflight(), done if on_group is not None else None,
                 stop if stop_when is not None else None)  # (B*n, S), (S) | None
-        for b, ended in enumerate(ended_at_stop):
-            if not ended:
-                groups[b] = []  # aborted: still running when the loop was stopped
+        cut = [b for b, ended in enumerate(ended_at_stop) if not ended]  # still running when the loop was stopped
+        for b in cut:
+            groups[b] = []
+        if on_cut is not None:
+            self._hand_over_cut(on_cut, cut, n, new_tokens.cpu(), logprobs.cpu(), versions, stop_ids, ends())
         rest = [b for b in range(len(prompt_token_ids)) if b not in groups]  # ended, not handed over yet
         rows = torch.tensor([b * n + i for b in rest for i in range(n)], dtype=torch.long)
         done(rest, new_tokens.cpu()[rows], logprobs.cpu()[rows], versions)
         return [groups[b] for b in range(len(prompt_token_ids))]
+
+    @staticmethod
+    def _hand_over_cut(on_cut: CutHook, cut: list[int], n: int, tokens: torch.Tensor, logprobs: torch.Tensor,
+                       versions: list[int] | None, stop_ids: frozenset[int], row_ends: list | None) -> None:
+        """``on_cut`` for each cut prompt b: its rows' prefixes (``tokens``/``logprobs`` [B*n, S]); a row that
+        stopped is cut at its stop (``"stop"``), a running one keeps its S tokens (the loop stopped before
+        ``max_new_tokens``, so it never reads ``"stop"``)."""
+        for b in cut:
+            samples = [cut_at_stop(tokens[b * n + i].tolist(), logprobs[b * n + i].tolist(), stop_ids, versions,
+                                   None if row_ends is None else row_ends[b * n + i]) for i in range(n)]
+            on_cut(b, samples, [s.finish_reason != "stop" for s in samples])
 
     def _stops(self, sampling: Sampling, prompt_token_ids: list[list[int]], n: int) -> tuple[frozenset[int], Stops]:
         """The stop token ids and the loop's :class:`Stops` (rows: each prompt repeated ``n`` times)."""

@@ -104,6 +104,11 @@ class StreamRLConfig(SharedConfig):
                 f"producer.versions_ahead={ahead} > trainer.max_lag={lag}: producers would generate rollouts the "
                 f"trainer must drop as stale; keep versions_ahead below max_lag (equal is allowed, see "
                 f"docs/configuration.md)"))
+        partial_lag = self.producer.partial_max_lag
+        if partial_lag is not None and partial_lag > lag:
+            raise CrossFieldError(("producer.partial_max_lag", "trainer.max_lag"), (
+                f"producer.partial_max_lag={partial_lag} > trainer.max_lag={lag}: resumed rollouts would reach the "
+                f"trainer too old and be dropped as stale; keep partial_max_lag at most max_lag"))
         if self.kafka.batch_size is not None and self.kafka.batch_size > self.kafka.max_request_size:
             raise CrossFieldError(("kafka.batch_size", "kafka.max_request_size"), (
                 f"kafka.batch_size={self.kafka.batch_size} > kafka.max_request_size={self.kafka.max_request_size}: "

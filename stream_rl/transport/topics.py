@@ -20,7 +20,7 @@ from stream_rl.config.sections import TopicsConfig
 if TYPE_CHECKING:
     from stream_rl.transport.admin import Admin
 
-LOGICAL_TOPICS = ("prompts", "rollouts", "scored", "weights", "dlq", "stale", "status", "alerts", "evals")
+LOGICAL_TOPICS = ("prompts", "rollouts", "scored", "weights", "dlq", "stale", "status", "alerts", "evals", "partials")
 
 CONSUMER_GROUPS = {"producers": "prompts", "scorers": "rollouts", "trainer": "scored"}
 """The run's consumer groups ``{prefix}.{run}.<name>`` and the logical topic each consumes: the one place the

@@ -119,7 +119,7 @@ def test_rescore_into_a_new_run_leaves_the_source_run_untouched(make_config, run
     assert sum(committed(t, group).values()) == len(first)
     assert set(run_topics_state(target)) == {target.names.name(x) for x in
                                              ("prompts", "rollouts", "scored", "weights", "dlq", "stale", "status",
-                                              "alerts", "evals")}  # the new run's trainer finds its topics
+                                              "alerts", "evals", "partials")}  # the new run's trainer finds its topics
 
     again = rescore(cfg, "--to-run", new_run, "--reward", f"{THIS}:length_reward")
     assert again.exit_code == 2

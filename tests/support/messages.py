@@ -12,12 +12,14 @@ The trainer's scored rollouts with exact logprobs of a tiny policy are :func:`su
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import msgpack
 import numpy as np
 
 from schemas import (
+    PartialGroup,
     Alert,
     DeadLetter,
     Evaluation,
@@ -199,12 +201,24 @@ def make_gateway_episode(**changes):
     return GatewayEpisode(**{**fields, **changes})
 
 
+def make_partial_group(**changes) -> PartialGroup:
+    """Sample 0 ended at its stop after 2 tokens (v5, v5); sample 1 was cut after 3 (v5, v5, v6)."""
+    fields = dict(group_id="gsm8k/train-17:2", prompt=dataclasses.replace(make_prompt(), group_size=2),
+                  prompt_token_ids=np.array([5, 6, 7], np.int32), sample_lengths=np.array([2, 3], np.int32),
+                  token_ids=np.array([9, 2, 11, 12, 13], np.int32),
+                  behavior_logprobs=np.array([-0.5, -0.25, -1.0, -2.0, 0.0], np.float32),
+                  token_policy_versions=np.array([5, 5, 5, 5, 6], np.int64), finish_reasons=["stop", "cut"], cuts=1,
+                  producer_id="producer-1", created_at=1.7e9)
+    fields.update(changes)
+    return PartialGroup(**fields)
+
+
 MAKERS = {"prompt": make_prompt, "rollout": make_rollout, "scored_rollout": make_scored,
           "weights_manifest": lambda: make_manifest()[1], "weights_chunk": make_chunk,
           "dead_letter": make_dead_letter, "stale_rollout": make_stale, "heartbeat": make_heartbeat,
           "alert": make_alert, "member_rejected": make_member_rejected,
           "evaluation": make_evaluation, "gateway_call": make_gateway_call,
-          "gateway_episode": make_gateway_episode}
+          "gateway_episode": make_gateway_episode, "partial_group": make_partial_group}
 
 
 def rewrite(record: bytes, **changes) -> bytes:

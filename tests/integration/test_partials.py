@@ -1,0 +1,158 @@
+"""Durable partial rollouts (issue 41.2) on the tiny real Llama, float32:
+
+- the hf engine hands each cut group's prefixes to ``on_cut``: the tokens, logprobs and versions of the same RNG
+  stream as an uncut call, cut at the step the loop stopped (ended rows whole);
+- a cut group resumed on newer weights is one rollout per sample whose tokens carry the versions that produced
+  them (prefix v0, continuation v1) and whose continuation logprobs are those of the new weights given prompt +
+  prefix;
+- the kill drill on the real broker, every role a process: a producer dies (failpoint
+  ``producer.after_partials``) with the prefixes of its cut groups on the partials topic and their prompts
+  committed; another producer adopts them through the group's rebalance (the
+  producers' group reads the partials topic with the prompts) and resumes them; the trainer trains every group
+  exactly once, each resumed rollout carrying its prefix, and no group is regenerated from scratch.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from support.producers import PROMPTS, build_tiny_model_dir, perturbed_state_dict, prompt_record
+
+from producers.engines.base import Sampling
+from producers.engines.hf import HFEngine, score_tokens
+from producers.generate import EarlyStop, produce_rollouts
+from producers.partials import prefixes, resume_partials
+
+SAMPLING = Sampling(temperature=1.0, stop_token_ids=tuple(range(3, 8)))  # rows end at very different steps
+BUDGET = 16
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return build_tiny_model_dir(tmp_path_factory.mktemp("partials") / "policy")
+
+
+def test_the_engine_hands_over_each_cut_groups_prefixes_from_the_same_stream(model_dir):
+    engine = HFEngine.from_dir(model_dir)
+    prompts = PROMPTS * 2  # 6 groups
+    full = engine.generate(prompts, 3, SAMPLING, BUDGET, seed=4)
+    calls: list[list[bool]] = []
+    cut: dict[int, tuple] = {}
+
+    def stop_when(ended: list[bool]) -> bool:
+        calls.append(list(ended))
+        return sum(ended) >= 2
+
+    out = engine.generate(prompts, 3, SAMPLING, BUDGET, seed=4, stop_when=stop_when,
+                          on_cut=lambda b, samples, running: cut.__setitem__(b, (samples, running)))
+    steps = len(calls)  # the loop stopped after drawing token `steps - 1`
+    assert sorted(cut) == [b for b, ended in enumerate(calls[-1]) if not ended] and cut
+    assert all(out[b] == [] for b in cut)
+    for b, (samples, running) in cut.items():
+        assert any(running)
+        for sample, run, whole in zip(samples, running, full[b], strict=True):
+            if run:  # still running at the cut: the first `steps` tokens of the uncut sample
+                assert sample.token_ids == whole.token_ids[:steps] and len(sample.token_ids) == steps
+                assert sample.logprobs == whole.logprobs[:steps]
+            else:
+                assert sample == whole
+
+
+def test_a_cut_group_resumed_on_newer_weights_carries_the_versions_that_produced_its_tokens(model_dir):
+    engine = HFEngine.from_dir(model_dir)
+    prompts = [prompt_record(i, group_size=3) for i in range(6)]
+    kw = {"producer_id": "p0", "sampling": SAMPLING, "max_new_tokens": BUDGET, "seed": 3}
+    result = produce_rollouts(prompts, engine, early_stop=EarlyStop(oversample=1.0, keep_partials=True), **kw)
+    assert result.partials and [p.prompt.prompt_id for p in result.partials] == [f"p{i}" for i in result.aborted]
+    assert {r.group_id for r in result.rollouts}.isdisjoint(p.group_id for p in result.partials)
+    engine.load_weights(perturbed_state_dict(model_dir), version=1)
+    resumed = resume_partials(result.partials, engine, max_lag=1, **kw)
+    assert resumed.metrics["producer/partials_resumed"] == len(result.partials)
+    by_id = {r.rollout_id: r for r in resumed.rollouts}
+    mixed = 0
+    for partial in result.partials:
+        for i, (prefix, was_cut) in enumerate(prefixes(partial)):
+            rollout = by_id[f"{partial.group_id}:{i}"]
+            length = len(prefix.token_ids)
+            tokens, versions = rollout.response_token_ids.tolist(), rollout.token_policy_versions.tolist()
+            assert tokens[:length] == prefix.token_ids and versions[:length] == [0] * length
+            assert rollout.behavior_logprobs[:length].tolist() == pytest.approx(prefix.logprobs)
+            assert len(tokens) <= BUDGET
+            if not was_cut:
+                assert tokens == prefix.token_ids and rollout.finish_reason == prefix.finish_reason
+                continue
+            assert versions[length:] == [1] * (len(tokens) - length) and len(tokens) > length
+            mixed += 1
+            context = partial.prompt_token_ids.tolist() + prefix.token_ids  # the new weights' own logprobs
+            want = score_tokens(engine.model, context, tokens[length:], SAMPLING)
+            assert rollout.behavior_logprobs[length:].tolist() == pytest.approx(want, abs=1e-4)
+    assert mixed >= 1
+
+
+# ------------------------------------------------------------------------------------------------ the kill drill
+N_PROMPTS, GROUP_SIZE, GROUPS_PER_STEP = 8, 2, 2
+STEPS = N_PROMPTS // GROUPS_PER_STEP
+
+
+@pytest.mark.slow
+@pytest.mark.broker
+@pytest.mark.timeout(300)
+def test_a_producer_killed_with_partial_rollouts_outstanding_leaves_them_to_another(make_config, tmp_path,
+                                                                                    monkeypatch):
+    from support.harness import Pipeline, demo_prompts, role_overrides, tiny_policy_dir, trained_ids
+
+    from stream_rl.runtime import failpoints
+
+    root = tmp_path / "failpoints"
+    monkeypatch.setenv(failpoints.ENV, str(root))  # the role processes inherit it
+    failpoints.arm(root, "producer.after_partials")
+    model_dir = tiny_policy_dir(tmp_path / "policy")
+    cfg = make_config(**role_overrides(model_dir, **{
+        "trainer.groups_per_step": GROUPS_PER_STEP, "trainer.max_steps": STEPS, "trainer.checkpoint_every": 2,
+        "trainer.max_lag": 8, "producer.prompts_per_batch": 4, "producer.max_new_tokens": BUDGET,
+        "producer.stop_token_ids": "[3, 4, 5, 6, 7]", "producer.oversample": "1.0",
+        "producer.partial_max_lag": 8}))
+    with Pipeline(cfg) as pipe:
+        pipe.load(demo_prompts(tmp_path, N_PROMPTS, 1, GROUP_SIZE))
+        kids = {role: pipe.start(role, 0) for role in ("train", "score", "produce")}
+        victim = kids["produce"]
+        pipe.wait_until(lambda: victim.proc.poll() is not None, "the producer to die with partials outstanding",
+                        120, may_exit=[victim])
+        assert victim.proc.returncode == -signal.SIGKILL, victim.proc.returncode
+        pipe.running.remove(victim)
+        partials = [m for _, _, m in pipe.read("partials", "partial_group")]
+        assert partials, "the producer died without a partial group: the drill proved nothing"
+        assert sum(pipe.committed("producers", "partials").values()) == 0  # none resumed yet
+        pipe.start("produce", 1)  # another producer of the group: it adopts the prompts and the partials
+        pipe.wait_until(lambda: pipe.finished(kids["train"]), f"the trainer to reach step {STEPS}", 240,
+                        may_exit=[kids["train"]])
+        lines = pipe.trained()
+        rollouts = [m for _, _, m in pipe.read("rollouts", "rollout")]
+        accounting = pipe.accounting()
+        every = [m for _, _, m in pipe.read("partials", "partial_group")]  # the survivor's own cuts too
+        resumed_commits = sum(pipe.committed("producers", "partials").values())
+
+    ids = trained_ids(lines)
+    assert len(ids) == len(set(ids)) == N_PROMPTS * GROUP_SIZE, Counter(ids).most_common(3)  # each group once
+    assert not accounting.missing, accounting.summary()
+    copies = Counter(r.rollout_id for r in rollouts)
+    assert max(copies.values()) == 1  # nothing regenerated from scratch: the cut groups were resumed
+    assert resumed_commits == len(every) and {p.group_id for p in partials} <= {p.group_id for p in every}
+    by_id = {r.rollout_id: r for r in rollouts}
+    for partial in every:
+        for i, (prefix, was_cut) in enumerate(prefixes(partial)):
+            rollout = by_id[f"{partial.group_id}:{i}"]
+            length = len(prefix.token_ids)
+            assert rollout.rollout_id in set(ids)
+            assert rollout.response_token_ids[:length].tolist() == prefix.token_ids
+            assert rollout.token_policy_versions[:length].tolist() == prefix.token_versions
+            assert partial not in partials or rollout.producer_id != partial.producer_id  # the dead one's: adopted
+            assert not was_cut or rollout.response_length > length
+    kept = sum(int(p.sample_lengths.sum()) for p in every)
+    versions = sorted({tuple(sorted(set(by_id[f"{p.group_id}:{i}"].token_policy_versions.tolist())))
+                       for p in every for i in range(GROUP_SIZE)})
+    print(f"{len(partials)} partial group(s) left by the killed producer, {len(every)} in all, {kept} prefix tokens "
+          f"kept; versions in the resumed rollouts: {versions}")

@@ -216,6 +216,14 @@ class ProducerConfig(Section):
     max_turns: int = Field(
         4, ge=1, le=64, description="multi-turn: policy turns per rollout at most (max_new_tokens bounds all turns "
                                     "together)")
+    env_timeout_s: float | None = Field(
+        60.0, gt=0, description="multi-turn: deadline of each environment call (its construction and reset, each "
+        "step); a call past it fails the episode's group with the reason, as an environment that raises does "
+        "(producers.environment; the call's thread is abandoned). None: no deadline")
+    env_refills: int = Field(
+        1, ge=0, le=8, description="multi-turn: times a group whose environment failed or timed out is played again "
+        "from the prompt (fresh environments, a seed of its own) before its prompt is dead-lettered with the "
+        "reason; a group is never trained partially")
     weights_startup_wait_s: float = Field(
         5.0, ge=0.0,
         description="at start-up, wait up to this long for the newest complete version (late joiners catch up)")

@@ -5,15 +5,25 @@ Consumes: ``producer.environment``, a ``"package.module:Name"`` reference to eit
   rollout, so state never leaks between the samples of a group), or
 - a tool function ``fn(policy_text) -> str | None``: its reply is the next observation, ``None`` ends the episode.
 
-Produces: a factory that makes one fresh :class:`Environment` per rollout (:func:`load_environment`).
-Guarantees: a bad reference (no ``:``, a module that does not import, a missing name, an object that is neither a
-class with ``reset``/``step`` nor a callable of one argument) raises :class:`EnvironmentLoadError` naming the
-reference and what is wrong, at start-up, before any prompt is read.
+Produces: an :class:`EnvironmentFactory` (:func:`load_environment`) that makes one fresh :class:`Guarded`
+environment per rollout, calls it under ``producer.env_timeout_s`` and counts its episodes in
+:class:`EnvironmentHealth`; ``producer.env_refills`` failed groups are played again (:mod:`producers.multiturn`).
+Guarantees:
+- A bad reference (no ``:``, a module that does not import, a missing name, an object that is neither a class with
+  ``reset``/``step`` nor a callable of one argument) raises :class:`EnvironmentLoadError` naming the reference and
+  what is wrong, at start-up, before any prompt is read.
+- An environment is an adversary (docs/agents.md, "Environment hubs"): it is made at its first ``reset`` (a
+  constructor's failure is that episode's); under a deadline, each ``reset`` (construction included) and ``step``
+  runs in a thread of its own and a call past ``deadline_s`` raises :class:`EnvironmentTimeout` naming the call
+  and the deadline; the call's thread is abandoned (a daemon: it ends on its own or with the process) and the
+  producer goes on. A call that never gives back the GIL (a C extension spinning) or kills the process is beyond
+  what a thread can contain.
 """
 
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -24,6 +34,10 @@ from stream_rl.runtime import references
 
 class EnvironmentLoadError(ValueError):
     """``producer.environment`` does not name a usable environment or tool."""
+
+
+class EnvironmentTimeout(TimeoutError):
+    """An environment's ``reset`` or ``step`` did not return within its deadline; ``str()`` is the reason."""
 
 
 @dataclass(frozen=True)
@@ -73,8 +87,89 @@ class ToolEnvironment:
         return Observation(reply or "", done=not reply, tags={"tool": self.name}, role="tool")
 
 
-def load_environment(reference: str) -> Callable[[], Environment]:
-    """A factory of fresh environments for ``reference`` (see the module docstring)."""
+@dataclass
+class EnvironmentHealth:
+    """Episodes of one environment by outcome: played to the end (``ok``), failed (the environment raised or
+    returned something unusable) or timed out (past its deadline); ``refilled``: groups played again after one."""
+
+    ok: int = 0
+    failed: int = 0
+    timed_out: int = 0
+    refilled: int = 0
+
+    def metrics(self, name: str) -> dict[str, float]:
+        """``env/{name}/{ok,failed,timed_out,refilled}``: counts since the producer started."""
+        return {f"env/{name}/{key}": float(value) for key, value in vars(self).items()}
+
+
+class Guarded:
+    """An environment made at its first ``reset`` (a constructor that raises or hangs is that episode's failure),
+    whose ``reset`` and ``step`` each run under ``deadline_s`` (None: called directly; the module guarantees)."""
+
+    def __init__(self, make: Callable[[], Environment], deadline_s: float | None, name: str) -> None:
+        self.make, self.deadline_s, self.name = make, deadline_s, name
+        self.env: Environment | None = None
+
+    def reset(self, prompt: Prompt) -> None:
+        self._call(lambda: self._made().reset(prompt), "reset")
+
+    def step(self, policy_text: str) -> Observation | str | None:
+        return self._call(lambda: self._made().step(policy_text), "step")
+
+    def _made(self) -> Environment:
+        if self.env is None:
+            self.env = self.make()
+        return self.env
+
+    def _call(self, call: Callable[[], Any], what: str) -> Any:
+        if self.deadline_s is None:
+            return call()
+        return call_with_deadline(call, self.deadline_s, f"{self.name} {what}")
+
+
+def call_with_deadline(call: Callable[[], Any], deadline_s: float, what: str) -> Any:
+    """``call()``'s value or exception, from a daemon thread; :class:`EnvironmentTimeout` past ``deadline_s``."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # handed to the caller's thread as is
+            box["error"] = exc
+
+    worker = threading.Thread(target=run, name=f"env {what}", daemon=True)
+    worker.start()
+    worker.join(deadline_s)
+    if worker.is_alive():
+        raise EnvironmentTimeout(f"environment {what} timed out after {deadline_s:g} s (producer.env_timeout_s)")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+@dataclass
+class EnvironmentFactory:
+    """Fresh environments of one reference, each :class:`Guarded` by ``deadline_s`` (None: called directly);
+    ``refills``: how many times :func:`producers.multiturn.run_episodes` plays a failed group again;
+    ``health``: its episodes' outcomes."""
+
+    make: Callable[[], Environment]
+    name: str
+    deadline_s: float | None = None
+    refills: int = 0
+    health: EnvironmentHealth = field(default_factory=EnvironmentHealth)
+
+    def __call__(self) -> Guarded:
+        return Guarded(self.make, self.deadline_s, self.name)
+
+
+def load_environment(reference: str, deadline_s: float | None = None, refills: int = 0) -> EnvironmentFactory:
+    """A factory of fresh environments for ``reference`` (see the module docstring), each call of theirs under
+    ``deadline_s`` (None: none); a failed group is played again up to ``refills`` times."""
+    return EnvironmentFactory(_factory(reference), reference.split(":", 1)[-1], deadline_s, refills)
+
+
+def _factory(reference: str) -> Callable[[], Environment]:
     obj = _resolve(reference)
     if inspect.isclass(obj):
         missing = [name for name in ("reset", "step") if not callable(getattr(obj, name, None))]

@@ -29,8 +29,16 @@ Guarantees:
   or a reply that leaves no room for another policy token, ends it with ``"length"`` (the reply is not appended).
 - The result always ends with a policy turn, and ``turns`` has one tag map per run of the mask
   (``Rollout.turns``' rule in docs/wire-format.md).
-- An environment that raises fails its prompt only: the prompt comes back with the reason (the producer
-  dead-letters it) and the other prompts' episodes go on.
+- An environment that raises, returns something that is not an answer, or (with a deadline,
+  :class:`~producers.environment.EnvironmentFactory`) does not answer within ``producer.env_timeout_s`` fails its
+  group only, never trains it partially: the group is played again from the prompt with fresh environments and a
+  seed of its own (:func:`refill_seed`), up to the factory's ``refills`` times; a group that still fails comes back
+  with the reason of its last failure (the producer dead-letters the prompt with it) and the other prompts'
+  episodes go on. Each group's outcome is counted in the factory's
+  :class:`~producers.environment.EnvironmentHealth` (one per episode: ok, failed, timed_out; refilled per replay).
+- An environment's reply is bounded before it is tokenised: one longer than ``max_new_tokens *``
+  :data:`MAX_REPLY_CHARS_PER_TOKEN` characters cannot fit the budget and ends the episode with ``"length"``; at
+  most :data:`MAX_TAGS` tags of :data:`MAX_TAG_CHARS` characters (keys and values, cut beyond) reach the rollout.
 """
 
 from __future__ import annotations
@@ -42,11 +50,15 @@ from dataclasses import dataclass, field
 
 from producers.chat_turns import ChatTurns, TemplateDriftError
 from producers.engines.base import SEED_MODULUS, GenerationEngine, Sample, Sampling
-from producers.environment import Environment, Observation
+from producers.environment import Environment, EnvironmentFactory, EnvironmentTimeout, Observation
 from schemas import Prompt
 
 TURN_SEPARATOR = "\n"
 """Joins the turns' texts into ``Rollout.response_text``."""
+MAX_REPLY_CHARS_PER_TOKEN = 64
+"""A reply longer than this many characters per token of budget cannot fit: it is not tokenised."""
+MAX_TAGS, MAX_TAG_CHARS = 16, 256
+TIMED_OUT = "environment timed out"
 
 
 @dataclass(frozen=True)
@@ -99,7 +111,58 @@ def run_episodes(engine: GenerationEngine, prompts: Sequence[Prompt], prompt_ids
     """Play ``n`` episodes per prompt (see the module guarantees); per prompt its episodes or a failure reason.
 
     ``chat``: for a conversational prompt (``Prompt.messages``), replies are chat messages rendered by the template
-    (:mod:`producers.chat_turns`); plain text prompts get the reply's text tokens as they are."""
+    (:mod:`producers.chat_turns`); plain text prompts get the reply's text tokens as they are. ``make_env``: an
+    :class:`~producers.environment.EnvironmentFactory` refills failed groups and counts outcomes; a plain callable
+    does neither."""
+    play = lambda indices, play_seed: _play(  # noqa: E731
+        engine, [prompts[i] for i in indices], [prompt_ids[i] for i in indices], n, sampling=sampling,
+        max_new_tokens=max_new_tokens, seed=play_seed, make_env=make_env, max_turns=max_turns, chat=chat)
+    results = play(range(len(prompts)), seed)
+    factory = make_env if isinstance(make_env, EnvironmentFactory) else None
+    for attempt in range(1, 1 + (factory.refills if factory is not None else 0)):
+        again = [i for i, result in enumerate(results) if isinstance(result, str) and _refillable(result)]
+        if not again:
+            break
+        _count(factory, [results[i] for i in again], n, refilled=True)
+        for index, result in zip(again, play(again, refill_seed(seed, attempt)), strict=True):
+            results[index] = result
+    _count(factory, results, n)
+    return results
+
+
+def refill_seed(seed: int, attempt: int) -> int:
+    """The sampling seed of refill ``attempt`` (1-based) of the failed groups of a batch whose seed is ``seed``."""
+    digest = hashlib.sha256(f"{seed}|refill {attempt}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") % SEED_MODULUS
+
+
+def _refillable(reason: str) -> bool:
+    """An environment's failure (not a chat template's refusal, which another try cannot change)."""
+    return reason.startswith(("environment failed", TIMED_OUT))
+
+
+def _count(factory: EnvironmentFactory | None, results: Sequence[list[Episode] | str], n: int,
+           refilled: bool = False) -> None:
+    """Add ``results``' outcomes to the factory's health: ``n`` episodes per group (a failed group's episodes all
+    count as failed or timed out); ``refilled``: the failed groups about to be played again."""
+    if factory is None:
+        return
+    health = factory.health
+    for result in results:
+        if not isinstance(result, str):
+            health.ok += 0 if refilled else n
+        elif _refillable(result):
+            health.refilled += refilled
+            if result.startswith(TIMED_OUT):
+                health.timed_out += n
+            else:
+                health.failed += n
+
+
+def _play(engine: GenerationEngine, prompts: Sequence[Prompt], prompt_ids: Sequence[list[int]], n: int, *,
+          sampling: Sampling, max_new_tokens: int, seed: int, make_env: Callable[[], Environment],
+          max_turns: int, chat: ChatTurns | None = None) -> list[list[Episode] | str]:
+    """One play of every prompt's group (:func:`run_episodes` without refills)."""
     lives, failed = _start(prompts, prompt_ids, n, make_env, chat)
     eot = _end_of_turn(chat, prompts, failed)
     end_id = eot if eot is not None else getattr(engine.tokenizer, "eos_token_id", None)
@@ -179,6 +242,8 @@ def _guard(index: int, call: Callable[[], object]) -> dict[int, str]:
         call()
     except TemplateDriftError as exc:  # the chat template cannot continue this conversation without drift
         return {index: f"chat template: {exc}"}
+    except EnvironmentTimeout as exc:
+        return {index: f"{TIMED_OUT}: {exc}"}
     except Exception as exc:  # a user environment: any failure is that prompt's, reported with its reason
         return {index: f"environment failed: {type(exc).__name__}: {exc}"}
     return {}
@@ -206,6 +271,9 @@ def _env_turn(live: _Live, engine: GenerationEngine, max_new_tokens: int, chat: 
     if obs.done or not obs.text:
         live.done = True
         return
+    if len(obs.text) > max_new_tokens * MAX_REPLY_CHARS_PER_TOKEN:  # cannot fit: not tokenised
+        live.done, live.finish = True, "length"
+        return
     reply = _reply_tokens(live, obs, engine, chat)
     if not reply:
         live.done = True
@@ -217,10 +285,17 @@ def _env_turn(live: _Live, engine: GenerationEngine, max_new_tokens: int, chat: 
     live.logprobs += [0.0] * len(reply)
     live.versions += [engine.version] * len(reply)
     live.mask += [0] * len(reply)
-    live.turns.append({**obs.tags, "role": "env"})
+    live.turns.append({**_bounded_tags(obs.tags), "role": "env"})
     live.texts.append(obs.text)
     if live.messages is not None:
         live.messages += [{"role": "assistant", "content": live.texts[-2]}, {"role": obs.role, "content": obs.text}]
+
+
+def _bounded_tags(tags: dict[str, str]) -> dict[str, str]:
+    """At most MAX_TAGS string tags, keys and values cut at MAX_TAG_CHARS characters."""
+    if not isinstance(tags, dict):
+        raise TypeError(f"Observation.tags must be a dict of strings, got {type(tags).__name__}")
+    return {str(k)[:MAX_TAG_CHARS]: str(v)[:MAX_TAG_CHARS] for k, v in list(tags.items())[:MAX_TAGS]}
 
 
 def _reply_tokens(live: _Live, obs: Observation, engine: GenerationEngine, chat: ChatTurns | None) -> list[int]:

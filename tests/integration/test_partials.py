@@ -7,9 +7,10 @@
   prefix;
 - the kill drill on the real broker, every role a process: a producer dies (failpoint
   ``producer.after_partials``) with the prefixes of its cut groups on the partials topic and their prompts
-  committed; another producer adopts them through the group's rebalance (the
-  producers' group reads the partials topic with the prompts) and resumes them; the trainer trains every group
-  exactly once, each resumed rollout carrying its prefix, and no group is regenerated from scratch.
+  committed; another producer, started once the trainer has published v1, adopts them through the group's
+  rebalance (the producers' group reads the partials topic with the prompts) and resumes them; the trainer trains
+  every group exactly once, each resumed rollout carrying its prefix (v0) and its continuation (v1 or newer),
+  and no group is regenerated from scratch.
 """
 
 from __future__ import annotations
@@ -126,6 +127,8 @@ def test_a_producer_killed_with_partial_rollouts_outstanding_leaves_them_to_anot
         partials = [m for _, _, m in pipe.read("partials", "partial_group")]
         assert partials, "the producer died without a partial group: the drill proved nothing"
         assert sum(pipe.committed("producers", "partials").values()) == 0  # none resumed yet
+        pipe.wait_until(lambda: len(pipe.metrics()) >= 1, "the trainer's first step (weights v1)", 120,
+                        may_exit=[kids["train"]])  # the dead producer's complete groups fill it
         pipe.start("produce", 1)  # another producer of the group: it adopts the prompts and the partials
         pipe.wait_until(lambda: pipe.finished(kids["train"]), f"the trainer to reach step {STEPS}", 240,
                         may_exit=[kids["train"]])
@@ -151,6 +154,8 @@ def test_a_producer_killed_with_partial_rollouts_outstanding_leaves_them_to_anot
             assert rollout.token_policy_versions[:length].tolist() == prefix.token_versions
             assert partial not in partials or rollout.producer_id != partial.producer_id  # the dead one's: adopted
             assert not was_cut or rollout.response_length > length
+            if was_cut and partial in partials:  # prefix v0 by the dead producer, continued on v1 or newer, trained
+                assert set(prefix.token_versions) == {0} and min(rollout.token_policy_versions[length:]) >= 1
     kept = sum(int(p.sample_lengths.sum()) for p in every)
     versions = sorted({tuple(sorted(set(by_id[f"{p.group_id}:{i}"].token_policy_versions.tolist())))
                        for p in every for i in range(GROUP_SIZE)})

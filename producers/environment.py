@@ -3,7 +3,9 @@
 Consumes: ``producer.environment``, a ``"package.module:Name"`` reference to either
 - a class whose instances have ``reset(prompt)`` and ``step(policy_text) -> Observation`` (one instance per
   rollout, so state never leaks between the samples of a group), or
-- a tool function ``fn(policy_text) -> str | None``: its reply is the next observation, ``None`` ends the episode.
+- a tool function ``fn(policy_text) -> str | None``: its reply is the next observation, ``None`` ends the episode,
+or a hub's environment by name: ``"openenv:package.module:EnvClass"`` (an OpenEnv environment,
+:mod:`producers.hub_envs`).
 
 Produces: an :class:`EnvironmentFactory` (:func:`load_environment`) that makes one fresh :class:`Guarded`
 environment per rollout, calls it under ``producer.env_timeout_s`` and counts its episodes in
@@ -23,6 +25,7 @@ Guarantees:
 from __future__ import annotations
 
 import inspect
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,16 +51,21 @@ class Observation:
     by the next turn but get no loss); ``done`` ends the episode (``text`` is then not appended); ``tags`` are
     string metadata of this environment turn, written into ``Rollout.turns`` beside ``role = "env"``; ``role`` is the
     chat role the reply takes in a conversational prompt's conversation (``user``, or ``tool`` for a tool's
-    result), rendered by the chat template (:mod:`producers.chat_turns`)."""
+    result), rendered by the chat template (:mod:`producers.chat_turns`); ``reward``: the environment's own reward
+    for this step (its rubric's), summed over the episode into the rollout's ``metadata["episode_reward"]``, which
+    ``stream_rl.rewards.given:episode_reward`` passes through the scorer (None: the environment gives none)."""
 
     text: str
     done: bool = False
     tags: dict[str, str] = field(default_factory=dict)
     role: str = "user"
+    reward: float | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ("user", "tool"):
             raise ValueError(f"Observation.role must be 'user' or 'tool', got {self.role!r}")
+        if self.reward is not None and not (isinstance(self.reward, int | float) and math.isfinite(self.reward)):
+            raise ValueError(f"Observation.reward must be a finite number or None, got {self.reward!r}")
 
 
 class Environment(Protocol):
@@ -166,10 +174,14 @@ class EnvironmentFactory:
 def load_environment(reference: str, deadline_s: float | None = None, refills: int = 0) -> EnvironmentFactory:
     """A factory of fresh environments for ``reference`` (see the module docstring), each call of theirs under
     ``deadline_s`` (None: none); a failed group is played again up to ``refills`` times."""
-    return EnvironmentFactory(_factory(reference), reference.split(":", 1)[-1], deadline_s, refills)
+    return EnvironmentFactory(_factory(reference), reference.rsplit(":", 1)[-1], deadline_s, refills)
 
 
 def _factory(reference: str) -> Callable[[], Environment]:
+    if reference.startswith("openenv:"):  # a hub's environment by name (producers.hub_envs)
+        from producers.hub_envs import openenv_factory
+
+        return openenv_factory(reference.removeprefix("openenv:"))
     obj = _resolve(reference)
     if inspect.isclass(obj):
         missing = [name for name in ("reset", "step") if not callable(getattr(obj, name, None))]

@@ -288,7 +288,8 @@ def _rollout(prompt: Prompt, prompt_ids: list[int], sample_index: int, sample: S
         token_policy_versions=(np.full(length, version, dtype=np.int64) if sample.token_versions is None
                                else np.asarray(sample.token_versions, dtype=np.int64)),
         finish_reason=sample.finish_reason, producer_id=producer_id, prompt_text=prompt.text,
-        answer=prompt.answer, metadata=dict(prompt.metadata), attempt=prompt.attempt, temperature=temperature,
+        answer=prompt.answer, attempt=prompt.attempt, temperature=temperature,
+        metadata={**prompt.metadata, **(sample.env_metadata if isinstance(sample, Episode) else {})},
         timings=dict(timings), **_text_and_turns(sample, tokenizer))
 
 

@@ -36,6 +36,8 @@ Guarantees:
   with the reason of its last failure (the producer dead-letters the prompt with it) and the other prompts'
   episodes go on. Each group's outcome is counted in the factory's
   :class:`~producers.environment.EnvironmentHealth` (one per episode: ok, failed, timed_out; refilled per replay).
+- An environment's step rewards (:attr:`~producers.environment.Observation.reward`, e.g. an OpenEnv rubric's) are
+  summed per episode (:attr:`Episode.env_reward`) and reach the rollout's metadata as ``episode_reward``.
 - An environment's reply is bounded before it is tokenised: one longer than ``max_new_tokens *``
   :data:`MAX_REPLY_CHARS_PER_TOKEN` characters cannot fit the budget and ends the episode with ``"length"``; at
   most :data:`MAX_TAGS` tags of :data:`MAX_TAG_CHARS` characters (keys and values, cut beyond) reach the rollout.
@@ -52,6 +54,7 @@ from producers.chat_turns import ChatTurns, TemplateDriftError
 from producers.engines.base import SEED_MODULUS, GenerationEngine, Sample, Sampling
 from producers.environment import Environment, EnvironmentFactory, EnvironmentTimeout, Observation
 from schemas import Prompt
+from stream_rl.rewards.given import REWARD_KEY
 
 TURN_SEPARATOR = "\n"
 """Joins the turns' texts into ``Rollout.response_text``."""
@@ -69,10 +72,17 @@ class Episode(Sample):
     policy_mask: list[int] = field(default_factory=list)
     turns: list[dict[str, str]] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
+    env_reward: float | None = None  # the sum of the environment's step rewards (None: it gave none)
 
     @property
     def response_text(self) -> str:
         return TURN_SEPARATOR.join(self.texts)
+
+    @property
+    def env_metadata(self) -> dict[str, str]:
+        """What the episode adds to its rollout's metadata: the environment's reward under
+        ``stream_rl.rewards.given.REWARD_KEY`` when it gave one."""
+        return {} if self.env_reward is None else {REWARD_KEY: repr(self.env_reward)}
 
 
 @dataclass
@@ -90,11 +100,13 @@ class _Live:
     finish: str = "stop"
     done: bool = False
     messages: list[dict[str, str]] | None = None  # the conversation so far (conversational prompts on a template)
+    reward: float | None = None  # the environment's step rewards so far
     ended_turn: bool = False  # the last policy turn ended with the template's end-of-turn token
 
     def episode(self) -> Episode:
         return Episode(token_ids=self.tokens, logprobs=self.logprobs, finish_reason=self.finish,
-                       token_versions=self.versions, policy_mask=self.mask, turns=self.turns, texts=self.texts)
+                       token_versions=self.versions, policy_mask=self.mask, turns=self.turns, texts=self.texts,
+                       env_reward=self.reward)
 
 
 def turn_seed(seed: int, turn: int) -> int:
@@ -268,6 +280,8 @@ def _policy_turn(live: _Live, sample: Sample, version: int, engine: GenerationEn
 def _env_turn(live: _Live, engine: GenerationEngine, max_new_tokens: int, chat: ChatTurns | None = None) -> None:
     """Ask the environment about the last policy turn; append its reply or end the episode."""
     obs = as_observation(live.env.step(live.texts[-1]))
+    if obs.reward is not None:  # counted when it ends the episode too (the last step often carries it)
+        live.reward = (live.reward or 0.0) + float(obs.reward)
     if obs.done or not obs.text:
         live.done = True
         return

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from support.chat_model import build_chat_model_dir
-from support.paths import VF_TASKSETS
+from support.paths import TESTS_DIR, VF_TASKSETS
 from support.topics import read_records
 
 pytestmark = pytest.mark.broker
@@ -49,7 +49,7 @@ def policy(tmp_path_factory) -> Path:
 
 
 def _run(tmp_path: Path, broker, run_name: str, policy: Path, prompts: str, producer: str = "",
-         scorer: str = "", path: Path | None = None) -> list[dict]:
+         scorer: str = "", path: Path | None = None, sets: tuple[str, ...] = ()) -> list[dict]:
     """`stream-rl run` for STEPS steps (``path``: a folder the roles import from); its step rows (asserting it
     exited 0)."""
     config = tmp_path / "run.toml"
@@ -59,7 +59,7 @@ def _run(tmp_path: Path, broker, run_name: str, policy: Path, prompts: str, prod
         [sys.executable, "-m", "stream_rl.cli.main", "run", "-c", str(config), "--bootstrap", broker.bootstrap,
          "--run", run_name, "--max-steps", str(STEPS), "--set", f"run.prompts_file={prompts}",
          "--set", f"producer.model_dir={policy}", "--set", f"trainer.model_dir={policy}",
-         "--set", f"run_dir={run_dir}"], capture_output=True, text=True, timeout=240, cwd=tmp_path,
+         "--set", f"run_dir={run_dir}", *[arg for item in sets for arg in ("--set", item)]], capture_output=True, text=True, timeout=240, cwd=tmp_path,
         env={**os.environ, "PYTHONUNBUFFERED": "1",
              **({"PYTHONPATH": os.pathsep.join(filter(None, [str(path), os.environ.get("PYTHONPATH")]))}
                 if path else {})})
@@ -99,3 +99,22 @@ def test_a_verifiers_taskset_trains_through_stream_rl_run_scored_by_its_own_rewa
     assert all(s.rollout.metadata["vf_taskset"] == "vf_reverse" for s in scored)
     assert all(s.reward in (0.0, 0.5, 1.0, 1.5) for s in scored)  # 1 x reversed + 0.5 x short
     assert any(s.reward >= 0.5 for s in scored)  # the tiny policy's turns are short
+
+
+def test_an_openenv_environment_trains_through_stream_rl_run_rewarded_by_its_rubric(
+        broker, tmp_path, run_name, policy, make_config):
+    pytest.importorskip("openenv.core")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt_id": f"g{i}", "text": "Guess a digit:"}) + "\n"
+                               for i in range(4)))
+    _run(tmp_path, broker, run_name, policy, str(prompts), path=TESTS_DIR,
+         producer='environment = "openenv:support.openenv_guess:GuessDigit"\nmax_turns = 2\nenv_timeout_s = 10',
+         scorer='reward_fn = "stream_rl.rewards.given:episode_reward"\non_reward_error = "zero"',
+         sets=("producer.max_new_tokens=48",))
+    scored = _scored(make_config)
+    assert len(scored) >= STEPS * 2 * 2
+    stepped = [s for s in scored if "episode_reward" in s.rollout.metadata]  # the others ended in turn 1 (scored 0)
+    assert stepped
+    for s in stepped:  # the environment's rubric, passed through: 1 right, 0.1 a digit, 0 anything else per guess
+        assert s.reward == float(s.rollout.metadata["episode_reward"]) and 0.0 <= s.reward <= 2.0
+        assert all(turn == {"env": "GuessDigit", "role": "env"} for turn in s.rollout.turns if turn["role"] == "env")

@@ -170,6 +170,10 @@ class EnvironmentFactory:
     def __call__(self) -> Guarded:
         return Guarded(self.make, self.deadline_s, self.name)
 
+    def health_metrics(self) -> dict[str, float]:
+        """``env/{name}/{ok,failed,timed_out,refilled}`` (:meth:`EnvironmentHealth.metrics`)."""
+        return self.health.metrics(self.name)
+
 
 def load_environment(reference: str, deadline_s: float | None = None, refills: int = 0) -> EnvironmentFactory:
     """A factory of fresh environments for ``reference`` (see the module docstring), each call of theirs under

@@ -196,6 +196,8 @@ def _iterate(batch: _Batcher, follower: WeightsFollower | None, budget: Budget, 
                       {r.group_id: r.attempt for r in result.rollouts})
         stats.budget_resets = budget.resets
         _observe(telemetry, result, follower, engine)
+        if batch.turns is not None:  # each environment's episodes by outcome, in heartbeats (`stream-rl status`)
+            telemetry.step_metrics = {**telemetry.step_metrics, **batch.turns.make_env.health_metrics()}
 
 
 class _Batcher:

@@ -189,6 +189,8 @@ def _render(snap: dict[str, Any]):
         parts.append(calls)
     if snap.get("servers"):
         parts.append(_servers_table(snap["servers"]))
+    if snap.get("environments"):
+        parts.append(_environments_table(snap["environments"]))
     if snap.get("evaluation"):
         ev = snap["evaluation"]
         evals = Table(title=f"last evaluation: v{ev['version']} (step {ev['step']})")
@@ -240,6 +242,20 @@ def trace_show(run_dir: Annotated[Path | None, typer.Argument(help="the run dire
     except TraceViewError as exc:
         fail(f"stream-rl trace show: {exc}")
     typer.echo("\n".join(lines))
+
+
+def _environments_table(environments: dict[str, dict[str, float]]):
+    """One row per environment of each producer: its episodes ok, failed, timed out, and groups refilled."""
+    from rich.table import Table
+
+    table = Table(title="environments (episodes since each producer started)")
+    for col in ("producer", "environment", "ok", "failed", "timed out", "refilled"):
+        table.add_column(col)
+    for instance, values in environments.items():
+        for name in dict.fromkeys(key.split("/")[1] for key in values):
+            table.add_row(instance, name, *(f"{values.get(f'env/{name}/{k}', float('nan')):.0f}"
+                                            for k in ("ok", "failed", "timed_out", "refilled")))
+    return table
 
 
 def _servers_table(servers: dict[str, dict[str, float]]):

@@ -10,7 +10,8 @@ tables::
     {"run", "time", "roles": [...], "weights": {...} | None, "topics": {...}, "lag": {...},
      "trainer_metrics": {...}, "data": {"epoch", "distinct_prompts"}, "alerts": [...], "endpoints": [...],
      "reward_calls": {scorer instance: {"rewards/<reward>/<data_source>/<metric>": value}},
-     "servers": {producer instance: {"servers/<i>/<metric>": value}}}
+     "servers": {producer instance: {"servers/<i>/<metric>": value}},
+     "environments": {producer instance: {"env/<name>/<outcome>": episodes}}}
 
 Guarantees:
 - Per instance only its newest heartbeat counts (by ``created_at``); an instance is ``alive`` when that heartbeat
@@ -141,6 +142,16 @@ def inference_servers(latest: Mapping[str, Any]) -> dict[str, dict[str, float]]:
             if hb.role == "producer" and any(k.startswith("servers/") for k in hb.metrics)}
 
 
+def environments(latest: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """Per producer instance playing multi-turn episodes (``producer.environment``), its environments' episodes by
+    outcome from its newest heartbeat (``env/<name>/{ok, failed, timed_out, refilled}``, since it started), finite
+    only."""
+    return {hb.instance_id: {k: v for k, v in sorted(hb.metrics.items())
+                             if k.startswith("env/") and isinstance(v, (int, float)) and math.isfinite(v)}
+            for hb in sorted(latest.values(), key=lambda h: h.instance_id)
+            if hb.role == "producer" and any(k.startswith("env/") for k in hb.metrics)}
+
+
 def data_progress(metrics: Mapping[str, float]) -> dict[str, int | None]:
     """The trainer's ``data/epoch`` (highest epoch trained, 0-based) and ``data/distinct_prompts`` (prompt ids
     trained at least once) from its last metrics; None where the trainer does not report it."""
@@ -185,4 +196,5 @@ def build_snapshot(*, run: str, now: float, heartbeats: Iterable[Any], manifest:
             "lag": lag_rows(marks, committed or {}, groups or {}),
             "trainer_metrics": metrics, "data": data_progress(metrics), "alerts": open_alerts(alerts),
             "reward_calls": reward_calls(latest), "servers": inference_servers(latest),
+            "environments": environments(latest),
             "endpoints": list(endpoints or [])}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from support.chat_model import build_chat_model_dir
 from support.paths import TESTS_DIR, VF_TASKSETS
-from support.topics import read_records
+from support.topics import read_records, read_values
 
 pytestmark = pytest.mark.broker
 
@@ -118,3 +118,9 @@ def test_an_openenv_environment_trains_through_stream_rl_run_rewarded_by_its_rub
     for s in stepped:  # the environment's rubric, passed through: 1 right, 0.1 a digit, 0 anything else per guess
         assert s.reward == float(s.rollout.metadata["episode_reward"]) and 0.0 <= s.reward <= 2.0
         assert all(turn == {"env": "GuessDigit", "role": "env"} for turn in s.rollout.turns if turn["role"] == "env")
+    from stream_rl.transport.client import Transport
+
+    transport = Transport(make_config(), "test")
+    beats = [b for b in read_values(transport, transport.names.status, "heartbeat") if b.role == "producer"]
+    health = [b.metrics for b in beats if "env/GuessDigit/ok" in b.metrics]  # `stream-rl status` shows these
+    assert health and health[-1]["env/GuessDigit/ok"] > 0 and health[-1]["env/GuessDigit/timed_out"] == 0

@@ -92,3 +92,30 @@ def test_call_with_deadline_passes_values_and_errors_through():
         call_with_deadline(lambda: {}["k"], 1.0, "x")
     with pytest.raises(EnvironmentTimeout, match="environment slow step timed out after 0.05 s"):
         call_with_deadline(lambda: RELEASE.wait(60), 0.05, "slow step")
+
+
+def test_status_shows_each_environments_episodes_by_outcome_from_the_producers_newest_heartbeat():
+    from rich.console import Console
+
+    from schemas import Heartbeat
+    from stream_rl.cli.status_cmd import _environments_table
+    from stream_rl.operator_tools.status import environments, latest_per_instance
+
+    def beat(role: str, instance: str, at: float, metrics: dict) -> Heartbeat:
+        return Heartbeat(role=role, instance_id=instance, host="h", pid=1, state="ready", policy_version=3, step=1,
+                         rates={}, metrics=metrics, open_alerts=[], interval_s=5.0, created_at=at)
+
+    factory = EnvironmentFactory(lambda: None, "GuessDigit", 1.0, 1)
+    factory.health = EnvironmentHealth(ok=14, failed=2, timed_out=4, refilled=3)
+    beats = [beat("producer", "producer-0", 1.0, {"env/GuessDigit/ok": 2.0}),
+             beat("producer", "producer-0", 2.0, {**factory.health_metrics(), "loop/tick_age_s": 0.1}),
+             beat("producer", "producer-1", 2.0, {"producer/rollouts": 8.0}),  # single-turn: no environment
+             beat("scorer", "scorer-0", 2.0, {"env/x/ok": 1.0})]
+    envs = environments(latest_per_instance(beats))
+    assert envs == {"producer-0": {"env/GuessDigit/failed": 2.0, "env/GuessDigit/ok": 14.0,
+                                   "env/GuessDigit/refilled": 3.0, "env/GuessDigit/timed_out": 4.0}}
+    console = Console(width=200, record=True)
+    console.print(_environments_table(envs))
+    lines = [line.split("│") for line in console.export_text().splitlines() if "producer-0" in line]
+    assert [[cell.strip() for cell in line[1:-1]] for line in lines] == [
+        ["producer-0", "GuessDigit", "14", "2", "4", "3"]]

@@ -79,8 +79,9 @@ class StepResult:
 @dataclass(frozen=True)
 class EarlyStop:
     """When a generation may stop before its long tail ends (``producer.oversample``, ``producer.abort_after_s``;
-    engines with ``streams_groups`` only). ``protected``: indices into the step's input that must end (prompts
-    aborted before: each prompt is aborted at most once in a row, so every prompt is generated eventually)."""
+    engines that cut groups only: hf, in-process vLLM). ``protected``: indices into the step's input that must
+    end (prompts aborted before: each prompt is aborted at most once in a row, so every prompt is generated
+    eventually)."""
 
     oversample: float = 0.0
     abort_after_s: float | None = None
@@ -178,9 +179,10 @@ def produce_rollouts(prompts: Sequence[Prompt], engine: GenerationEngine, *, pro
     """Sample one group per prompt with ``engine`` (multi-turn episodes with ``turns``: :mod:`producers.multiturn`)
     and wrap every sample as a :class:`Rollout`. With ``on_group`` every group's rollouts are handed to it once, as
     soon as the group is complete: from inside the decode loop when the engine streams groups
-    (``engine.streams_groups``), else right after the generation of its group size. With ``early_stop`` (a
-    streaming engine, single-turn) the generation of each group size may stop before its tail ends
-    (:func:`should_stop`); the groups cut there are listed in ``StepResult.aborted`` for the caller to re-queue."""
+    (``engine.streams_groups``), else right after the generation of its group size. With ``early_stop`` (an
+    engine that cuts groups: hf, in-process vLLM; single-turn) the generation of each group size may stop before
+    its tail ends (:func:`should_stop`); the groups cut there are listed in ``StepResult.aborted`` for the caller
+    to re-queue (with ``EarlyStop.keep_partials`` their prefixes are in ``StepResult.partials``)."""
     started = clock()
     version = engine.version
     accepted, rejected = check_prompts(prompts, engine, max_new_tokens=max_new_tokens, group_size=group_size,
@@ -214,7 +216,7 @@ def produce_rollouts(prompts: Sequence[Prompt], engine: GenerationEngine, *, pro
             stream = lambda b, samples, items=items, t0=t0: hand_over(  # noqa: E731
                 items[b], samples, generate_s + time.perf_counter() - t0)
         sampling_seed = batch_seed(seed, [p for _, p, _ in items])
-        stop = _stop_when(early_stop, items, t0) if turns is None and getattr(engine, "streams_groups", False) else None
+        stop = _stop_when(early_stop, items, t0) if turns is None and _cuts(engine) else None
         cut = None
         if stop is not None and early_stop.keep_partials:
             cut = lambda b, samples, running, items=items: partials.__setitem__(  # noqa: E731
@@ -267,11 +269,14 @@ def _generate_groups(engine: GenerationEngine, items, n: int, sampling: Sampling
         return run_episodes(engine, [p for _, p, _ in items], ids, n, sampling=sampling,
                             max_new_tokens=max_new_tokens, seed=seed, make_env=turns.make_env,
                             max_turns=turns.max_turns, chat=turns.chat(engine.tokenizer))
-    if cut is not None:
-        return engine.generate(ids, n, sampling, max_new_tokens, seed, on_group=stream, stop_when=stop, on_cut=cut)
-    if stream is not None or stop is not None:
-        return engine.generate(ids, n, sampling, max_new_tokens, seed, on_group=stream, stop_when=stop)
-    return engine.generate(ids, n, sampling, max_new_tokens, seed)
+    hooks = {name: hook for name, hook in (("on_group", stream), ("stop_when", stop), ("on_cut", cut))
+             if hook is not None}  # an engine takes the ones it supports (streams_groups, cuts_groups)
+    return engine.generate(ids, n, sampling, max_new_tokens, seed, **hooks)
+
+
+def _cuts(engine: GenerationEngine) -> bool:
+    """Whether ``engine`` can stop a generation before its long tail ends (``stop_when``: hf, in-process vLLM)."""
+    return bool(getattr(engine, "cuts_groups", getattr(engine, "streams_groups", False)))
 
 
 def _rollout(prompt: Prompt, prompt_ids: list[int], sample_index: int, sample: Sample, *, group_size: int,

@@ -1,7 +1,7 @@
 """Durable partial rollouts: the prefix of a cut group, kept on a topic and resumed on the current weights. No Kafka.
 
 Consumes: the prefixes of a group whose batch stopped decoding before it ended (``producer.oversample``,
-``producer.abort_after_s``; the hf engine's ``on_cut``), and :class:`~schemas.PartialGroup` records read back
+``producer.abort_after_s``; the engine's ``on_cut``), and :class:`~schemas.PartialGroup` records read back
 from the run's partials topic. Produces: the :class:`~schemas.PartialGroup` of a cut group
 (:func:`partial_group`), and for a batch of partial groups the :class:`~producers.generate.StepResult` of their
 complete groups (:func:`resume_partials`): ordinary :class:`~schemas.Rollout` records, one per sample.
@@ -26,7 +26,8 @@ Guarantees:
   (``StepResult.metrics["producer/partials_stale"]`` and a log line) and its prompt regenerated from scratch with
   ``attempt + 1``, so nothing is lost.
 - Resumption is plain continuation from token ids (``engine.generate`` with ``n = 1`` per cut sample), so any
-  engine resumes: hf, in-process vLLM and servers. Only the hf engine cuts (its decode loop stops the tail).
+  engine resumes: hf, in-process vLLM and servers (tested on each). The hf and in-process vLLM engines cut (their
+  decode loops stop the tail: ``on_cut``); a server fleet's requests run to their end.
 """
 
 from __future__ import annotations

@@ -57,6 +57,13 @@ it. vLLM cannot drop prefix-cache blocks while requests run, so a reload during 
 end of the generation. Without a hook ``generate`` is ``LLM.generate``, unchanged. The requests go in through
 ``LLM._preprocess_cmpl`` (the renderer ``LLM.generate`` uses; a private vLLM method, checked in 0.32).
 
+Long tails (``generate(..., stop_when=..., on_cut=...)``, ``producer.oversample`` / ``abort_after_s``): the same
+stepped requests; after each step the engine asks ``stop_when`` which groups have all their samples finished and,
+when it says stop, aborts the rest. The ended groups are returned as an uncut call returns them (per-request seeds:
+the same tokens); a cut group is returned empty and its prefixes (tokens, logprobs and the version of each token;
+a finished sample whole) go to ``on_cut``, for :mod:`producers.partials` to make durable. A cut group with a sample
+that had not drawn a token yet (vLLM had not scheduled it) is not handed over: its prompt is re-queued whole.
+
 vLLM's arguments and internals (:mod:`producers.engines.vllm_args`): ``producer.vllm.engine_kwargs`` are checked
 against the installed ``EngineArgs`` before the engine is built (an unknown key raises ``EngineError`` naming it);
 ``tensor_parallel_size`` shards the model over the producer's GPUs (``run.gpus.producers``); every private vLLM
@@ -66,7 +73,7 @@ API above is checked for presence once the engine exists, with the tested versio
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -179,8 +186,16 @@ class VLLMEngine(GenerationEngine):
     def vocab_size(self) -> int:
         return self._vocab_size
 
+    cuts_groups = True  # generate(..., stop_when=..., on_cut=...) may stop before the long tail ends
+
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: Sampling, max_new_tokens: int,
-                 seed: int) -> list[list[Sample]]:
+                 seed: int, stop_when: Callable[[list[bool]], bool] | None = None,
+                 on_cut: Callable[[int, list[Sample], list[bool]], None] | None = None) -> list[list[Sample]]:
+        """:meth:`GenerationEngine.generate`; with ``stop_when`` the requests are stepped by hand and, after a step
+        at which ``stop_when(ended)`` (``ended[b]``: prompt b's n samples have all finished) is true, the rest are
+        aborted: such a cut group is returned as an empty list and, with ``on_cut``, its prefixes are handed to
+        ``on_cut(b, samples, running)`` (a sample that had not drawn a token yet leaves its group unhanded: it is
+        re-queued whole)."""
         from vllm.inputs import TokensPrompt
 
         check_generate_args(prompt_token_ids, n, sampling, max_new_tokens, self.max_model_len, self.vocab_size)
@@ -190,8 +205,8 @@ class VLLMEngine(GenerationEngine):
         stop_ids = frozenset({self._eos, *sampling.stop_token_ids})
         prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_token_ids]
         self._drop_stale_prefix()
-        if self._hook is not None:
-            return self._generate_stepwise(prompts, params, n, stop_ids)
+        if self._hook is not None or stop_when is not None:
+            return self._generate_stepwise(prompts, params, n, stop_ids, stop_when, on_cut)
         outputs = self._llm.generate(prompts, params, use_tqdm=False)
         return [self._samples([_Decoded.of(c) for c in output.outputs], n, stop_ids) for output in outputs]
 
@@ -200,10 +215,13 @@ class VLLMEngine(GenerationEngine):
             raise EngineError(f"the weights hook needs every >= 1 decode steps, got {every}")
         self._hook, self._hook_every = hook, every
 
-    def _generate_stepwise(self, prompts: list, params: list, n: int, stop_ids: frozenset[int]) -> list[list[Sample]]:
-        """``generate`` with the weights hook (module docstring): the requests ``LLM.generate`` would add, stepped
-        by hand; the hook runs before engine step ``every``, ``2 * every``, ... and each token records the version
-        held during the step that produced it."""
+    def _generate_stepwise(self, prompts: list, params: list, n: int, stop_ids: frozenset[int],
+                           stop_when: Callable[[list[bool]], bool] | None = None,
+                           on_cut: Callable[[int, list[Sample], list[bool]], None] | None = None
+                           ) -> list[list[Sample]]:
+        """``generate`` with the weights hook or ``stop_when`` (module docstring): the requests ``LLM.generate``
+        would add, stepped by hand; the hook runs before engine step ``every``, ``2 * every``, ... and each token
+        records the version held during the step that produced it; ``stop_when`` is asked after each step."""
         from vllm.sampling_params import RequestOutputKind
 
         engine = self._llm.llm_engine
@@ -217,18 +235,38 @@ class VLLMEngine(GenerationEngine):
                 engine.add_request(request_id, prompt, param)
             step = 0
             while engine.has_unfinished_requests():
-                if step > 0 and step % self._hook_every == 0:
+                if self._hook is not None and step > 0 and step % self._hook_every == 0:
                     self._hook()  # may call load_weights / load_adapter (all or nothing)
                 for output in engine.step():
                     for completion in output.outputs:
                         decoded[row[output.request_id]][completion.index].extend(completion, self._version)
                 step += 1
+                ended = [all(d.finish_reason is not None for d in group) for group in decoded]
+                if stop_when is not None and not all(ended) and stop_when(ended):
+                    engine.abort_request([i for i, done in zip(ids, ended, strict=True) if not done])
+                    return self._cut(decoded, ended, n, stop_ids, on_cut)
         except BaseException:
             engine.abort_request(ids)  # no half-done request left in the engine
             raise
         finally:
             self._drop_stale_prefix()
         return [self._samples(group, n, stop_ids) for group in decoded]
+
+    def _cut(self, decoded: list[list[_Decoded]], ended: list[bool], n: int, stop_ids: frozenset[int],
+             on_cut: Callable[[int, list[Sample], list[bool]], None] | None) -> list[list[Sample]]:
+        """The groups of a stopped generation: the ended ones whole, the cut ones empty (their prefixes to
+        ``on_cut`` when every sample drew a token: a finished sample cut at its stop, a running one as drawn)."""
+        out: list[list[Sample]] = []
+        for b, group in enumerate(decoded):
+            if ended[b]:
+                out.append(self._samples(group, n, stop_ids))
+                continue
+            out.append([])
+            if on_cut is not None and all(d.tokens for d in group):
+                samples = [self._samples([d], 1, stop_ids)[0] if d.finish_reason is not None
+                           else Sample(list(d.tokens), list(d.logprobs), "length", d.versions) for d in group]
+                on_cut(b, samples, [d.finish_reason is None for d in group])
+        return out
 
     def _samples(self, decoded: list[_Decoded], n: int, stop_ids: frozenset[int]) -> list[Sample]:
         if len(decoded) != n:

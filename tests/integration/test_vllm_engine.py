@@ -144,6 +144,51 @@ def test_vllm_resumes_partial_groups_cut_by_the_hf_engine(engine, model_dir):
     assert continued >= 1 and float(np.mean(errors)) < 1e-3
 
 
+def test_vllm_stops_the_long_tail_and_hands_over_the_cut_groups_prefixes(engine):
+    """``stop_when`` (producer.oversample) on in-process vLLM: the groups ended at the stop are those of an uncut
+    call, the cut ones are returned empty and their prefixes (each sample's tokens and logprobs so far, an ended
+    sample whole) handed to ``on_cut``; the step makes them PartialGroups that vLLM then resumes."""
+    from support.producers import PROMPTS, prompt_record
+
+    from producers.generate import EarlyStop, produce_rollouts
+    from producers.partials import resume_partials
+
+    sampling = Sampling(1.0, stop_token_ids=(3, 4, 5, 6, 7))
+    prompts = PROMPTS * 2
+    full = engine.generate(prompts, 3, sampling, 16, seed=4)
+    calls: list[list[bool]] = []
+    cut: dict[int, tuple] = {}
+
+    def stop_when(ended: list[bool]) -> bool:
+        calls.append(list(ended))
+        return sum(ended) >= 2
+
+    out = engine.generate(prompts, 3, sampling, 16, seed=4, stop_when=stop_when,
+                          on_cut=lambda b, samples, running: cut.__setitem__(b, (samples, running)))
+    ended = calls[-1]
+    assert sum(ended) >= 2 and not all(ended) and sorted(cut) == [b for b, e in enumerate(ended) if not e]
+    for b in range(len(prompts)):
+        if ended[b]:
+            assert [(s.token_ids, s.logprobs, s.finish_reason) for s in out[b]] == \
+                [(s.token_ids, s.logprobs, s.finish_reason) for s in full[b]]
+            continue
+        assert out[b] == []
+        samples, running = cut[b]
+        assert any(running)
+        for sample, run, whole in zip(samples, running, full[b], strict=True):
+            length = len(sample.token_ids)
+            assert sample.token_ids == whole.token_ids[:length] and length >= 1
+            assert sample.logprobs == pytest.approx(whole.logprobs[:length])
+            assert sample.token_versions == [engine.version] * length
+            assert run or (sample.token_ids == whole.token_ids and sample.finish_reason == whole.finish_reason)
+    kw = {"producer_id": "p0", "sampling": sampling, "max_new_tokens": 16, "seed": 3}
+    step = produce_rollouts([prompt_record(i, group_size=3) for i in range(6)], engine,
+                            early_stop=EarlyStop(oversample=1.0, keep_partials=True), **kw)
+    assert step.partials and len(step.rollouts) == 3 * (6 - len(step.aborted))
+    resumed = resume_partials(step.partials, engine, max_lag=0, **kw)
+    assert len(resumed.rollouts) == 3 * len(step.partials)
+
+
 # -- sampling controls (issue 28, item 5): before any test changes the weights -------------------------------------
 TRUNCATED = Sampling(temperature=0.8, top_k=6, top_p=0.8, min_p=0.05)
 

@@ -35,7 +35,8 @@ def test_the_config_bounds_and_refuses_early_stop_without_the_hf_decode_loop():
     assert ProducerConfig(oversample=0.5).oversample == 0.5 and ProducerConfig().abort_after_s is None
     with pytest.raises(ValueError, match="oversample"):
         ProducerConfig(oversample=-0.1)
-    with pytest.raises(ValueError, match=r"producer.oversample needs producer.engine = 'hf'"):
-        ProducerConfig(engine="vllm", oversample=0.25)
+    with pytest.raises(ValueError, match=r"producer.oversample needs producer.engine = 'hf' or 'vllm'"):
+        ProducerConfig(engine="server", oversample=0.25)
+    assert ProducerConfig(engine="vllm", oversample=0.25).oversample == 0.25  # its stepped requests stop too
     with pytest.raises(ValueError, match=r"producer.abort_after_s does not apply to multi-turn"):
         ProducerConfig(abort_after_s=3.0, environment="stream_rl.demo.retry:RetryAddition")

@@ -120,8 +120,8 @@ def test_settings_that_cannot_work_are_refused_naming_the_fields():
         ProducerConfig(partial_max_lag=1)
     with pytest.raises(ValueError, match="producer.partial_max_lag with producer.stop"):
         ProducerConfig(abort_after_s=1.0, partial_max_lag=1, stop=["\n\n"])
-    with pytest.raises(ValueError, match="producer.oversample needs producer.engine = 'hf'"):
-        ProducerConfig(oversample=1.0, partial_max_lag=1, engine="vllm")
+    with pytest.raises(ValueError, match="producer.oversample needs producer.engine = 'hf' or 'vllm'"):
+        ProducerConfig(oversample=1.0, partial_max_lag=1, engine="server")
     with pytest.raises(ValueError, match="multi-turn"):
         ProducerConfig(oversample=1.0, partial_max_lag=1, environment="a.b:C")
 
@@ -130,7 +130,8 @@ def test_the_partial_lag_may_not_exceed_the_trainers():
     from stream_rl.cli.config import load_config
 
     overrides = {"producer.oversample": "1.0", "trainer.max_lag": "2"}
-    assert load_config(None, env={}, overrides={**overrides, "producer.partial_max_lag": "2"}).producer.partial_max_lag == 2
+    loaded = load_config(None, env={}, overrides={**overrides, "producer.partial_max_lag": "2"})
+    assert loaded.producer.partial_max_lag == 2
     with pytest.raises(Exception, match=r"producer\.partial_max_lag=3 > trainer\.max_lag=2"):
         load_config(None, env={}, overrides={**overrides, "producer.partial_max_lag": "3"})
 

@@ -27,7 +27,7 @@ from stream_rl.config.base import CrossFieldError, Section
 from stream_rl.config.loading import resolve_config
 from stream_rl.config.shared import Agreements, SharedConfig
 from stream_rl.launch.gpus import GpuLayout, RoleCounts, layout_errors
-from stream_rl.launch.servers import ServersSpec
+from stream_rl.launch.servers import ServersSpec, memory_share
 
 ELASTIC_REMOVED = ("run.placement='elastic' was removed: its lease (the trainer's update on the idle roles' cores) "
                    "measured 1.03x 'auto' on the demo, within the noise (docs/architecture.md, \"Elastic placement: "
@@ -176,9 +176,12 @@ class StreamRLConfig(SharedConfig):
 def gpu_counts(cfg: StreamRLConfig) -> RoleCounts:
     """What ``run.gpus`` is checked against: the role counts and the producers' vLLM parallelism and share."""
     vllm = cfg.producer.engine == "vllm"
+    servers = cfg.run.servers if cfg.producer.engine == "server" else None  # started by `stream-rl run`
     return RoleCounts(cfg.run.producers, cfg.run.scorers, cfg.run.trainer_ranks, cfg.eval is not None,
                       cfg.producer.vllm.tensor_parallel_size if vllm else 1,
-                      cfg.producer.vllm.gpu_memory_utilization if vllm else None)
+                      cfg.producer.vllm.gpu_memory_utilization if vllm else None,
+                      servers=servers.devices() if servers is not None else (),
+                      server_share=memory_share(servers.extra_args) if servers is not None else 0.0)
 
 
 def agreements(cfg: StreamRLConfig) -> Agreements:

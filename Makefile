@@ -11,15 +11,17 @@ RUN_ARGS ?= -c configs/demo.toml
 run: install
 	$(PY) -m stream_rl.cli.main run $(RUN_ARGS)
 
+# The type checker ([tool.mypy] in pyproject.toml: the wire, the loss math, the trainer) runs first, in seconds.
 # vLLM's CPU worker pins torch's thread count for the whole process once an engine exists, so its tests run in a
-# pytest process of their own, after the rest. Both always run (a failure of the first does not hide the second);
-# the target fails when either did, and says which.
+# pytest process of their own, after the rest. All three always run (a failure of one does not hide the others);
+# the target fails when any did, and says which.
 test: install-test
-	@main=0; vllm=0; \
+	@types=0; main=0; vllm=0; \
+	$(PY) -m mypy || types=$$?; \
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 --ignore=tests/integration/test_vllm_engine.py $(PYTEST_ARGS) || main=$$?; \
 	$(PY) -m pytest -q -p no:cacheprovider tests/integration/test_vllm_engine.py || vllm=$$?; \
-	echo "make test: main suite exit $$main, vLLM suite exit $$vllm"; \
-	[ $$main -eq 0 ] && [ $$vllm -eq 0 ]
+	echo "make test: type check exit $$types, main suite exit $$main, vLLM suite exit $$vllm"; \
+	[ $$types -eq 0 ] && [ $$main -eq 0 ] && [ $$vllm -eq 0 ]
 
 # The fast tier: tests/unit (no broker, no process), under 2 minutes on 2 cores. `make test` runs it too.
 test-unit: install-test

@@ -68,10 +68,10 @@ def _field_type(cls: type, field: dataclasses.Field) -> FieldType:
     return Added(field_type, field.default)
 
 
-def _declare(cls: type, **options: bool) -> type:
-    cls = dataclasses.dataclass(frozen=True, kw_only=True, **options)(cls)
-    cls.__wire_spec__ = tuple((f.name, _field_type(cls, f)) for f in dataclasses.fields(cls))
-    return cls
+def _declare(cls: M, **options: bool) -> M:
+    out: Any = dataclasses.dataclass(frozen=True, kw_only=True, **options)(cls)
+    out.__wire_spec__ = tuple((f.name, _field_type(out, f)) for f in dataclasses.fields(out))
+    return out
 
 
 def spec_of(cls: type) -> Spec:

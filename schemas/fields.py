@@ -301,7 +301,7 @@ class Array(FieldType):
                  minimum: float | None = None, maximum: float | None = None) -> None:
         self.dtype, self.min_len, self.finite = dtype, min_len, finite
         self.minimum, self.maximum = minimum, maximum
-        self._expected = np.dtype(dtype)
+        self._expected: Any = np.dtype(dtype)
         self._needs_min = finite or minimum is not None
         self._needs_max = finite or maximum is not None
 
@@ -325,8 +325,8 @@ class Array(FieldType):
         """True when the fused pass proves every value rule holds; False means "scan rule by rule"."""
         if value.shape[0] == 0:
             return True
-        low = _MIN(value) if self._needs_min else None
-        high = _MAX(value) if self._needs_max else None
+        low = _MIN(value) if self._needs_min else math.nan  # NaN: never read (the rules below need no minimum)
+        high = _MAX(value) if self._needs_max else math.nan
         # Every comparison with NaN is False, and a NaN anywhere makes the min and the max NaN: never cleared.
         if self.finite and not (-math.inf < low and high < math.inf):
             return False

@@ -77,18 +77,19 @@ def _turns_rule(msg: Rollout, length: int) -> None:
     if msg.policy_mask is None:
         return
     _require_length("policy_mask", msg.policy_mask, length)
+    turns = msg.turns if msg.turns is not None else []  # set: checked together with policy_mask above
     if not msg.policy_mask.any():
         raise SchemaError("policy_mask", "holds no policy token (at least one 1 is required)")
     runs = 1 + int(np.count_nonzero(np.diff(msg.policy_mask.astype(np.int8))))
-    if len(msg.turns) != runs:
-        raise SchemaError("turns", f"{len(msg.turns)} turn(s), but policy_mask has {runs} run(s)")
+    if len(turns) != runs:
+        raise SchemaError("turns", f"{len(turns)} turn(s), but policy_mask has {runs} run(s)")
     starts = np.flatnonzero(np.diff(msg.policy_mask.astype(np.int8), prepend=np.int8(-1)))  # [runs]
     for index, start in enumerate(starts.tolist()):
         expected = "policy" if msg.policy_mask[start] else "env"
-        if msg.turns[index].get("role") != expected:
+        if turns[index].get("role") != expected:
             raise SchemaError(f"turns.{index}.role", f"must be {expected!r} (policy_mask[{start}] = "
                                                      f"{int(msg.policy_mask[start])}), got "
-                                                     f"{msg.turns[index].get('role')!r}")
+                                                     f"{turns[index].get('role')!r}")
 
 
 def _scored_rule(msg: ScoredRollout) -> None:

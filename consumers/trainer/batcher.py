@@ -46,7 +46,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -65,6 +65,7 @@ class RecordLike(Protocol):
     topic: str
     partition: int
     offset: int
+    value: Any  # the decoded message (a ScoredRollout here)
 
 
 @dataclass
@@ -372,7 +373,8 @@ class Batcher:
         first = members[0] if members else source
         attempt = max(s.rollout.attempt for s in [*members, *([source] if source is not None else [])])
         self.requeued[group.group_id] = max(attempt, self.requeued.get(group.group_id, -1))
-        prompt = requeued_prompt(first, attempt + 1) if requeue and attempt < self.max_requeues else None
+        retry = requeue and attempt < self.max_requeues  # a group has a member or a source: first is one
+        prompt = requeued_prompt(cast(ScoredRollout, first), attempt + 1) if retry else None
         if prompt is None and requeue:
             reason = f"{reason}; not re-queued: attempt {attempt} is the last (max_requeues {self.max_requeues})"
             self.counters["not_requeued"] += 1

@@ -73,7 +73,7 @@ class KLConfig(Section):
 
     coef: float = Field(0.0, ge=0.0, description="initial KL coefficient beta; 0 switches the penalty off "
                                                   "(KL to the reference is still reported when available)")
-    kind: Literal[cat.KL_KINDS] | None = Field(
+    kind: Literal[cat.KL_KINDS] | None = Field(  # type: ignore[valid-type]
         None, description="per-token KL estimator (Schulman 2020); None: k2 in the loss (expected gradient "
                           "grad KL(pi||ref)), k3 in the reward; k3 in the loss has the gradient of KL(ref||pi); "
                           "k1 in the loss is rejected (zero expected gradient)")
@@ -110,7 +110,7 @@ class KLConfig(Section):
 class LossConfig(Section):
     """The policy loss of ``stream_rl.algorithms.policy_loss`` (its ``LossSpec``) and its off-policy correction."""
 
-    kind: Literal[cat.LOSS_KIND_NAMES] = Field(
+    kind: Literal[cat.LOSS_KIND_NAMES] = Field(  # type: ignore[valid-type]
         "ppo", description="policy-loss kind (stream_rl/algorithms/catalogue.py): " + cat.choices_text(cat.LOSS_KIND_ROWS))
     clip_low: float | None = Field(None, gt=0.0, le=1.0, description="ratio lower clip: 1 - clip_low; None: the "
                                    "kind's default: " + _defaults_text("clip_low"))
@@ -123,8 +123,9 @@ class LossConfig(Section):
                           "generator's behaviour logprobs; gspo uses the sequence weight (geometric mean)")
     is_cap: float | None = Field(5.0, gt=0.0, description="cap C on the importance weight; None: uncapped; "
                                                         "ignored without off_policy_correction")
-    is_mode: Literal[cat.IS_MODES] = Field("clamp", description="'clamp': min(w, C); 'mask': w = 0 where w > C")
-    agg: Literal[cat.AGG_MODES] | None = Field(
+    is_mode: Literal[cat.IS_MODES] = Field(  # type: ignore[valid-type]
+        "clamp", description="'clamp': min(w, C); 'mask': w = 0 where w > C")
+    agg: Literal[cat.AGG_MODES] | None = Field(  # type: ignore[valid-type]
         None, description="loss aggregation over tokens and sequences (see docs/algorithms.md); None: the kind's "
                           "default: " + _defaults_text("agg"))
     max_len: int | None = Field(
@@ -176,7 +177,7 @@ class TrainerConfig(Section):
     collective_timeout_s: float = Field(
         600.0, gt=0.0, description="data-parallel ranks (stream-rl train --nproc N, torchrun): a collective that "
                                    "does not complete in this many seconds (a rank died or hung) stops the trainer")
-    advantage: Literal[cat.ADVANTAGE_NAMES] = Field(
+    advantage: Literal[cat.ADVANTAGE_NAMES] = Field(  # type: ignore[valid-type]
         "grpo", description="advantage estimator (stream_rl/algorithms/catalogue.py): "
                             + cat.choices_text(cat.ADVANTAGE_ROWS) + "; 'gae' adds a value head trained with the "
                             "clipped value loss")

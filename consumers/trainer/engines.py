@@ -40,6 +40,8 @@ instance is passed in, so no fused-Adam JIT build happens.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import math
 import os
 import socket
@@ -103,7 +105,8 @@ class TrainModule(nn.Module):
             run = partial(packed_forward, pack_length=self.pack_length) if self.packing else shared_prompt_forward
             logits, hidden = run(self.policy, input_ids, attention_mask, position_ids, response_width,
                                  hidden=self.value_head is not None)
-            return logits, None if hidden is None else self.value_head(hidden).squeeze(-1).float()
+            head = self.value_head
+            return logits, None if hidden is None or head is None else head(hidden).squeeze(-1).float()
         keep = response_width + 1
         out = self.policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                           logits_to_keep=keep, output_hidden_states=self.value_head is not None, use_cache=False)
@@ -178,7 +181,7 @@ def resolve_device(name: str, ranks: Ranks = SOLO) -> torch.device:
     return ranks.device if ranks.world > 1 and device.type == "cuda" else device
 
 
-class _EngineBase:
+class _EngineBase(ABC):
     module: TrainModule
     ranks: Ranks = SOLO
     lora: bool = False  # trainer.lora: the policy carries peft adapters on a frozen base (consumers.trainer.lora)
@@ -228,6 +231,24 @@ class _EngineBase:
 
     def _named_params(self) -> dict[str, nn.Parameter]:
         return dict(self.module.named_parameters())
+
+    # What each engine implements (TorchEngine, DeepSpeedEngine); the methods above are built on them.
+    @abstractmethod
+    def _call(self, *args: Any) -> tuple[Tensor, Tensor | None]: ...
+    @abstractmethod
+    def backward(self, loss: Tensor, *, last_micro: bool = True) -> None: ...
+    @abstractmethod
+    def step(self, lr: float) -> StepOutcome: ...
+    @abstractmethod
+    def zero_grad(self) -> None: ...
+    @abstractmethod
+    def state_dict(self) -> dict[str, Tensor]: ...
+    @abstractmethod
+    def load_state_dict(self, tensors: dict[str, Tensor]) -> None: ...
+    @abstractmethod
+    def optimizer_state(self) -> tuple[dict[str, Tensor], dict[str, Any]]: ...
+    @abstractmethod
+    def load_optimizer_state(self, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None: ...
 
 
 class TorchEngine(_EngineBase):

@@ -14,6 +14,8 @@ Guarantees:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dataclasses import dataclass
 
 import torch
@@ -23,8 +25,12 @@ from consumers.trainer.micro import micro_batches
 from consumers.trainer.tensors import RolloutBatch
 from stream_rl import algorithms as alg
 
+if TYPE_CHECKING:
+    from consumers.trainer.engines import TrainEngine
 
-def evaluate(engine, batch: RolloutBatch, *, entropy: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
+
+def evaluate(engine: TrainEngine, batch: RolloutBatch, *,
+             entropy: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Logprobs ``[B, T]`` of the response tokens under softmax(logits / T_b), optional entropy and values."""
     logits, values = engine.forward(batch)  # [B, T, V] in the engine's dtype, [B, T] | None
     temperature = batch.temperatures.to(logits.device)  # [B]
@@ -43,7 +49,8 @@ class Proximal:
 
 
 @torch.no_grad()
-def proximal_pass(engine, batch: RolloutBatch, micro_batch_size: int, max_tokens: int | None = None) -> Proximal:
+def proximal_pass(engine: TrainEngine, batch: RolloutBatch, micro_batch_size: int,
+                  max_tokens: int | None = None) -> Proximal:
     """pi_prox logprobs, entropy and values of the current weights, micro batch by micro batch (at most
     ``micro_batch_size`` rows and, when set, ``max_tokens`` tokens each: :mod:`~consumers.trainer.micro`); 0 on
     padding."""
@@ -55,6 +62,7 @@ def proximal_pass(engine, batch: RolloutBatch, micro_batch_size: int, max_tokens
     for idx, real in micro_batches(ranks, batch, rows, micro_batch_size, max_tokens, engine.module.packing):
         lp, en, v = evaluate(engine, batch.select(idx), entropy=True)  # a ghost keeps the ranks in lockstep
         if real:
+            assert en is not None  # entropy=True
             logp[idx], ent[idx] = lp.float(), en.float()
             if values is not None:
                 values[idx] = v

@@ -16,6 +16,8 @@ an evaluation that arrives after the trainer exits is judged at the trainer's ne
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pathlib import Path
 
 from consumers.trainer.engines import LORA_META, MODEL_FILE
@@ -25,15 +27,18 @@ from stream_rl.evaluation.best import BestKeeper, Judgement, is_due
 from stream_rl.evaluation.feed import EvalsFeed
 from stream_rl.storage.checkpoint import write_json, write_tensors
 
+if TYPE_CHECKING:
+    from consumers.trainer.engines import TrainEngine
+
 
 class KeepBest:
     """``hold`` after each broadcast, ``poll`` after each step (both no-ops without ``trainer.keep_best``)."""
 
-    def __init__(self, keeper: BestKeeper | None, engine, ranks: Ranks):
+    def __init__(self, keeper: BestKeeper | None, engine: TrainEngine, ranks: Ranks):
         self.keeper, self.engine, self.ranks = keeper, engine, ranks
 
     @classmethod
-    def open(cls, tcfg, agreements: Agreements, transport, root: Path, engine, ranks: Ranks) -> KeepBest:
+    def open(cls, tcfg, agreements: Agreements, transport, root: Path, engine: TrainEngine, ranks: Ranks) -> KeepBest:
         """No keeper without ``tcfg.keep_best``; else one over ``root`` judging the evaluations on ``transport``'s
         evals topic."""
         keeper = None if tcfg.keep_best is None else BestKeeper(

@@ -26,6 +26,7 @@ import signal
 import sys
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 SHUTDOWN_S = 120  # after a SIGTERM to the group, how long ranks may take to finish (the leader checkpoints)
 
@@ -107,7 +108,7 @@ def launch_ranks(rank_args: Sequence[str], *, nproc: int, nnodes: int = 1, rdzv_
         raise RankDied(rank, failure.exitcode, _detail(failure)) from None
 
 
-def root_cause(failures: dict) -> tuple[int, object]:
+def root_cause(failures: dict) -> tuple[int, Any]:
     """The failed rank to name: the earliest that did not fail only because a peer was lost (a ``RankFailure``,
     which every surviving rank raises after the real failure); the earliest of all if each one did."""
     ranked = sorted(failures.items(), key=lambda item: (item[1].timestamp, item[0]))

@@ -18,6 +18,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -83,7 +84,7 @@ def adapter_state(policy_state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return {wire_name(name): t for name, t in policy_state.items()}
 
 
-def merged_policy(model_dir: str | Path, cfg: LoraConfig, policy_state: Mapping[str, Tensor]) -> nn.Module:
+def merged_policy(model_dir: str | os.PathLike, cfg: LoraConfig, policy_state: Mapping[str, Tensor]) -> nn.Module:
     """The base in ``model_dir`` with ``policy_state`` (the peft policy's trainable tensors) merged into it: a plain
     transformers model, no adapter modules left."""
     from stream_rl.models import load_policy

@@ -18,6 +18,8 @@ Guarantees:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,9 @@ from schemas import ScoredRollout, decode, encode
 from stream_rl.config.shared import SharedConfig, checkpoint_root
 from stream_rl.storage.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, read_json, read_tensors
 
+if TYPE_CHECKING:
+    from consumers.trainer.engines import TrainEngine
+
 log = logging.getLogger(__name__)
 
 
@@ -40,7 +45,7 @@ log = logging.getLogger(__name__)
 class Replica:
     """The model side of one rank: its engine, the tokenizer's pad id, and the checkpoint it resumed from."""
 
-    engine: object
+    engine: TrainEngine
     pad_id: int
     checkpoint: Checkpoint | None
     path: Path | None
@@ -52,6 +57,8 @@ def restore(cfg: SharedConfig, tcfg: TrainerConfig, ranks: Ranks, resume: bool) 
     from consumers.trainer.lora import load_module_state, wrap_policy
     from stream_rl.models import load_policy
 
+    if tcfg.model_dir is None:
+        raise ValueError("trainer.model_dir is not set: the trainer needs the initial policy's directory")
     policy, tokenizer = load_policy(tcfg.model_dir)
     if tcfg.lora.enabled:  # adapters on the frozen base (consumers.trainer.lora)
         policy = wrap_policy(policy, tcfg.lora)
@@ -61,10 +68,10 @@ def restore(cfg: SharedConfig, tcfg: TrainerConfig, ranks: Ranks, resume: bool) 
                          gradient_checkpointing=tcfg.gradient_checkpointing)
     path = latest_checkpoint(checkpoint_root(cfg.run_dir, tcfg.checkpoint_dir)) if resume else None
     ckpt = load_checkpoint(path) if path is not None else None
-    if ckpt is not None:
+    if ckpt is not None and path is not None:
         load_module_state(module, read_tensors(path / MODEL_FILE), tcfg.lora.enabled)
     engine = build_engine(module, tcfg, ranks)
-    if ckpt is not None:
+    if ckpt is not None and path is not None:
         engine.load_optimizer_state(read_tensors(path / OPTIMIZER_FILE), read_json(path / OPTIMIZER_META))
         ckpt.restore_rng()
     return Replica(engine, pad_id, ckpt, path)
@@ -77,7 +84,8 @@ def step_payload(state: TrainState, scored: list[ScoredRollout]) -> bytes:
 
 def read_step(payload: bytes) -> tuple[TrainState, list[ScoredRollout]]:
     data = msgpack.unpackb(payload, raw=False, strict_map_key=True)
-    return TrainState.from_json(data["state"]), [decode(r, "scored_rollout") for r in data["records"]]
+    return TrainState.from_json(data["state"]), [cast(ScoredRollout, decode(r, "scored_rollout"))
+                                                 for r in data["records"]]
 
 
 def run_follower(cfg: SharedConfig, tcfg: TrainerConfig, ranks: Ranks, resume: bool) -> None:

@@ -86,7 +86,7 @@ def advantage_inputs(batch: RolloutBatch, kl_t: Tensor | None, kl_coef: float, c
     KL goes into the reward."""
     mask = batch.response_mask
     in_reward = cfg.kl.placement == "reward" and kl_t is not None
-    penalty = kl_coef * kl_t if in_reward else torch.zeros_like(batch.token_rewards)  # [B, T]
+    penalty = kl_coef * kl_t if kl_t is not None and in_reward else torch.zeros_like(batch.token_rewards)  # [B, T]
     last = last_index(mask)  # [B] the last token the policy sampled
     rows = torch.arange(batch.size, device=mask.device)  # [B]
     shaping = length_penalty(batch, cfg)  # [B]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 import torch
@@ -130,7 +131,7 @@ def build_batch(scored: Sequence[ScoredRollout], pad_token_id: int = 0) -> Rollo
     attention_mask = torch.cat([prompt_mask, present.long()], dim=1)  # [B, L] environment tokens are attended
     input_ids = input_ids.masked_fill(attention_mask == 0, pad_token_id)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)  # [B, L]
-    zeros = [np.zeros(len(r), dtype=np.float32) for r in responses]
+    zeros: list[Any] = [np.zeros(len(r), dtype=np.float32) for r in responses]
     return RolloutBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,

@@ -29,6 +29,8 @@ Guarantees:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -49,6 +51,9 @@ from consumers.trainer.targets import (
 from consumers.trainer.tensors import RolloutBatch
 from consumers.trainer.update import ForwardRecord, merge, update
 from stream_rl import algorithms as alg
+
+if TYPE_CHECKING:
+    from consumers.trainer.engines import TrainEngine
 
 
 @dataclass
@@ -104,19 +109,23 @@ def needs_proximal_pass(cfg: TrainerConfig, kl_coef: float) -> bool:
     return cfg.advantage == "gae" or _kl_in_reward(cfg, kl_coef)
 
 
-def _targets(engine, batch: RolloutBatch, cfg: TrainerConfig, kl_coef: float) -> tuple[BatchTargets, Proximal | None]:
+def _targets(engine: TrainEngine, batch: RolloutBatch, cfg: TrainerConfig,
+             kl_coef: float) -> tuple[BatchTargets, Proximal | None]:
     """The batch's targets, and the proximal pass when one ran."""
     require_refs(batch, kl_coef)
     prox = (proximal_pass(engine, batch, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
             if needs_proximal_pass(cfg, kl_coef) else None)
-    kl_t = kl_to_reference(batch, prox.logp, cfg.kl.kind) if _kl_in_reward(cfg, kl_coef) else None  # prox is set
+    kl_t = None
+    if _kl_in_reward(cfg, kl_coef):
+        assert prox is not None and cfg.kl.kind is not None  # the KL in the reward needs the proximal pass; the
+        kl_t = kl_to_reference(batch, prox.logp, cfg.kl.kind)  # kind is resolved when the config loads
     values = prox.values if prox is not None else None
     advantages, returns = batch_advantages(batch, cfg, kl_coef, kl_t, values)
     return BatchTargets(prox.logp if prox is not None else None, advantages, returns, values), prox
 
 
-def _updates(engine, batch: RolloutBatch, tg: BatchTargets, cfg: TrainerConfig, state: TrainState, lr: float,
-             record: ForwardRecord | None) -> tuple[dict[str, float], list[float], int, int, float | None]:
+def _updates(engine: TrainEngine, batch: RolloutBatch, tg: BatchTargets, cfg: TrainerConfig, state: TrainState,
+             lr: float, record: ForwardRecord | None) -> tuple[dict[str, float], list[float], int, int, float | None]:
     """``epochs`` x ``minibatches`` guarded updates: (summed metrics, grad norms, applied, skipped, bad loss)."""
     generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + state.step)
     acc: dict[str, float] = {}
@@ -134,7 +143,7 @@ def _updates(engine, batch: RolloutBatch, tg: BatchTargets, cfg: TrainerConfig, 
     return acc, norms, applied_n, skipped_n, nonfinite_loss
 
 
-def train_step(engine, batch: RolloutBatch, cfg: TrainerConfig, state: TrainState) -> dict[str, float]:
+def train_step(engine: TrainEngine, batch: RolloutBatch, cfg: TrainerConfig, state: TrainState) -> dict[str, float]:
     """Train on one batch (``epochs`` x ``minibatches`` guarded updates); returns the step's metrics.
 
     On several ranks every rank calls this with the same batch and state and gets the same metrics and state."""
@@ -149,7 +158,9 @@ def train_step(engine, batch: RolloutBatch, cfg: TrainerConfig, state: TrainStat
     t2 = time.perf_counter()
     if record is not None:
         record.gather(engine.ranks)
-    prox_logp, entropy = (prox.logp, prox.entropy) if prox is not None else (record.logp, record.entropy)
+    seen = prox if prox is not None else record  # the proximal pass, else the record of the first update
+    assert seen is not None
+    prox_logp, entropy = seen.logp, seen.entropy
     state.applied_updates += applied_n
     state.skipped_updates += skipped_n
     out = {k: v / max(applied_n, 1) if not k.endswith(("_max", "_min")) else v for k, v in acc.items()}

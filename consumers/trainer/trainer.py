@@ -73,6 +73,7 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -351,7 +352,7 @@ class Trainer:
 
     # -- outputs ------------------------------------------------------------------------------------------------
 
-    def _write_metrics(self, metrics: dict[str, float], scored: list = ()) -> None:
+    def _write_metrics(self, metrics: dict[str, float], scored: Sequence = ()) -> None:
         row = metrics_row(self.state.step, self.state.version, metrics, self.batcher)
         append_line(self.metrics_path, row)
         self.trackers.log_step(row, scored)  # queued: a tracker never blocks the step
@@ -432,7 +433,8 @@ def run_trainer(cfg: SharedConfig, tcfg: TrainerConfig, stop_event: threading.Ev
 
         die_with_parent()  # no rank outlives its launcher (the leader then checkpoints and stops the followers)
     if not ranks.leader:
-        return run_follower(cfg, tcfg, ranks, resume)
+        run_follower(cfg, tcfg, ranks, resume)
+        return None
     trainer = Trainer(cfg, tcfg, resume=resume, ranks=ranks, agreements=agreements)
     try:
         return trainer.run(stop_event)

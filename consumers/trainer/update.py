@@ -24,6 +24,8 @@ Guarantees:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 import math
 from dataclasses import dataclass
@@ -37,6 +39,9 @@ from consumers.trainer.micro import micro_batches
 from consumers.trainer.targets import BatchTargets
 from consumers.trainer.tensors import RolloutBatch
 from stream_rl import algorithms as alg
+
+if TYPE_CHECKING:
+    from consumers.trainer.engines import TrainEngine
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +79,15 @@ def _is_weights(prox_logp: Tensor, sub: RolloutBatch, cfg: TrainerConfig, spec: 
     return weights
 
 
-def micro_loss(engine, sub: RolloutBatch, tg: BatchTargets, idx: Tensor, cfg: TrainerConfig, kl_coef: float,
-               normaliser: Tensor, spec: alg.LossSpec,
+def micro_loss(engine: TrainEngine, sub: RolloutBatch, tg: BatchTargets, idx: Tensor, cfg: TrainerConfig,
+               kl_coef: float, normaliser: Tensor, spec: alg.LossSpec,
                record: ForwardRecord | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """One micro batch's share of the minibatch loss (policy + KL-in-loss + value), over ``normaliser``."""
     logp, ent, values = evaluate(engine, sub, entropy=record is not None)
     mask = sub.response_mask
     prox = tg.prox_logp[idx] if tg.prox_logp is not None else logp.detach()  # [b, T]
     if record is not None:
+        assert ent is not None  # entropy=True when there is a record
         record.logp[idx], record.entropy[idx], record.seen[idx] = prox.float(), ent.float(), True
     common = {"agg": spec.agg, "max_len": spec.max_len, "normaliser": normaliser}
     behavior = sub.behavior_logp if cfg.loss.off_policy_correction else None
@@ -95,6 +101,7 @@ def micro_loss(engine, sub: RolloutBatch, tg: BatchTargets, idx: Tensor, cfg: Tr
         loss = loss + kl_coef * kl
         metrics["loss/kl"] = kl.detach()
     if tg.returns is not None:
+        assert values is not None and tg.old_values is not None  # returns come with the value head (gae)
         v_loss, v_metrics = alg.value_loss(values, tg.old_values[idx], tg.returns[idx], mask, clip=cfg.value_clip,
                                            **common)
         loss = loss + cfg.vf_coef * v_loss
@@ -116,7 +123,7 @@ def merge(acc: dict[str, float], metrics: dict[str, Tensor | float], weight: flo
             acc[key] = acc.get(key, 0.0) + (v if key.startswith("loss/") else weight * v)
 
 
-def update(engine, batch: RolloutBatch, tg: BatchTargets, rows: Tensor, cfg: TrainerConfig, kl_coef: float,
+def update(engine: TrainEngine, batch: RolloutBatch, tg: BatchTargets, rows: Tensor, cfg: TrainerConfig, kl_coef: float,
            lr: float, record: ForwardRecord | None = None) -> tuple[bool, float, dict[str, float]]:
     """One optimizer update on the minibatch ``rows``; returns (applied, grad norm, metrics); after a non-finite
     loss: (False, nan, {"loss/total": that loss})."""

@@ -20,12 +20,17 @@ Guarantees:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 
 from consumers.trainer.engines import cast_floating
 from consumers.trainer.ranks import Command, Ranks
 from consumers.trainer.train_step import TrainState
 from schemas import WeightsManifest
+
+if TYPE_CHECKING:
+    from consumers.trainer.engines import TrainEngine
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +70,7 @@ def check_fresh(transport, weights_cfg, version: int) -> None:
 class PolicyVersions:
     """Publishes the trainer's policy (see the module docstring)."""
 
-    def __init__(self, weights_cfg, lora, dtype: str, transport, sink, engine, ranks: Ranks):
+    def __init__(self, weights_cfg, lora, dtype: str, transport, sink, engine: TrainEngine, ranks: Ranks):
         """``weights_cfg``: the shared ``weights`` section; ``lora``: ``trainer.lora``; ``dtype``: the broadcast
         dtype (``Agreements.weights_dtype``)."""
         from stream_rl.weights import WeightsPublisher

@@ -27,10 +27,10 @@ def check_tensor(x: object, name: str, ndim: int | None = None) -> Tensor:
 
 def check_float(x: object, name: str, ndim: int | None = None) -> Tensor:
     """Like :func:`check_tensor`, and the dtype must be floating point."""
-    x = check_tensor(x, name, ndim)
-    if not x.is_floating_point():
-        raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
-    return x
+    t = check_tensor(x, name, ndim)
+    if not t.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    return t
 
 
 def check_same_shape(ref: Tensor, ref_name: str, **others: Tensor | None) -> None:
@@ -72,17 +72,17 @@ def as_bool_mask(mask: object, like: Tensor, like_name: str, *, prefix: bool = F
     Raises ValueError if ``mask`` is not a tensor, its shape differs from ``like``'s, its values are not 0/1, or
     (``prefix=True``) some row has a valid token after a padding token.
     """
-    mask = check_tensor(mask, "mask")
-    if mask.shape != like.shape:
-        raise ValueError(f"mask must have the shape of {like_name} {tuple(like.shape)}, got {tuple(mask.shape)}")
-    if mask.dtype != torch.bool:
-        if mask.is_complex():
-            raise ValueError(f"mask must be bool or real-valued, got dtype {mask.dtype}")
-        if not bool(((mask == 0) | (mask == 1)).all()):
+    m = check_tensor(mask, "mask")
+    if m.shape != like.shape:
+        raise ValueError(f"mask must have the shape of {like_name} {tuple(like.shape)}, got {tuple(m.shape)}")
+    if m.dtype != torch.bool:
+        if m.is_complex():
+            raise ValueError(f"mask must be bool or real-valued, got dtype {m.dtype}")
+        if not bool(((m == 0) | (m == 1)).all()):
             raise ValueError("mask values must be 0 or 1")
-        mask = mask != 0
-    if mask.device != like.device:
-        raise ValueError(f"mask is on {mask.device} but {like_name} is on {like.device}")
-    if prefix and mask.shape[-1] > 1 and bool((mask[..., 1:] & ~mask[..., :-1]).any()):
+        m = m != 0
+    if m.device != like.device:
+        raise ValueError(f"mask is on {m.device} but {like_name} is on {like.device}")
+    if prefix and m.shape[-1] > 1 and bool((m[..., 1:] & ~m[..., :-1]).any()):
         raise ValueError("mask must be right-padded: the valid tokens of each row must form a prefix")
-    return mask
+    return m

@@ -90,7 +90,7 @@ def kl_loss(logp: Tensor, ref_logp: Tensor, mask: Tensor, *, kind: str = "k2", w
     return aggregate(per_token, mask, agg, max_len=max_len, normaliser=normaliser)
 
 
-def adaptive_kl_coef(coef: float, observed_kl: float, n_steps: int, target: float, horizon: float) -> float:
+def adaptive_kl_coef(coef: float, observed_kl: float | Tensor, n_steps: int, target: float, horizon: float) -> float:
     """One proportional-control update of the KL coefficient (Ziegler et al. 2019).
 
     Formula: error = clip(observed_kl / target - 1, -0.2, 0.2); new_coef = coef * (1 + error * n_steps / horizon).

@@ -81,7 +81,7 @@ def policy_loss(
     advantages = torch.where(m, advantages.detach(), zero)  # [B, T]
     log_ratio = (logp - prox_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)  # [B, T]
     out = surrogate(SurrogateInputs(logp, log_ratio, advantages, m), spec)
-    pg_loss, metrics = out.pg_loss, {}
+    pg_loss, metrics = out.pg_loss, dict[str, Tensor]()
     if behavior_logp is not None:
         weights, metrics = importance_weights(prox_logp, behavior_logp, m, is_cap=spec.is_cap,
                                               is_mode=spec.is_mode, level=spec.level)

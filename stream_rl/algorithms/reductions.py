@@ -77,7 +77,7 @@ def loss_normaliser(mask: Tensor, agg: str = "token-mean", *, max_len: int | Non
     _check_max_len(m, agg, max_len)
     count = m.sum() if agg == "token-mean" else m.any(-1).sum()  # tokens, or non-empty sequences
     count = count.clamp_min(1).to(torch.float64)
-    return count * max_len if agg == "seq-mean-token-sum-norm" else count
+    return count * max_len if agg == "seq-mean-token-sum-norm" and max_len is not None else count
 
 
 def aggregate(per_token: Tensor, mask: Tensor, agg: str = "token-mean", *, max_len: int | None = None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 from .catalogue import AGG_MODES, IS_MODES, LossKind, loss_kind
 
@@ -19,6 +20,21 @@ from .catalogue import AGG_MODES, IS_MODES, LossKind, loss_kind
 def _positive(value: float, name: str) -> None:
     if not 0.0 < float(value) < math.inf:
         raise ValueError(f"{name} must be > 0, got {value}")
+
+
+class LossSettings(Protocol):
+    """What :meth:`LossSpec.from_config` reads of a ``trainer.loss`` section (``consumers.trainer.config.LossConfig``;
+    the core does not import the trainer's config)."""
+
+    kind: str
+    clip_low: float | None
+    clip_high: float | None
+    dual_clip: float | None
+    off_policy_correction: bool
+    is_cap: float | None
+    is_mode: str
+    agg: str | None
+    max_len: int | None
 
 
 @dataclass(frozen=True)
@@ -32,12 +48,13 @@ class LossSpec:
     """
 
     kind: str = "ppo"
-    clip_low: float | None = None
-    clip_high: float | None = None
+    # None at construction takes the kind's catalogue default (``__post_init__``): after it, always a value
+    clip_low: float = None  # type: ignore[assignment]
+    clip_high: float = None  # type: ignore[assignment]
     dual_clip: float | None = None
     is_cap: float | None = None
     is_mode: str = "clamp"
-    agg: str | None = None
+    agg: str = None  # type: ignore[assignment]
     max_len: int | None = None
 
     def __post_init__(self) -> None:
@@ -75,10 +92,12 @@ class LossSpec:
         return self.row.level
 
     @classmethod
-    def from_config(cls, loss_cfg: object) -> LossSpec:
-        """The spec of a ``trainer.loss`` section (``consumers.trainer.config.LossConfig``, read by attribute):
-        its knobs as they are, and no IS cap without ``off_policy_correction`` (there is no weight to cap)."""
-        correction = bool(getattr(loss_cfg, "off_policy_correction"))
-        return cls(kind=loss_cfg.kind, clip_low=loss_cfg.clip_low, clip_high=loss_cfg.clip_high,
+    def from_config(cls, loss_cfg: LossSettings) -> LossSpec:
+        """The spec of a ``trainer.loss`` section (:class:`LossSettings`): its knobs as they are, and no IS cap
+        without ``off_policy_correction`` (there is no weight to cap)."""
+        correction = bool(loss_cfg.off_policy_correction)
+        return cls(kind=loss_cfg.kind, clip_low=loss_cfg.clip_low,  # type: ignore[arg-type]  # None: the default
+                   clip_high=loss_cfg.clip_high,  # type: ignore[arg-type]
                    dual_clip=loss_cfg.dual_clip, is_cap=loss_cfg.is_cap if correction else None,
-                   is_mode=loss_cfg.is_mode, agg=loss_cfg.agg, max_len=loss_cfg.max_len)
+                   is_mode=loss_cfg.is_mode, agg=loss_cfg.agg,  # type: ignore[arg-type]
+                   max_len=loss_cfg.max_len)

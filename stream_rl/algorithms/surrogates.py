@@ -57,13 +57,17 @@ class SurrogateFn(Protocol):
 SURROGATES: dict[str, SurrogateFn] = {}
 
 
+def _name(fn: SurrogateFn) -> str:
+    return getattr(fn, "__name__", repr(fn))
+
+
 def register_surrogate(kind: str) -> Callable[[SurrogateFn], SurrogateFn]:
     """Decorator: register ``fn`` as the surrogate of loss kind ``kind``, which must have a catalogue row."""
     loss_kind(kind)  # ValueError for a kind the catalogue does not list
 
     def add(fn: SurrogateFn) -> SurrogateFn:
         if kind in SURROGATES:
-            raise ValueError(f"loss kind {kind!r} is registered twice ({SURROGATES[kind].__name__}, {fn.__name__})")
+            raise ValueError(f"loss kind {kind!r} is registered twice ({_name(SURROGATES[kind])}, {_name(fn)})")
         SURROGATES[kind] = fn
         return fn
 

@@ -34,8 +34,9 @@ Guarantees:
   group only, never trains it partially: the group is played again from the prompt with fresh environments and a
   seed of its own (:func:`refill_seed`), up to the factory's ``refills`` times; a group that still fails comes back
   with the reason of its last failure (the producer dead-letters the prompt with it) and the other prompts'
-  episodes go on. Each group's outcome is counted in the factory's
-  :class:`~producers.environment.EnvironmentHealth` (one per episode: ok, failed, timed_out; refilled per replay).
+  episodes go on; the reason of a failure whose group is played again is logged (WARNING) with the prompt id.
+  Each group's outcome is counted in the factory's :class:`~producers.environment.EnvironmentHealth` (one per
+  episode: ok, failed, timed_out; refilled per replay).
 - An environment's step rewards (:attr:`~producers.environment.Observation.reward`, e.g. an OpenEnv rubric's) are
   summed per episode (:attr:`Episode.env_reward`) and reach the rollout's metadata as ``episode_reward``.
 - An environment's reply is bounded before it is tokenised: one longer than ``max_new_tokens *``
@@ -47,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -55,6 +57,8 @@ from producers.engines.base import SEED_MODULUS, GenerationEngine, Sample, Sampl
 from producers.environment import Environment, EnvironmentFactory, EnvironmentTimeout, Observation
 from schemas import Prompt
 from stream_rl.rewards.given import REWARD_KEY
+
+log = logging.getLogger(__name__)
 
 TURN_SEPARATOR = "\n"
 """Joins the turns' texts into ``Rollout.response_text``."""
@@ -136,6 +140,9 @@ def run_episodes(engine: GenerationEngine, prompts: Sequence[Prompt], prompt_ids
         if not again:
             break
         _count(factory, [results[i] for i in again], n, refilled=True)
+        for i in again:  # the reason is logged here; it reaches the dead-letter topic if the last play fails too
+            log.warning("prompt %s: %s; its group is played again (refill %d of %d)", prompts[i].prompt_id,
+                        results[i], attempt, factory.refills)
         for index, result in zip(again, play(again, refill_seed(seed, attempt)), strict=True):
             results[index] = result
     _count(factory, results, n)

@@ -59,7 +59,8 @@ def _run(tmp_path: Path, broker, run_name: str, policy: Path, prompts: str, prod
         [sys.executable, "-m", "stream_rl.cli.main", "run", "-c", str(config), "--bootstrap", broker.bootstrap,
          "--run", run_name, "--max-steps", str(STEPS), "--set", f"run.prompts_file={prompts}",
          "--set", f"producer.model_dir={policy}", "--set", f"trainer.model_dir={policy}",
-         "--set", f"run_dir={run_dir}", *[arg for item in sets for arg in ("--set", item)]], capture_output=True, text=True, timeout=240, cwd=tmp_path,
+         "--set", f"run_dir={run_dir}", *[arg for item in sets for arg in ("--set", item)]],
+        capture_output=True, text=True, timeout=180, cwd=tmp_path,
         env={**os.environ, "PYTHONUNBUFFERED": "1",
              **({"PYTHONPATH": os.pathsep.join(filter(None, [str(path), os.environ.get("PYTHONPATH")]))}
                 if path else {})})

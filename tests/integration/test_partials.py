@@ -93,6 +93,67 @@ def test_a_cut_group_resumed_on_newer_weights_carries_the_versions_that_produced
     assert mixed >= 1
 
 
+class _Crash(BaseException):
+    """Stands in for the SIGKILL of a failpoint inside a producer thread (nothing after it runs, nothing commits)."""
+
+
+def test_a_crash_between_the_partials_flush_and_the_prompts_commit_loses_nothing(model_dir, tmp_path, run_name,
+                                                                                monkeypatch):
+    """The in-process bus: the producer dies where ``producer.after_send`` kills it (its rollouts and its cut
+    groups' prefixes acknowledged, its prompts not committed); its successor in the group regenerates the batch
+    and resumes the prefixes: every rollout id is there, at least twice (duplicates by id, which the trainer
+    drops), the dead producer's prefixes resumed, and both topics end committed."""
+    from collections import Counter
+
+    from producers import generator
+    from producers.config import ProducerConfig
+    from stream_rl.cli.config import load_config
+    from stream_rl.transport.client import Transport
+    from support.producers import send_prompts, start_generator
+    from support.topics import caught_up, read_records
+    from support.waiting import wait_for
+
+    real_hit = generator.failpoints.hit
+
+    def hit(name: str) -> None:
+        if name == "producer.after_send" and not crashed:
+            crashed.append(name)
+            raise _Crash(name)
+        real_hit(name)
+
+    crashed: list[str] = []
+    monkeypatch.setattr(generator.failpoints, "hit", hit)
+    engine = HFEngine.from_dir(model_dir)
+    cfg = load_config(None, env={}, overrides={"kafka.bootstrap_servers": f"memory://{run_name}",
+                                               "topics.run": run_name, "run_dir": str(tmp_path / "run")})
+    transport = Transport(cfg, "test")
+    transport.ensure_topics()
+    send_prompts(transport, [prompt_record(i, group_size=3) for i in range(6)])
+    pcfg = ProducerConfig(follow_weights=False, prompts_per_batch=6, max_new_tokens=BUDGET, poll_timeout_s=0.2,
+                          stop_token_ids=list(SAMPLING.stop_token_ids), seed=3, oversample=1.0, partial_max_lag=0)
+    thread, _, _, out = start_generator(cfg, pcfg, engine)
+    thread.join(60)
+    assert isinstance(out.get("error"), _Crash)  # died after the flush, before the commit
+    dead = read_records(transport, transport.names.partials, "partial_group")
+    assert dead and not caught_up(transport, transport.names.group("producers"), transport.names.prompts)
+    thread, stop, stats, out = start_generator(cfg, pcfg, engine)
+    group = transport.names.group("producers")
+    wait_for(lambda: caught_up(transport, group, transport.names.prompts)
+             and caught_up(transport, group, transport.names.partials) and stats.partials_resumed >= len(dead),
+             "the successor to commit the prompts and every partial group", 60.0, watch=[out])
+    stop.set()
+    thread.join(60)
+    rollouts = [r.value for r in read_records(transport, transport.names.rollouts, "rollout")]
+    copies = Counter(r.rollout_id for r in rollouts)
+    assert set(copies) == {f"p{i}:0:{k}" for i in range(6) for k in range(3)}  # nothing lost
+    assert min(copies.values()) >= 2  # the batch went out again (regenerated, the cut groups resumed): duplicates
+    for partial in dead:  # the dead producer's prefixes were resumed too
+        for k, (prefix, _) in enumerate(prefixes(partial.value)):
+            assert any(r.response_token_ids[:len(prefix.token_ids)].tolist() == prefix.token_ids
+                       and r.response_length >= len(prefix.token_ids)
+                       for r in rollouts if r.rollout_id == f"{partial.value.group_id}:{k}")
+
+
 # ------------------------------------------------------------------------------------------------ the kill drill
 N_PROMPTS, GROUP_SIZE, GROUPS_PER_STEP = 8, 2, 2
 STEPS = N_PROMPTS // GROUPS_PER_STEP

@@ -65,3 +65,16 @@ def test_a_rollout_that_names_no_reasoning_gym_entry_fails_with_the_reason():
 def test_a_bad_spec_is_refused_naming_the_problem(spec, reason):
     with pytest.raises(PromptFileError, match=reason):
         check_prompt_file(spec)
+
+
+def test_the_reward_runs_in_an_isolated_worker_under_its_deadline():
+    """scorer.reward_isolation = "process": the hub's verifier resolves by its short name in a worker process."""
+    from stream_rl.rewards.isolated import IsolatedReward
+
+    row = check_prompt_file(SPEC).rows[2]
+    isolated = IsolatedReward("reasoning_gym", timeout_s=60.0)
+    try:
+        assert isolated(row.text, f"<answer>{row.answer}</answer>", row.answer, row.metadata) == 1.0
+        assert isolated(row.text, "<answer>nope</answer>", row.answer, row.metadata) == 0.0
+    finally:
+        isolated.close()

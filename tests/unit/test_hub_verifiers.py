@@ -67,3 +67,19 @@ def test_a_rollout_the_taskset_cannot_score_fails_with_the_reason():
 def test_a_bad_spec_is_refused_naming_the_problem(spec, reason):
     with pytest.raises(PromptFileError, match=reason):
         check_prompt_file(spec)
+
+
+def test_the_reward_runs_in_an_isolated_worker(monkeypatch):
+    """scorer.reward_isolation = "process": the task's rewards resolve by the short name in a worker process (which
+    imports the taskset from PYTHONPATH)."""
+    import os
+
+    from stream_rl.rewards.isolated import IsolatedReward
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(VF_TASKSETS), os.environ.get("PYTHONPATH")])))
+    row = check_prompt_file(SPEC).rows[1]
+    isolated = IsolatedReward("verifiers", timeout_s=60.0)
+    try:
+        assert isolated(row.text, "olleh", row.answer, row.metadata) == 1.5
+    finally:
+        isolated.close()

@@ -45,7 +45,9 @@ class RunConfig(Section):
                                   "when missing, and used for the policy, reference and prompts left at their "
                                   "defaults (also by produce/score/train started by hand, once built); None (in a file, which has no "
                                   "null: \"none\"): no demo")
-    prompts_file: Path | None = Field(None, description="JSON-lines prompts; default: the demo's prompts.jsonl")
+    prompts_file: Path | None = Field(None, description="the prompts: a JSON-lines or Parquet file, a datasets "
+                                      "directory, or a named source (reasoning-gym:NAME?size=N&seed=S, "
+                                      "verifiers:TASKSET?size=N; docs/prompts.md); default: the demo's prompts.jsonl")
     epochs: int = Field(10, ge=1, description="passes over the prompt file loaded onto the prompts topic")
     group_size: int = Field(8, ge=1, description="samples per prompt written into each Prompt record")
     max_wall_s: float | None = Field(None, gt=0, description="stop the run after this many seconds")

@@ -80,7 +80,7 @@ def _scored(make_config) -> list:
 
 def test_reasoning_gym_prompts_train_through_stream_rl_run_scored_by_its_own_verifier(
         broker, tmp_path, run_name, policy, make_config):
-    pytest.importorskip("reasoning_gym")
+    pytest.importorskip("reasoning_gym", reason="the envs extra is not installed: pip install -e '.[envs]'")
     _run(tmp_path, broker, run_name, policy, "reasoning-gym:basic_arithmetic?size=8&seed=1&max_terms=2",
          scorer='reward_fn = "reasoning_gym"')
     scored = _scored(make_config)
@@ -92,7 +92,7 @@ def test_reasoning_gym_prompts_train_through_stream_rl_run_scored_by_its_own_ver
 
 def test_a_verifiers_taskset_trains_through_stream_rl_run_scored_by_its_own_rewards(
         broker, tmp_path, run_name, policy, make_config):
-    pytest.importorskip("verifiers.v1")
+    pytest.importorskip("verifiers.v1", reason="the envs extra is not installed: pip install -e '.[envs]'")
     _run(tmp_path, broker, run_name, policy, "verifiers:vf_reverse?size=6", scorer='reward_fn = "verifiers"',
          path=VF_TASKSETS)
     scored = _scored(make_config)
@@ -104,7 +104,7 @@ def test_a_verifiers_taskset_trains_through_stream_rl_run_scored_by_its_own_rewa
 
 def test_an_openenv_environment_trains_through_stream_rl_run_rewarded_by_its_rubric(
         broker, tmp_path, run_name, policy, make_config):
-    pytest.importorskip("openenv.core")
+    pytest.importorskip("openenv.core", reason="the envs extra is not installed: pip install -e '.[envs]'")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt_id": f"g{i}", "text": "Guess a digit:"}) + "\n"
                                for i in range(4)))

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-pytest.importorskip("openenv.core")
+pytest.importorskip("openenv.core", reason="the envs extra is not installed: pip install -e '.[envs]'")
 
 from support.multiturn import ScriptedChatEngine, episode_prompt  # noqa: E402
 from support.openenv_guess import RELEASE  # noqa: E402

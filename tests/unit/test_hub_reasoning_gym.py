@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("reasoning_gym")
+pytest.importorskip("reasoning_gym", reason="the envs extra is not installed: pip install -e '.[envs]'")
 
 from stream_rl.prompts import PromptFileError, check_prompt_file  # noqa: E402
 from stream_rl.rewards import names  # noqa: E402

@@ -276,7 +276,7 @@ def _generate_groups(engine: GenerationEngine, items, n: int, sampling: Sampling
 
 def _cuts(engine: GenerationEngine) -> bool:
     """Whether ``engine`` can stop a generation before its long tail ends (``stop_when``: hf, in-process vLLM)."""
-    return bool(getattr(engine, "cuts_groups", getattr(engine, "streams_groups", False)))
+    return bool(getattr(engine, "cuts_groups", False))
 
 
 def _rollout(prompt: Prompt, prompt_ids: list[int], sample_index: int, sample: Sample, *, group_size: int,

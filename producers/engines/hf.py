@@ -222,6 +222,7 @@ class HFEngine(GenerationEngine):
         return int(self.model.config.vocab_size)
 
     streams_groups = True  # generate(..., on_group=...) reports each group when its last sample ends
+    cuts_groups = True  # generate(..., stop_when=..., on_cut=...) may stop before the long tail ends
 
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: Sampling, max_new_tokens: int,
                  seed: int, on_group: GroupHook | None = None, stop_when: StopWhen | None = None,

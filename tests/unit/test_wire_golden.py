@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from schemas import (
-    MESSAGE_TYPES, Alert, DeadLetter, Evaluation, GatewayCall, GatewayEpisode, Heartbeat, MemberRejected, Prompt, Rollout, ScoredRollout,
+    MESSAGE_TYPES, Alert, DeadLetter, Evaluation, GatewayCall, GatewayEpisode, Heartbeat, MemberRejected, PartialGroup,
+    Prompt, Rollout, ScoredRollout,
     StaleRollout, TensorEntry, WeightsChunk, WeightsManifest, decode, encode, group_id_for, rollout_id_for,
     to_jsonable,
 )
@@ -113,6 +114,13 @@ def golden_messages() -> dict[str, object]:
             calls=2, created_at=T0),
         "gateway_episode/dead": GatewayEpisode(
             episode_id="calc-7/1", outcome="dead_lettered", reason="timeout", calls=1, created_at=T0),
+        "partial_group/one": PartialGroup(
+            group_id="p1:0", prompt=Prompt(prompt_id="p1", epoch=0, text="hi", group_size=2, created_at=T0),
+            prompt_token_ids=np.array([7, 8], np.int32), sample_lengths=np.array([2, 3], np.int32),
+            token_ids=np.array([1, 2, 256, 65536, 3], np.int32),
+            behavior_logprobs=np.array([-0.25, 0.0, -1.5, -3.0, -0.5], np.float32),
+            token_policy_versions=np.array([5, 5, 5, 6, 6], np.int64), finish_reasons=["stop", "cut"], cuts=1,
+            producer_id="producer-0", created_at=T0),
         "evaluation/one": Evaluation(
             version=3, step=30, sets=["heldout", "gsm8k"], metrics={"heldout/pass@8": 0.75}, evaluator_id="eval-1",
             elapsed_s=1.5, created_at=T0),

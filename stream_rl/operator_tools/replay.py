@@ -15,7 +15,8 @@ Guarantees: unless ``show_content`` is set, every field that carries sample cont
 - raw bytes (dead letters' ``raw_value``/``raw_key``, weights chunks' ``data``) -> ``"<redacted: N chars>"``
   (N counts the base64 characters);
 - ids that contain a prompt id (``prompt_id``, ``group_id``, ``rollout_id``, the record key of prompts, rollouts,
-  scored and stale rollouts and dead letters, and of undecodable records) -> the prompt id becomes ``#`` + 16 hex
+  scored and stale rollouts, partial groups (whose embedded prompt is redacted as a prompt) and dead letters, and
+  of undecodable records) -> the prompt id becomes ``#`` + 16 hex
   digits of HMAC-SHA256 under the key, the epoch and sample suffixes stay: ``add-12-34:0:5`` -> ``#1f..9a:0:5``.
   The same prompt id gives the same hash with the same key, so records stay joinable across topics and
   invocations, and the hash cannot be checked against guessed prompt ids without the key;
@@ -51,6 +52,7 @@ CONTENT_FIELDS: dict[str, dict[str, str]] = {
     "rollout": _ROLLOUT,
     "scored_rollout": {"rollout": ROLLOUT},
     "stale_rollout": {"rollout_id": ID, "prompt_id": ID, "group_id": ID},
+    "partial_group": {"group_id": ID, "prompt": ROLLOUT, "prompt_token_ids": TOKENS, "token_ids": TOKENS},
     "member_rejected": {"rollout_id": ID, "group_id": ID, "reason": QUOTED},
     "dead_letter": {"raw_value": BYTES, "raw_key": BYTES, "reason": QUOTED},
     "weights_chunk": {"data": BYTES},
@@ -104,7 +106,7 @@ class Redactor:
             return [{k: v if k == "role" else _chars(v) for k, v in message.items()} for message in value]
         if how == QUOTED:
             return scrub_quoted(value)
-        if how == ROLLOUT:
+        if how == ROLLOUT:  # an embedded message (a scored rollout's rollout, a partial group's prompt)
             return self.message(value)
         return _chars(value)  # TEXT, BYTES
 

@@ -140,3 +140,20 @@ def test_the_partial_group_carries_the_prompt_whole():
     partial = make_partial_group()
     again = decode(encode(dataclasses.replace(partial, cuts=2)))
     assert again.prompt == partial.prompt and again.cuts == 2
+
+
+def test_replay_redacts_a_partial_groups_content():
+    from types import SimpleNamespace
+
+    from stream_rl.operator_tools.replay import Redactor, record_to_json
+
+    partial = make_partial_group()
+    rec = SimpleNamespace(topic="stream-rl.r.partials", partition=0, offset=3, timestamp_ms=0,
+                          key=partial.group_id.encode(), value=encode(partial))
+    out = record_to_json(rec, redactor=Redactor(b"k" * 32))
+    value = out["value"]
+    assert value["token_ids"] == "<redacted: 5 tokens>" and value["prompt_token_ids"] == "<redacted: 3 tokens>"
+    assert value["prompt"]["text"] == "<redacted: 4 chars>" and value["prompt"]["answer"] == "<redacted: 1 chars>"
+    assert value["group_id"].startswith("#") and value["group_id"].endswith(":2") and out["key"].startswith("#")
+    assert value["token_policy_versions"] == [5, 5, 5, 5, 6]  # numbers are kept
+    assert "train-17" not in str(out)

@@ -119,7 +119,8 @@ def resume_partials(partials: Sequence[PartialGroup], engine: GenerationEngine, 
         else:
             log.warning("dropped the partial group %s as stale: %s; its prompt is regenerated from scratch",
                         partial.group_id, reason)
-            stale.append(dataclasses.replace(partial.prompt, attempt=partial.prompt.attempt + 1))
+            stale.append(dataclasses.replace(partial.prompt, attempt=partial.prompt.attempt + 1,  # the group's size
+                                             group_size=int(partial.sample_lengths.shape[0])))
     t0 = time.perf_counter()
     groups = _continue(fresh, engine, sampling, max_new_tokens, resume_seed(seed, fresh))
     generate_s = time.perf_counter() - t0

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from schemas import Rollout
-from stream_rl.rewards.calls import CallOutcome, CallPolicy, RewardCaller, RewardRequest
+from stream_rl.rewards.calls import CallExecutor, CallOutcome, CallPolicy, RewardCaller, RewardRequest
 from stream_rl.rewards.contract import RewardFnError, RewardOutput
 from stream_rl.rewards.routing import RewardRouter, RoutedReward, UnroutedError, route
 
@@ -85,6 +85,7 @@ class RewardServices:
     on_error: str = "dead_letter"
     data_key: str = "data_source"
     stats: CallStats = field(default_factory=CallStats)
+    executor: CallExecutor | None = None  # the one event loop and thread pool every caller runs on
 
     def terms_for(self, rollout: Rollout) -> tuple[Term, ...]:
         routed = () if self.router is None else tuple((t.fn, t.weight) for t in route(self.router.routes,
@@ -94,6 +95,8 @@ class RewardServices:
     def close(self) -> None:
         for caller in self.callers.values():
             caller.close()
+        if self.executor is not None:
+            self.executor.close()
 
 
 def build_services(cfg: Any, *, reward_fn: Callable | None, router: RewardRouter | None,
@@ -101,25 +104,26 @@ def build_services(cfg: Any, *, reward_fn: Callable | None, router: RewardRouter
     """Callers for ``reward_fn`` or the router's functions, ``cfg.reward_url`` and ``cfg.judge`` (None: no
     rule-based or service reward). ``cfg`` is a ScorerConfig or None (defaults: a direct ``Scoring``)."""
     policy = policy_of(cfg) if cfg is not None else CallPolicy()
-    callers: dict[str, RewardCaller] = {}
+    fns: dict[str, tuple[Callable, str | None, int | None]] = {}  # key -> (callable, name, batch size)
     fixed: list[Term] = []
     if reward_fn is not None:
-        callers["reward_fn"] = RewardCaller(reward_fn, policy)
+        fns["reward_fn"] = (reward_fn, None, None)
         fixed.append(("reward_fn", reward_fn_weight))
     if router is not None:
-        callers.update({name: RewardCaller(fn, policy, name=getattr(fn, "__qualname__", name))
-                        for name, fn in router.fns.items()})
+        fns.update({name: (fn, getattr(fn, "__qualname__", name), None) for name, fn in router.fns.items()})
     if cfg is not None and cfg.reward_url is not None:
-        callers["reward_server"] = RewardCaller(_http_client(cfg), policy,
-                                                batch_size=cfg.reward_url_batch_size or cfg.batch_size)
+        fns["reward_server"] = (_http_client(cfg), None, cfg.reward_url_batch_size or cfg.batch_size)
         fixed.append(("reward_server", cfg.reward_url_weight))
     if cfg is not None and cfg.judge is not None:
-        callers["judge"] = RewardCaller(_judge(cfg), policy)
+        fns["judge"] = (_judge(cfg), None, None)
         fixed.append(("judge", cfg.judge.weight))
-    if not callers:
+    if not fns:
         return None
+    executor = CallExecutor()  # one loop and one pool for all of them; each reward bounded by its own caller
+    callers = {key: RewardCaller(fn, policy, name=name, batch_size=size, executor=executor)
+               for key, (fn, name, size) in fns.items()}
     return RewardServices(callers, tuple(fixed), router, cfg.on_reward_error if cfg is not None else "dead_letter",
-                          router.routes.by if router is not None else "data_source")
+                          router.routes.by if router is not None else "data_source", executor=executor)
 
 
 def _http_client(cfg: Any) -> Any:

@@ -127,8 +127,42 @@ class _CallFailed(Exception):
         self.reason, self.attempts, self.timed_out, self.error_type = reason, attempts, timed_out, error_type
 
 
+class CallExecutor:
+    """One event-loop thread and one pool of daemon threads for sync calls, shared by a scorer's rewards.
+
+    Each reward stays bounded by its own :class:`RewardCaller` (``concurrency`` calls in flight); the shared pool
+    starts a thread only when every thread it has is busy (``lazy``), so it holds at most as many threads as
+    calls were ever in flight at once across the rewards, never one per configured slot, and a sync call never
+    waits behind another reward's calls for a thread (its deadline starts when it has one). Before, every
+    reward had an event-loop thread and ``concurrency`` pool threads of its own (6 loops and 48 threads for six
+    rewards at the default 8)."""
+
+    def __init__(self, name: str = "reward-calls", pool_size: int | None = None) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+        # pool_size: a private executor's pool of that many threads, started now (RewardCaller without executor)
+        self.pool = DaemonPool(pool_size or 0, name.replace("reward-calls", "reward-call"), lazy=pool_size is None)
+        weakref.finalize(self, self.loop.call_soon_threadsafe, self.loop.stop)  # an unclosed executor's thread ends
+        weakref.finalize(self, self.pool.close)  # and its pool's idle threads
+
+    def close(self) -> None:
+        """Stop the loop thread and the pool's idle threads (calls still in flight are abandoned)."""
+        self.pool.close()
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> CallExecutor:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 class RewardCaller:
-    """Runs one reward callable under a :class:`CallPolicy` on its own event loop thread.
+    """Runs one reward callable under a :class:`CallPolicy` on a :class:`CallExecutor`: a scorer's shared one,
+    or (``executor`` None) one of its own, closed with it.
 
     ``call(requests)`` blocks until every outcome is known (at most about ``(max_retries + 1) * timeout_s`` plus
     the backoffs); ``submit(requests)`` returns a ``concurrent.futures.Future`` of the same list so that the
@@ -136,21 +170,18 @@ class RewardCaller:
     """
 
     def __init__(self, fn: Callable, policy: CallPolicy = CallPolicy(), *, name: str | None = None,
-                 batch_size: int | None = None) -> None:
+                 batch_size: int | None = None, executor: CallExecutor | None = None) -> None:
         self.fn, self.policy = fn, policy
         self.name = name or getattr(fn, "__qualname__", repr(fn))
         self.batch = is_batched(fn)
         self.batch_size = batch_size
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=f"reward-calls-{self.name}",
-                                        daemon=True)
-        self._thread.start()
-        self._slots = asyncio.Semaphore(policy.concurrency)
-        self._pool = None if inspect.iscoroutinefunction(fn) else DaemonPool(policy.concurrency,
-                                                                              f"reward-call-{self.name}")
-        weakref.finalize(self, self._loop.call_soon_threadsafe, self._loop.stop)  # an unclosed caller's thread ends
-        if self._pool is not None:
-            weakref.finalize(self, self._pool.close)  # and its pool's idle threads
+        sync = not inspect.iscoroutinefunction(fn)
+        self._own = executor is None
+        self.executor = executor if executor is not None else CallExecutor(
+            f"reward-calls-{self.name}", pool_size=policy.concurrency if sync else 0)
+        self._loop = self.executor.loop
+        self._slots = asyncio.Semaphore(policy.concurrency)  # this reward's bound, on the shared loop
+        self._pool = self.executor.pool if sync else None
 
     def submit(self, requests: Sequence[RewardRequest]) -> concurrent.futures.Future[list[CallOutcome]]:
         return asyncio.run_coroutine_threadsafe(self._call_all(list(requests)), self._loop)
@@ -159,12 +190,9 @@ class RewardCaller:
         return self.submit(requests).result()
 
     def close(self) -> None:
-        """Stop the loop thread and the pool's idle threads (calls still in flight are abandoned)."""
-        if self._pool is not None:
-            self._pool.close()
-        if self._loop.is_running():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=5)
+        """Close the executor when it is this caller's own (a shared one is closed by its owner)."""
+        if self._own:
+            self.executor.close()
 
     def __enter__(self) -> RewardCaller:
         return self
@@ -253,40 +281,54 @@ class RewardCaller:
 
 
 class DaemonPool:
-    """Daemon threads that run sync reward calls, ``size`` of them free for new work.
+    """Daemon threads that run sync reward calls: ``size`` of them started now and kept free for new work, or
+    (``lazy``) none at first and one more whenever a call comes and every thread is busy (then the callers
+    bound the calls in flight, each with its own semaphore, and the pool never makes one wait).
 
     A fresh thread per call cost more CPU than the demo's verifier itself (found by the elastic-cores benchmark,
-    since removed, docs/architecture.md: the scorer's CPU per step fell by a third with this pool). The guarantee a fresh thread gave is kept: a hung call
-    holds only its own thread (a daemon, so never the process's exit); :meth:`abandon` (a call past its deadline) starts a replacement, and the abandoned call's thread ends once the
-    call returns, so ``size`` threads stay free."""
+    since removed, docs/architecture.md: the scorer's CPU per step fell by a third with this pool). The guarantee
+    a fresh thread gave is kept: a hung call holds only its own thread (a daemon, so never the process's exit);
+    :meth:`abandon` (a call past its deadline) lets the abandoned call's thread end once the call returns, and
+    starts a replacement now (``lazy``: the next call that finds no idle thread starts one), so ``size`` threads
+    stay free."""
 
-    def __init__(self, size: int, name: str = "reward-call"):
-        self.size, self.name = size, name
+    def __init__(self, size: int, name: str = "reward-call", *, lazy: bool = False):
+        self.size, self.name, self.lazy = size, name, lazy
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._abandoned: set[concurrent.futures.Future] = set()
         self._threads = 0  # alive workers, those running an abandoned call included
-        for _ in range(size):
+        self._idle = 0  # lazy: workers waiting for a job that no submitted job has claimed yet
+        for _ in range(0 if lazy else size):
             self._start()
 
-    def _start(self) -> None:
+    def _start(self, claimed: bool = False) -> None:
+        """A new worker; ``claimed``: started for a job just submitted (it does not count idle for that one)."""
         with self._lock:
             self._threads += 1
-        threading.Thread(target=self._work, name=self.name, daemon=True).start()
+        threading.Thread(target=self._work, args=(claimed,), name=self.name, daemon=True).start()
 
     def submit(self, fn: Callable, args: tuple) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
+        if self.lazy:
+            with self._lock:
+                claimed = self._idle > 0
+                if claimed:
+                    self._idle -= 1
+            if not claimed:
+                self._start(claimed=True)
         self._jobs.put((future, fn, args))
         return future
 
     def abandon(self, future: concurrent.futures.Future) -> None:
         """``future``'s call ran past its deadline: unless it has just finished, its thread ends when the call
-        returns, and a new thread takes its place now."""
+        returns, and (unless ``lazy``) a new thread takes its place now."""
         with self._lock:
             if future.done():
                 return
             self._abandoned.add(future)
-        self._start()
+        if not self.lazy:
+            self._start()
 
     def close(self) -> None:
         """Let every idle worker end (one running a call ends when the call returns)."""
@@ -300,17 +342,43 @@ class DaemonPool:
         with self._lock:
             return self._threads
 
-    def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
+    def _work(self, claimed: bool = False) -> None:
+        """Run jobs until ``close``; a lazy pool's worker counts itself idle before it hands a result back, so
+        the call its caller makes next finds it free instead of starting a thread."""
+        job = self._next(claimed)
+        while job is not None:
             future, fn, args = job
-            if future.set_running_or_notify_cancel():
+            running = future.set_running_or_notify_cancel()
+            result: Any = None
+            error: BaseException | None = None
+            if running:
                 try:
-                    future.set_result(fn(*args))
+                    result = fn(*args)
                 except BaseException as exc:  # handed to the caller, who decides (retry, reason)
-                    future.set_exception(exc)
+                    error = exc
             with self._lock:
-                if future in self._abandoned:  # a replacement took this thread's place
-                    self._abandoned.discard(future)
-                    break
+                leaving = future in self._abandoned  # a replacement took this thread's place
+                self._abandoned.discard(future)
+                if self.lazy and not leaving:
+                    self._idle += 1
+            if running:
+                if error is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(result)
+            if leaving:
+                break
+            job = self._next(claimed=True)  # counted idle above
         with self._lock:
             self._threads -= 1
+
+    def _next(self, claimed: bool) -> tuple | None:
+        """The next job; a lazy pool counts a worker idle (unless already counted) until a job claims it."""
+        if self.lazy and not claimed:
+            with self._lock:
+                self._idle += 1
+        job = self._jobs.get()
+        if job is None and self.lazy:  # close(): this worker was idle and ends
+            with self._lock:
+                self._idle = max(0, self._idle - 1)
+        return job

@@ -28,10 +28,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from schemas.ids import ID_PATTERN
 from stream_rl.config.base import DEVICE_PATTERN, Section
+from stream_rl.rewards.settings import CALL_PREFIX, CallPolicy, JudgeSettings, check_backoff
 
 DEFAULT_REWARD_FN = "stream_rl.demo.task:addition_reward"
 """The built-in demo's verifier: exact answer of a two-digit addition, reward in [0, 1]."""
@@ -88,32 +89,14 @@ class RewardsConfig(Section):
                             default=None if self.default is None else terms(self.default))
 
 
-class JudgeConfig(Section):
-    """An LLM judge behind an OpenAI-compatible chat-completions endpoint (stream_rl.rewards.judge)."""
+class JudgeConfig(Section, JudgeSettings):
+    """An LLM judge behind an OpenAI-compatible chat-completions endpoint (stream_rl.rewards.judge).
 
-    base_url: str = Field(min_length=8, max_length=2000, pattern=r"^https?://",
-                          description="the server's OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
-    model: str = Field(min_length=1, max_length=300, description="model name sent in every request")
-    template: str = Field(min_length=1, max_length=100_000,
-                          description="user message; may use {prompt}, {response}, {reference} ({{ }} for braces)")
-    system: str | None = Field(None, max_length=100_000, description="system message; None: none")
-    score_pattern: str = Field(r"(?i)score\s*[:=]?\s*(-?\d+(?:\.\d+)?)", min_length=3, max_length=1000,
-                               description="regex with one group: the last match's group is the score")
-    parser: str | None = Field(None, max_length=300, description="'package.module:function' text -> float "
-                                                                 "(ValueError on nonsense); replaces score_pattern")
-    api_key_env: str | None = Field(None, max_length=200, description="environment variable holding the API key "
-                                                                      "(sent as a Bearer token, never logged)")
-    max_tokens: int = Field(256, ge=1, le=32_768, description="largest judge answer in tokens")
-    temperature: float = Field(0.0, ge=0, le=2, description="judge sampling temperature")
-    show_text: bool = Field(False, description="keep the judge's text in dead-letter reasons (default: redacted)")
+    Its fields are the core's :class:`stream_rl.rewards.settings.JudgeSettings` (declared there once), plus the
+    weight of its score in the scorer's sum."""
+
+    model_config = ConfigDict(frozen=False)  # a section, as every other (JudgeSettings alone is frozen)
     weight: float = Field(1.0, allow_inf_nan=False, ge=-1e6, le=1e6, description="weight of the judge's score")
-
-    @field_validator("template")
-    @classmethod
-    def _template_fields(cls, value: str) -> str:
-        from stream_rl.rewards.judge import check_template
-
-        return check_template(value)
 
 
 class ScorerConfig(Section):
@@ -168,18 +151,17 @@ class ScorerConfig(Section):
         default_factory=dict, max_length=64,
         description="HTTP header -> name of the environment variable holding its value (values never logged)")
     judge: JudgeConfig | None = Field(None, description="an LLM judge; its score is the 'judge' component")
-    reward_timeout_s: float = Field(
-        30.0, gt=0, le=3600, description="deadline of one reward call attempt; past it the rollout fails")
-    reward_concurrency: int = Field(8, ge=1, le=1024, description="reward calls in flight at once, per reward")
+    # the reward-call policy: the core's CallPolicy fields (declared there once) under a reward_ prefix
+    reward_timeout_s: float = CallPolicy.field("timeout_s")
+    reward_concurrency: int = CallPolicy.field("concurrency")
     reward_isolation: Literal["thread", "process"] = Field(
         "thread", description="where rule-based reward functions run: 'thread' (in the scorer's process) or "
                               "'process' (reward_concurrency worker processes per function: a call that stalls, "
                               "e.g. a regex backtracking on a degenerate response, is killed at reward_timeout_s "
                               "and cannot freeze the scorer; ~0.07 ms more per call)")
-    reward_max_retries: int = Field(
-        2, ge=0, le=20, description="retries of a call that failed with an error marked retriable")
-    reward_backoff_s: float = Field(0.5, ge=0, le=60, description="wait before the first retry (doubles after)")
-    reward_max_backoff_s: float = Field(8.0, ge=0, le=600, description="longest wait between retries")
+    reward_max_retries: int = CallPolicy.field("max_retries")
+    reward_backoff_s: float = CallPolicy.field("backoff_s")
+    reward_max_backoff_s: float = CallPolicy.field("max_backoff_s")
     on_reward_error: Literal["dead_letter", "zero"] = Field(
         "dead_letter", description="a reward call that times out or fails for good: 'dead_letter' the rollout "
                                    "with the reason, or 'zero' (that reward counts 0; counted in the metrics)")
@@ -209,6 +191,10 @@ class ScorerConfig(Section):
                 and self.reward_url is None and self.judge is None:
             raise ValueError("the scorer needs a reward source: set reward_fn, rewards, reward_model_dir, "
                              "reward_url and/or judge")
-        if self.reward_max_backoff_s < self.reward_backoff_s:
-            raise ValueError("scorer.reward_max_backoff_s must be >= scorer.reward_backoff_s")
+        check_backoff(self.reward_backoff_s, self.reward_max_backoff_s, prefix="scorer." + CALL_PREFIX)
         return self
+
+    @property
+    def call_policy(self) -> CallPolicy:
+        """The core's :class:`~stream_rl.rewards.settings.CallPolicy` of the ``reward_*`` fields."""
+        return CallPolicy.of(self)

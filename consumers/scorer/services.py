@@ -42,13 +42,6 @@ Term = tuple[str, float]  # (component name, weight)
 log = logging.getLogger(__name__)
 
 
-def policy_of(cfg: Any) -> CallPolicy:
-    """The CallPolicy of a ScorerConfig's ``reward_*`` fields."""
-    return CallPolicy(timeout_s=cfg.reward_timeout_s, concurrency=cfg.reward_concurrency,
-                      max_retries=cfg.reward_max_retries, backoff_s=cfg.reward_backoff_s,
-                      max_backoff_s=cfg.reward_max_backoff_s)
-
-
 @dataclass
 class CallStats:
     """Outcomes seen since the last :meth:`drain`, by (reward name, data source)."""
@@ -103,7 +96,7 @@ def build_services(cfg: Any, *, reward_fn: Callable | None, router: RewardRouter
                    reward_fn_weight: float = 1.0) -> RewardServices | None:
     """Callers for ``reward_fn`` or the router's functions, ``cfg.reward_url`` and ``cfg.judge`` (None: no
     rule-based or service reward). ``cfg`` is a ScorerConfig or None (defaults: a direct ``Scoring``)."""
-    policy = policy_of(cfg) if cfg is not None else CallPolicy()
+    policy = cfg.call_policy if cfg is not None else CallPolicy()
     fns: dict[str, tuple[Callable, str | None, int | None]] = {}  # key -> (callable, name, batch size)
     fixed: list[Term] = []
     if reward_fn is not None:
@@ -143,15 +136,10 @@ def _http_client(cfg: Any) -> Any:
 
 
 def _judge(cfg: Any) -> Any:
-    from stream_rl.rewards.judge import JudgeReward, JudgeSettings
+    from stream_rl.rewards.judge import JudgeReward
 
-    j = cfg.judge
-    settings = JudgeSettings(base_url=j.base_url, model=j.model, template=j.template, system=j.system,
-                             score_pattern=j.score_pattern, parser=j.parser, api_key_env=j.api_key_env,
-                             max_tokens=j.max_tokens, temperature=j.temperature, timeout_s=cfg.reward_timeout_s,
-                             show_text=j.show_text)
-    try:
-        return JudgeReward(settings)
+    try:  # scorer.judge is a JudgeSettings (and its weight); the exchange's deadline is the reward call's
+        return JudgeReward(cfg.judge, timeout_s=cfg.reward_timeout_s)
     except ValueError as exc:
         raise RewardFnError(f"scorer.judge: {exc}") from None
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stream_rl.rewards.contract import RewardOutput, RewardValueError, check_reward_value, error_text
+from stream_rl.rewards.settings import CallPolicy  # declared there once (the scorer's section holds the same fields)
 
 
 class RetriableRewardError(RuntimeError):
@@ -71,23 +72,6 @@ def backoff_delay(retry: int, backoff_s: float, max_backoff_s: float) -> float:
     if retry < 1:
         raise ValueError(f"retry is 1-based, got {retry}")
     return min(max_backoff_s, backoff_s * 2 ** (retry - 1))
-
-
-@dataclass(frozen=True)
-class CallPolicy:
-    """``scorer.reward_timeout_s``, ``reward_concurrency``, ``reward_max_retries``, ``reward_backoff_s``."""
-
-    timeout_s: float = 30.0
-    concurrency: int = 8
-    max_retries: int = 2
-    backoff_s: float = 0.5
-    max_backoff_s: float = 8.0
-
-    def __post_init__(self) -> None:
-        if not self.timeout_s > 0 or self.concurrency < 1 or self.max_retries < 0:
-            raise ValueError(f"need timeout_s > 0, concurrency >= 1, max_retries >= 0: {self}")
-        if self.backoff_s < 0 or self.max_backoff_s < self.backoff_s:
-            raise ValueError(f"need 0 <= backoff_s <= max_backoff_s: {self}")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """LLM as a judge: a reward from an OpenAI-compatible chat-completions server (standard library HTTP).
 
-Consumes: :class:`JudgeSettings` (``scorer.judge``: base URL, model, prompt template, score pattern or parser,
-API-key environment variable, sampling, redaction) and, per rollout, the prompt, response and reference answer.
+Consumes: :class:`~stream_rl.rewards.settings.JudgeSettings` (declared once there; ``scorer.judge`` is one: base
+URL, model, prompt template, score pattern or parser, API-key environment variable, sampling, redaction), the
+exchange's deadline (``timeout_s``: the scorer passes ``scorer.reward_timeout_s``) and, per rollout, the prompt,
+response and reference answer.
 Produces: :class:`JudgeReward`, a per-rollout reward function (the contract of
 :mod:`stream_rl.rewards.contract`) that :class:`stream_rl.rewards.calls.RewardCaller` runs with its deadline,
 concurrency and retries.
@@ -34,49 +36,17 @@ import json
 import math
 import re
 import ssl
-import string
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from stream_rl.rewards.http import headers_from_env, loads_json, safe_url, send
-
-TEMPLATE_FIELDS = frozenset({"prompt", "response", "reference"})
-DEFAULT_PATTERN = r"(?i)score\s*[:=]?\s*(-?\d+(?:\.\d+)?)"
+from stream_rl.rewards.settings import DEFAULT_PATTERN, JudgeSettings, check_template  # declared there once
 
 
 class JudgeError(ValueError):
     """The judge's answer could not be turned into a score; ``str()`` is the reason (text redacted by default)."""
 
     retriable = False
-
-
-@dataclass(frozen=True)
-class JudgeSettings:
-    base_url: str
-    model: str
-    template: str
-    system: str | None = None
-    score_pattern: str = DEFAULT_PATTERN
-    parser: str | None = None
-    api_key_env: str | None = None
-    max_tokens: int = 256
-    temperature: float = 0.0
-    timeout_s: float = 60.0
-    show_text: bool = False
-    extra_body: Mapping[str, Any] = field(default_factory=dict)
-
-
-def check_template(template: str) -> str:
-    """``template`` if its fields are among {prompt}, {response}, {reference}; ValueError naming the others."""
-    try:
-        fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
-    except ValueError as exc:
-        raise ValueError(f"scorer.judge.template is not a format string: {exc}") from None
-    unknown = sorted(fields - TEMPLATE_FIELDS)
-    if unknown:
-        raise ValueError(f"scorer.judge.template uses {unknown}; allowed: {{prompt}}, {{response}}, {{reference}}")
-    return template
 
 
 def pattern_parser(pattern: str) -> Callable[[str], float]:
@@ -97,9 +67,12 @@ def pattern_parser(pattern: str) -> Callable[[str], float]:
 class JudgeReward:
     """``fn(prompt, response, answer, metadata) -> float``: the judge's score of one response."""
 
-    def __init__(self, settings: JudgeSettings, *, environ: Mapping[str, str] | None = None,
+    def __init__(self, settings: JudgeSettings, *, timeout_s: float = 60.0,
+                 extra_body: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None,
                  tls_context: ssl.SSLContext | None = None) -> None:
         self.settings = settings
+        self.timeout_s = timeout_s  # the whole exchange's deadline (the scorer's: scorer.reward_timeout_s)
+        self.extra_body = dict(extra_body or {})  # more request fields (a server's own sampling options)
         self.template = check_template(settings.template)
         self.parse = self._parser(settings)
         self.url = settings.base_url.rstrip("/") + "/chat/completions"
@@ -132,8 +105,8 @@ class JudgeReward:
     def __call__(self, prompt: str, response: str, answer: str | None, metadata: dict[str, str]) -> float:
         s = self.settings
         body = {"model": s.model, "messages": self.messages(prompt, response, answer), "max_tokens": s.max_tokens,
-                "temperature": s.temperature, **s.extra_body}
-        answer = send(self.url, json.dumps(body).encode(), self._headers, timeout_s=s.timeout_s, tls=self._tls,
+                "temperature": s.temperature, **self.extra_body}
+        answer = send(self.url, json.dumps(body).encode(), self._headers, timeout_s=self.timeout_s, tls=self._tls,
                       what=self.where)
         return self.score(completion_text(answer.body, self.where))
 

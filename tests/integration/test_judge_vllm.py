@@ -84,11 +84,12 @@ def test_judge_against_vllm_openai_server(tmp_path):
 
 def _check_judge(base: str) -> None:
     common = dict(base_url=base + "/v1", model="tiny-judge", template="{prompt}{response}=", max_tokens=6,
-                  temperature=0.0, timeout_s=60.0, extra_body={"ignore_eos": True})
+                  temperature=0.0)
+    call = dict(timeout_s=60.0, extra_body={"ignore_eos": True})  # the exchange's, not the judge's settings
     policy = CallPolicy(timeout_s=60.0, concurrency=2, max_retries=1, backoff_s=0.1, max_backoff_s=0.1)
     requests = [RewardRequest("1+2", "3", "3", {}), RewardRequest("4+5", "9", "9", {})]
 
-    judged = JudgeReward(JudgeSettings(**common, parser="builtins:len"))
+    judged = JudgeReward(JudgeSettings(**common, parser="builtins:len"), **call)
     with RewardCaller(judged, policy) as caller:
         outcomes = caller.call(requests)
     texts = [_direct(base, {"model": "tiny-judge", "messages": [{"role": "user", "content": f"{r.prompt}"
@@ -97,19 +98,19 @@ def _check_judge(base: str) -> None:
     assert [o.output.reward for o in outcomes] == [float(len(t)) for t in texts]
     assert all(len(t) > 0 for t in texts)
 
-    nonsense = JudgeReward(JudgeSettings(**common))  # the default pattern wants "score: N"
+    nonsense = JudgeReward(JudgeSettings(**common), **call)  # the default pattern wants "score: N"
     with RewardCaller(nonsense, policy) as caller:
         [failed] = caller.call(requests[:1])
     assert not failed.ok and failed.attempts == 1  # a parse failure is not retried
     assert f"<judge text redacted: {len(texts[0])} chars>" in failed.reason
     assert texts[0] not in failed.reason or texts[0] == ""
 
-    shown = JudgeReward(JudgeSettings(**common, show_text=True))
+    shown = JudgeReward(JudgeSettings(**common, show_text=True), **call)
     with RewardCaller(shown, policy) as caller:
         [failed_shown] = caller.call(requests[:1])
     assert repr(texts[0]) in failed_shown.reason
 
-    wrong_model = JudgeReward(JudgeSettings(**{**common, "model": "no-such-model"}))
+    wrong_model = JudgeReward(JudgeSettings(**{**common, "model": "no-such-model"}), **call)
     with RewardCaller(wrong_model, policy) as caller:
         [refused] = caller.call(requests[:1])
     assert refused.attempts == 1 and "answered HTTP 404" in refused.reason

@@ -58,8 +58,8 @@ def test_the_judge_never_sends_its_api_key_to_a_redirect_target():
         redirector = Scripted(redirect_to(f"http://localhost:{elsewhere.port}/v1/chat/completions"))
         with serving(redirector) as url:
             judge = JudgeReward(JudgeSettings(base_url=url + "v1", model="m", template="{response}",
-                                              api_key_env="JUDGE_KEY", timeout_s=3.0),
-                                environ={"JUDGE_KEY": "sk-judge-secret"})
+                                              api_key_env="JUDGE_KEY"),
+                                timeout_s=3.0, environ={"JUDGE_KEY": "sk-judge-secret"})
             with pytest.raises(HttpRewardError, match="redirected \\(HTTP 302\\) to another origin") as info:
                 judge("q", "an answer", None, {})
     assert elsewhere.seen == [] and not info.value.retriable
@@ -74,12 +74,12 @@ def huge_score(text: str) -> int:
 
 def test_the_judge_scores_through_the_transport_and_refuses_a_score_beyond_a_float():
     server = Scripted(lambda h, n: reply(h, 200, {"choices": [{"message": {"content": "fine. score: 7"}}]}))
-    common = {"model": "m", "template": "{response}", "api_key_env": "JUDGE_KEY", "timeout_s": 3.0}
+    common = {"model": "m", "template": "{response}", "api_key_env": "JUDGE_KEY"}
     with serving(server) as url:
-        judge = JudgeReward(JudgeSettings(base_url=url + "v1", **common), environ={"JUDGE_KEY": "k"})
+        judge = JudgeReward(JudgeSettings(base_url=url + "v1", **common), timeout_s=3.0, environ={"JUDGE_KEY": "k"})
         assert judge("q", "an answer", None, {}) == 7.0
         huge = JudgeReward(JudgeSettings(base_url=url + "v1", parser=f"{__name__}:huge_score", **common),
-                           environ={"JUDGE_KEY": "k"})
+                           timeout_s=3.0, environ={"JUDGE_KEY": "k"})
         with pytest.raises(JudgeError, match=r"cannot parse a score \(OverflowError: int too large to convert to "
                                              r"float\) from <judge text redacted: 14 chars>"):
             huge("q", "an answer", None, {})

@@ -96,6 +96,7 @@ from producers.engines.base import GenerationEngine
 from producers.generate import (
     EarlyStop, GroupSink, StepResult, Turns, check_prompts, plan_batch, produce_rollouts,
 )
+from producers.publish import dead_letter, group_sender, publish, publish_partials
 from producers.stale_feed import StaleFeed, inheritance
 from producers.weights_follower import ProducerStats, WeightsFollower, inflight_hook, make_follower
 from schemas import group_id_for
@@ -237,7 +238,7 @@ class _Batcher:
         if plan.reject:  # committed before anything is generated: a restart never dead-letters them again
             reasons = {x.index: x.reason for x in rejected}
             for i in plan.reject:
-                _dead_letter(self.source, records[i], reasons[i])
+                dead_letter(self.source, records[i], reasons[i])
             stats.rejected_prompts += len(plan.reject)
             self.sink.flush()
             self._commit(telemetry)
@@ -245,11 +246,11 @@ class _Batcher:
         todo = [records[i] for i in plan.generate]
         with self.source.process_span("generate", todo, {"stream_rl.producer_id": self.producer_id}):
             sent: set[str] = set()  # groups already sent from inside the generation (producer.stream_groups)
-            on_group = _group_sender(self.sink, self.topic, sent) if pcfg.stream_groups else None
+            on_group = group_sender(self.sink, self.topic, sent) if pcfg.stream_groups else None
             result = _generate(todo, self.engine, pcfg, self.producer_id, self.turns, on_group,
                                _early_stop(pcfg, todo, self.aborted, self.partials_topic is not None))
-            kept = _publish_partials(result, self.sink, self.partials_topic)  # flushed with the rollouts below
-            _publish(result, todo, self.source, self.sink, self.topic, sent)
+            kept = publish_partials(result, self.sink, self.partials_topic)  # flushed with the rollouts below
+            publish(result, todo, self.source, self.sink, self.topic, sent)
         failpoints.hit("producer.after_send")  # recovery drills: rollouts on the broker, prompts not committed
         cut = [todo[i] for i in result.aborted]  # a cut group whose prefixes are on the broker is not re-queued
         self._requeue([r for r in cut if group_id_for(r.value.prompt_id, r.value.epoch) not in kept])
@@ -294,7 +295,7 @@ class _Batcher:
             result = resume_partials([r.value for r in records], self.engine, producer_id=self.producer_id,
                                      sampling=pcfg.sampling(), max_new_tokens=pcfg.max_new_tokens,
                                      max_lag=pcfg.partial_max_lag, seed=pcfg.seed)
-            _publish(result, records, self.source, self.sink, self.topic,
+            publish(result, records, self.source, self.sink, self.topic,
                      group_of=lambda record: record.value.group_id)
         self._commit(telemetry)
         stats.partials_resumed += int(result.metrics["producer/partials_resumed"])
@@ -320,10 +321,6 @@ class _Batcher:
             log.warning("lost the prompts' partitions before committing: the batch will be regenerated")
             telemetry.error("CommitLost")
             self.carry, self._committed = [], {}
-
-
-def _dead_letter(source, rec, reason: str) -> None:
-    source.dead_letter(rec.topic, rec.partition, rec.offset, rec.key, rec.raw_value, reason, "PromptRejected")
 
 
 def _observe(telemetry, result: StepResult, follower: WeightsFollower | None, engine: GenerationEngine) -> None:
@@ -385,38 +382,6 @@ def _early_stop(pcfg: ProducerConfig, records, aborted_before: set[tuple],
     return EarlyStop(pcfg.oversample, pcfg.abort_after_s, protected, keep_partials)
 
 
-def _publish_partials(result: StepResult, sink, topic: str | None) -> set[str]:
-    """Send the cut groups' prefixes (``producer.partial_max_lag``) keyed by group; the group ids sent. The batch's
-    flush (:func:`_publish`) acknowledges them before the prompts are committed. A prefix too large for one record
-    is not sent: its prompt is re-queued and regenerated from scratch instead."""
-    if topic is None:
-        return set()
-    kept = set()
-    for partial in result.partials:
-        if sink.oversize(topic, partial, partial.group_id) is None:
-            sink.send(topic, partial, key=partial.group_id)
-            kept.add(partial.group_id)
-    if kept:
-        log.info("published the prefixes of %d cut group(s) to be resumed", len(kept))
-    return kept
-
-
-def _group_sender(sink, topic: str, sent: set[str]) -> GroupSink:
-    """``producer.stream_groups``: send each complete group as soon as the generation hands it over (the client
-    transmits it after ``kafka.linger_ms``; the batch's flush still precedes the commit). A group with a rollout
-    too large to send is left to :func:`_publish`, which dead-letters its prompt."""
-
-    def send(rollouts) -> None:
-        group_id = rollouts[0].group_id
-        if any(sink.oversize(topic, r, group_id) is not None for r in rollouts):
-            return
-        for rollout in rollouts:
-            sink.send(topic, rollout, key=group_id)
-        sent.add(group_id)
-
-    return send
-
-
 def _turns(pcfg: ProducerConfig, data) -> Turns | None:
     """Multi-turn settings from ``producer.environment`` and the ``data`` section's chat template (None:
     single-turn rollouts)."""
@@ -429,29 +394,6 @@ def _turns(pcfg: ProducerConfig, data) -> Turns | None:
     environments = load_environment(pcfg.environment, pcfg.env_timeout_s, pcfg.env_refills)
     return Turns(environments, pcfg.max_turns, chat_template=template_override(mode),
                  chat_template_kwargs=dict(data.chat_template_kwargs), use_chat=mode != "none")
-
-
-def _publish(result: StepResult, records, source, sink, topic: str, sent: frozenset[str] | set[str] = frozenset(),
-             group_of=lambda record: group_id_for(record.value.prompt_id, record.value.epoch)) -> None:
-    """Send the rollouts keyed by group (except the groups in ``sent``, sent already) and dead-letter rejected
-    prompts; wait for the broker's acks. A group with a rollout that cannot fit ``kafka.max_request_size`` is not
-    sent at all: its prompt is dead-lettered (``RecordTooLarge``, both sizes), so no incomplete group ever reaches
-    the scorers."""
-    too_large: dict = {}  # group_id -> the RecordTooLarge of its first member that cannot fit, else None
-    for rollout in result.rollouts:
-        if too_large.get(rollout.group_id) is None:
-            too_large[rollout.group_id] = sink.oversize(topic, rollout, rollout.group_id)
-    for record in records:
-        problem = too_large.get(group_of(record))
-        if problem is not None:
-            source.dead_letter(record.topic, record.partition, record.offset, record.key, record.raw_value,
-                               f"{problem} (a rollout of its group)", "RecordTooLarge", headers=record.headers)
-    for rollout in result.rollouts:
-        if too_large[rollout.group_id] is None and rollout.group_id not in sent:
-            sink.send(topic, rollout, key=rollout.group_id)
-    for rejected in result.rejected:  # none after check_prompts; kept so no prompt is ever silently dropped
-        _dead_letter(source, records[rejected.index], rejected.reason)
-    sink.flush()
 
 
 def _account(stats: ProducerStats, result: StepResult, engine: GenerationEngine) -> None:

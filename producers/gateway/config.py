@@ -34,6 +34,9 @@ class GatewayConfig(Section):
                                    description="longest rendered prompt a call may have, in tokens")
     max_body_bytes: int = Field(1_048_576, ge=1024, le=64 * 1_048_576,
                                 description="largest request body, refused (413) before it is read")
+    connection_timeout_s: float = Field(
+        30.0, gt=0.0, le=3600.0, description="seconds a client has to send its whole request, and again to read "
+        "the whole answer; a slower one is cut off (the time a call takes to generate is not counted)")
     sweep_interval_s: float = Field(1.0, gt=0.0, le=3600.0,
                                     description="how often timed-out episodes are looked for")
     weights_check_s: float = Field(2.0, gt=0.0, le=3600.0,

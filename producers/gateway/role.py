@@ -107,7 +107,8 @@ def _records(reader, topic: str):
 def _serve(gateway: Gateway, gcfg: GatewayConfig):
     from producers.gateway.server import GatewayServer
 
-    server = GatewayServer(gateway, host=gcfg.host, port=gcfg.port, max_body_bytes=gcfg.max_body_bytes)
+    server = GatewayServer(gateway, host=gcfg.host, port=gcfg.port, max_body_bytes=gcfg.max_body_bytes,
+                           connection_timeout_s=gcfg.connection_timeout_s)
     threading.Thread(target=server.serve_forever, name="gateway-http", daemon=True).start()
     log.info("gateway serving %r at %s", gcfg.model_name, server.url)
     return server

@@ -18,7 +18,11 @@ Guarantees: every refusal is an OpenAI error object (``{"error": {"message", "ty
 message names what was wrong: a missing or malformed episode id, an unknown model, streaming, too many tokens,
 malformed messages (:mod:`producers.gateway.calls`), a body over ``gateway.max_body_bytes`` (413, refused before it
 is read), no Content-Length (411), a path that does not exist (404). An unexpected failure is a 500 with its type
-and message; the server itself never dies of a request.
+and message; the server itself never dies of a request. A client has ``gateway.connection_timeout_s`` in total to
+send its request and again to read the answer (:mod:`stream_rl.runtime.http_serving`, as the reward server): one
+that trickles its request or reads the answer a byte at a time is cut off at the deadline, one warning line and a
+count (``GatewayServer.dropped``), and holds no thread past it; the time a call takes to generate is not bounded
+by it.
 """
 
 from __future__ import annotations
@@ -26,29 +30,29 @@ from __future__ import annotations
 import json
 import logging
 import re
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote
 
 from producers.gateway.calls import RequestError
 from producers.gateway.episodes import group_of
 from schemas import ID_PATTERN, PROMPT_ID_MAX_LEN
+from stream_rl.runtime.http_serving import BoundedHandler, BoundedServer
 
 log = logging.getLogger(__name__)
-CONNECTION_TIMEOUT_S = 30.0
-"""Each read and write of a connection (a client that stalls loses its connection, not a thread for ever)."""
 _END = re.compile(r"^/v1/episodes/(?P<episode>.+)/end$")  # an id may hold '/' (GROUP/NAME), sent as is or %2F
 _CALLS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 
 
-class GatewayServer(ThreadingHTTPServer):
+class GatewayServer(BoundedServer):
     """The HTTP server; ``serve_forever()`` in a thread, ``shutdown()`` to stop."""
 
-    daemon_threads = True
     request_queue_size = 128
+    label = "gateway"
 
-    def __init__(self, gateway, *, host: str, port: int, max_body_bytes: int) -> None:
+    def __init__(self, gateway, *, host: str, port: int, max_body_bytes: int,
+                 connection_timeout_s: float) -> None:
         self.gateway, self.max_body_bytes = gateway, max_body_bytes
+        self.connection_timeout_s = connection_timeout_s
         super().__init__((host, port), _Handler)
 
     @property
@@ -76,31 +80,32 @@ def episode_of(headers: Any) -> str:
     return found
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(BoundedHandler):
     server: GatewayServer
-    timeout = CONNECTION_TIMEOUT_S
-
-    def log_message(self, format: str, *args: Any) -> None:  # no per-request stderr lines (keys stay private)
-        return
 
     def do_GET(self) -> None:
+        self.request_read()
         path = self.path.split("?")[0].rstrip("/")
         if path == "/v1/models":
             name = self.server.gateway.gcfg.model_name
-            self._send(200, {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "stream-rl"}]})
+            self.send_json(200, {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "stream-rl"}]})
         elif path == "/health":
-            self._send(200, {"status": "ok", "version": self.server.gateway.engine.version})
+            self.send_json(200, {"status": "ok", "version": self.server.gateway.engine.version})
         else:
             self._refuse(RequestError(f"no such path {self.path[:80]!r}", status=404, code="not_found"))
 
     def do_POST(self) -> None:
         path = self.path.split("?")[0].rstrip("/")
+        end = _END.match(path)
         try:
-            end = _END.match(path)
             if end is None and path not in _CALLS:
                 raise RequestError(f"no such path {self.path[:80]!r}: POST /v1/chat/completions, /v1/completions "
                                    f"or /v1/episodes/{{id}}/end", status=404, code="not_found")
-            body = self._body()
+            body = self._body()  # a client too slow or gone raises out of here: nothing to answer
+        except RequestError as exc:
+            self._refuse(exc)
+            return
+        try:
             gateway = self.server.gateway
             if end is not None:
                 answer = gateway.end(episode_of({"X-Episode-Id": unquote(end.group("episode"))}), body)
@@ -113,7 +118,7 @@ class _Handler(BaseHTTPRequestHandler):
             log.exception("gateway request failed")
             self._refuse(RequestError(f"{type(exc).__name__}: {str(exc)[:2000]}", status=500, code="server_error"))
             return
-        self._send(200, answer)
+        self.send_json(200, answer)
 
     def _body(self) -> Any:
         declared = self.headers.get("Content-Length")
@@ -125,7 +130,8 @@ class _Handler(BaseHTTPRequestHandler):
         if length > self.server.max_body_bytes:
             raise RequestError(f"the body of {length} bytes is over gateway.max_body_bytes="
                                f"{self.server.max_body_bytes}", status=413, code="body_too_large")
-        raw = self.rfile.read(length) if length else b""
+        raw = self.read_exactly(length)  # TimeoutError when too slow (handle_one_request discards the connection)
+        self.request_read()
         if len(raw) < length:
             raise RequestError(f"the body ended after {len(raw)} of {length} bytes")
         try:
@@ -134,13 +140,4 @@ class _Handler(BaseHTTPRequestHandler):
             raise RequestError("the body is not JSON") from None
 
     def _refuse(self, exc: RequestError) -> None:
-        self._send(exc.status, exc.body())
-
-    def _send(self, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-        self.wfile.flush()
+        self.send_json(exc.status, exc.body())

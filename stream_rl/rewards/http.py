@@ -24,8 +24,9 @@ plus explicit fields)::
 Guarantees of the transport (every exchange of the client, the judge and the start-up probe):
 - Proxies come from the environment (``http_proxy``, ``https_proxy``, ``no_proxy``), as urllib reads them; https
   goes through a CONNECT tunnel, certificates verified end to end.
-- One deadline (``timeout_s``) covers the whole exchange, connect, request, headers and body: a watchdog shuts the
-  socket down at the deadline, so a server trickling its answer cannot keep the reading thread alive past it.
+- One deadline (``timeout_s``) covers the whole exchange, connect, request, headers and body: a watchdog
+  (:data:`stream_rl.runtime.http_serving.WATCHDOG`) shuts the socket down at the deadline, so a server trickling
+  its answer cannot keep the reading thread alive past it.
 - Answers are capped at ``max_answer_bytes`` (:data:`MAX_ANSWER_BYTES`, 16 MiB): a declared length over the cap is
   refused before reading; an undeclared one is cut at the cap (not retriable).
 - Redirects: 301/302/307/308 to the same origin (scheme, host and port) are followed, at most
@@ -47,21 +48,19 @@ Guarantees of the transport (every exchange of the client, the judge and the sta
 from __future__ import annotations
 
 import base64
-import heapq
 import http.client
-import itertools
 import json
 import os
-import socket
 import ssl
 import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from stream_rl.runtime.http_serving import WATCHDOG
 
 RETRIABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 """HTTP statuses worth another try: timeouts, rate limits and server-side failures."""
@@ -307,58 +306,6 @@ def _read_capped(response: http.client.HTTPResponse, max_bytes: int, what: str) 
     if response.length:  # a declared length not reached: the server closed the connection mid-answer
         raise http.client.IncompleteRead(b"".join(chunks), response.length)
     return b"".join(chunks)
-
-
-class _Watchdog:
-    """One daemon thread for the process that shuts a socket down at its deadline, waking whatever blocks on it
-    (a read of a trickled answer or request, a write to a client that does not read)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, list]] = []  # (deadline, seq, [socket or None, fired event])
-        self._seq = itertools.count()
-        self._thread: threading.Thread | None = None
-
-    def watch(self, sock: socket.socket, deadline: float, fired: threading.Event) -> list:
-        """Shut ``sock`` down at ``deadline`` (and set ``fired``) unless :meth:`cancel` is called first."""
-        entry = [sock, fired]
-        with self._cond:
-            heapq.heappush(self._heap, (deadline, next(self._seq), entry))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="socket-deadlines", daemon=True)
-                self._thread.start()
-            self._cond.notify()
-        return entry
-
-    def cancel(self, entry: list) -> None:
-        with self._cond:
-            entry[0] = None  # nothing to shut down; the entry leaves the heap at its deadline
-
-    @contextmanager
-    def guard(self, sock: socket.socket, deadline: float, fired: threading.Event) -> Iterator[None]:
-        entry = self.watch(sock, deadline, fired)
-        try:
-            yield
-        finally:
-            self.cancel(entry)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._heap or self._heap[0][0] > time.monotonic():
-                    self._cond.wait(None if not self._heap else self._heap[0][0] - time.monotonic())
-                _, _, entry = heapq.heappop(self._heap)
-                sock, fired = entry
-                entry[0] = None
-            if sock is not None:
-                fired.set()
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:  # already closed by its owner
-                    pass
-
-
-WATCHDOG = _Watchdog()
 
 
 def check_reachable(url: str, timeout_s: float = 5.0, tls_context: ssl.SSLContext | None = None

@@ -19,9 +19,10 @@ Guarantees:
   Content-Length), 413 (a body over ``max_body_bytes``, refused before it is read), 404 (another path).
 - Load and bad clients: a listen backlog of :data:`LISTEN_BACKLOG`; at most ``max_connections`` connections
   are handled at once (one thread each), any more is answered 503 and closed at once; a client has
-  ``connection_timeout_s`` in total to send its request and again to read the answer (a watchdog shuts the
-  socket down at the deadline: a slow or trickling client loses its connection, not a thread for ever); a
-  client that drops its connection, or is dropped for slowness, costs one line on stderr, never a traceback.
+  ``connection_timeout_s`` in total to send its request and again to read the answer (the watchdog of
+  :mod:`stream_rl.runtime.http_serving`, shared with the gateway, shuts the socket down at the deadline: a slow
+  or trickling client loses its connection, not a thread for ever); a client that drops its connection, or is
+  dropped for slowness, costs one line on stderr, never a traceback.
 - A request in OpenRLHF's shape (``query`` and no ``responses``) is read and answered as
   :mod:`stream_rl.rewards.openrlhf` says: never a null reward (``openrlhf_fallback``, 0.0 by default, instead),
   the reason in ``errors``.
@@ -34,18 +35,17 @@ import json
 import logging
 import math
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from stream_rl.rewards.contract import RewardFn, RewardValueError, check_reward_value, error_text
-from stream_rl.rewards.http import WATCHDOG, loads_json
+from stream_rl.rewards.http import loads_json
 from stream_rl.rewards.openrlhf import Batch, is_openrlhf, openrlhf_answer, parse_openrlhf, strings
+from stream_rl.runtime.http_serving import BoundedHandler, BoundedServer
 
 BatchScore = Callable[[list[str], list[str], list["str | None"], list[dict]], list[Any]]
 LISTEN_BACKLOG = 128
@@ -186,11 +186,11 @@ class ScoringProgress:
         return report
 
 
-class RewardServer(ThreadingHTTPServer):
+class RewardServer(BoundedServer):
     """The HTTP server; ``serve_forever()`` in a thread or the foreground, ``shutdown()`` to stop."""
 
-    daemon_threads = True
     request_queue_size = LISTEN_BACKLOG
+    label = "reward server"
 
     def __init__(self, score: BatchScore, *, name: str, host: str = "127.0.0.1", port: int = 0,
                  batch_size: int = 64, parallel: int = 1, limits: ServerLimits = ServerLimits(),
@@ -204,7 +204,8 @@ class RewardServer(ThreadingHTTPServer):
         self.lock = threading.BoundedSemaphore(parallel)
         self.progress = ScoringProgress(limits.stuck_after_s)
         self._connections = threading.Lock()
-        self.active = self.peak = self.refused = self.dropped = 0
+        self.active = self.peak = self.refused = 0
+        self.connection_timeout_s = limits.connection_timeout_s
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         super().__init__((host, port), _Handler)
 
@@ -269,20 +270,6 @@ class RewardServer(ThreadingHTTPServer):
         with self._connections:
             self.active -= 1
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that went away (reset, broken pipe, timed out) is one line; anything else a traceback."""
-        exc = sys.exc_info()[1]
-        if isinstance(exc, ConnectionError | TimeoutError):
-            self.note_dropped(client_address, f"dropped its connection ({type(exc).__name__})")
-            return
-        super().handle_error(request, client_address)
-
-    def note_dropped(self, client_address: Any, why: str) -> None:
-        """Count a client lost to its own doing, with one line on stderr."""
-        with self._connections:
-            self.dropped += 1
-        log.warning("reward server: client %s %s", _peer(client_address), why)
-
 
 def _refuse(request: socket.socket, cap: int) -> None:
     """Answer 503 on a connection over the cap, without a thread (what it sent is discarded)."""
@@ -302,66 +289,48 @@ def _refuse(request: socket.socket, cap: int) -> None:
         pass
 
 
-def _peer(client_address: Any) -> str:
-    host, port = client_address[:2]
-    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
-
-
 class _Refused(Exception):
     def __init__(self, status: int, reason: str) -> None:
         super().__init__(reason)
         self.status = status
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(BoundedHandler):
     server: RewardServer
 
-    def setup(self) -> None:
-        self.timeout = self.server.limits.connection_timeout_s  # each read and write; the watchdog bounds the total
-        super().setup()
-        self._late = threading.Event()  # the request (line, headers, body) did not arrive within the timeout
-        self._reading = WATCHDOG.watch(self.connection, time.monotonic() + self.timeout, self._late)
-
-    def finish(self) -> None:
-        WATCHDOG.cancel(self._reading)
-        super().finish()
-
-    def log_message(self, format: str, *args: Any) -> None:  # no per-request stderr lines (headers stay private)
-        return
-
     def do_GET(self) -> None:
-        WATCHDOG.cancel(self._reading)
+        self.request_read()
         if self.path.rstrip("/") == "/health":
             report = {**self.server.progress.health(), "served": self.server.name,
                       "connections": self.server.connection_counts()}
-            self._send(200 if report["status"] == "ok" else 503, report)
+            self.send_json(200 if report["status"] == "ok" else 503, report)
         else:
-            self._send(404, {"error": f"no such path {self.path!r}; POST / or GET /health"})
+            self.send_json(404, {"error": f"no such path {self.path!r}; POST / or GET /health"})
 
     def do_POST(self) -> None:
         if self.path.rstrip("/") not in ("", "/get_reward"):
-            self._send(404, {"error": f"no such path {self.path!r}; POST / or POST /get_reward"})
+            self.send_json(404, {"error": f"no such path {self.path!r}; POST / or POST /get_reward"})
             return
         try:
             raw = self._read_body()
-            WATCHDOG.cancel(self._reading)
+            self.request_read()
             body = loads_json(raw)
             openrlhf = is_openrlhf(body)
             batch, failed = parse_openrlhf(body) if openrlhf else (parse_request(body), {})
         except _Refused as refused:
-            self._send(refused.status, {"error": str(refused)})
+            self.send_json(refused.status, {"error": str(refused)})
             return
         except ValueError as exc:  # not JSON (or not UTF-8), nested too deeply, a wrong field
-            self._send(400, {"error": f"bad request: {exc}"})
+            self.send_json(400, {"error": f"bad request: {exc}"})
             return
         try:
             values = self.server.score_some(batch, failed)
         except Exception as exc:  # the whole scoring failed: a 500 with the reason, the server goes on
-            self._send(500, {"error": f"{type(exc).__name__}: {error_text(exc, 2000)}"})
+            self.send_json(500, {"error": f"{type(exc).__name__}: {error_text(exc, 2000)}"})
             return
         name = self.server.name
         answer = encode_answer(values, name)
-        self._send(200, openrlhf_answer(answer, self.server.openrlhf_fallback) if openrlhf else answer)
+        self.send_json(200, openrlhf_answer(answer, self.server.openrlhf_fallback) if openrlhf else answer)
 
     def _read_body(self) -> bytes:
         """The request body (the request as a whole arrives within ``connection_timeout_s``); _Refused for a length
@@ -376,22 +345,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise _Refused(413, f"the body of {length} bytes is over the server's limit of {limit} bytes")
         if length == 0:
             raise _Refused(400, "bad request: the body is empty")
-        data = self.rfile.read(length)
+        data = self.read_exactly(length)  # TimeoutError when too slow (handle_one_request discards the connection)
         if len(data) < length:
-            if self._late.is_set():  # dropped (handle_one_request discards a connection on TimeoutError)
-                self.server.note_dropped(self.client_address, f"was too slow: its request did not arrive within "
-                                                              f"{self.timeout:g} s")
-                raise TimeoutError(f"the request did not arrive within {self.timeout:g} s")
             raise _Refused(400, f"bad request: the body ended after {len(data)} of {length} bytes")
         return data
-
-    def _send(self, status: int, body: dict) -> None:
-        """Write the answer within ``connection_timeout_s`` in total (a client that does not read is dropped)."""
-        data = json.dumps(body).encode()
-        with WATCHDOG.guard(self.connection, time.monotonic() + self.timeout, threading.Event()):
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-            self.wfile.flush()

@@ -166,9 +166,16 @@ class EnvironmentFactory:
     deadline_s: float | None = None
     refills: int = 0
     health: EnvironmentHealth = field(default_factory=EnvironmentHealth)
+    replayed: list[tuple[str, int, str]] = field(default_factory=list)
+    """(prompt_id, epoch, reason) of each failed play whose group was played again, until :meth:`drain_replayed`
+    (the producer dead-letters each: an auditable drop of that attempt's episodes)."""
 
     def __call__(self) -> Guarded:
         return Guarded(self.make, self.deadline_s, self.name)
+
+    def drain_replayed(self) -> list[tuple[str, int, str]]:
+        out, self.replayed = self.replayed, []
+        return out
 
     def health_metrics(self) -> dict[str, float]:
         """``env/{name}/{ok,failed,timed_out,refilled}`` (:meth:`EnvironmentHealth.metrics`)."""

@@ -96,7 +96,7 @@ from producers.engines.base import GenerationEngine
 from producers.generate import (
     EarlyStop, GroupSink, StepResult, Turns, check_prompts, plan_batch, produce_rollouts,
 )
-from producers.publish import dead_letter, group_sender, publish, publish_partials
+from producers.publish import dead_letter, dead_letter_replays, group_sender, publish, publish_partials
 from producers.stale_feed import StaleFeed, inheritance
 from producers.weights_follower import ProducerStats, WeightsFollower, inflight_hook, make_follower
 from schemas import group_id_for
@@ -250,6 +250,9 @@ class _Batcher:
             result = _generate(todo, self.engine, pcfg, self.producer_id, self.turns, on_group,
                                _early_stop(pcfg, todo, self.aborted, self.partials_topic is not None))
             kept = publish_partials(result, self.sink, self.partials_topic)  # flushed with the rollouts below
+            drain = getattr(self.turns.make_env, "drain_replayed", None) if self.turns is not None else None
+            if drain is not None:  # failed plays whose groups were played again: dead letters, in the same flush
+                dead_letter_replays(self.source, todo, drain())
             publish(result, todo, self.source, self.sink, self.topic, sent)
         failpoints.hit("producer.after_send")  # recovery drills: rollouts on the broker, prompts not committed
         cut = [todo[i] for i in result.aborted]  # a cut group whose prefixes are on the broker is not re-queued

@@ -34,7 +34,8 @@ Guarantees:
   group only, never trains it partially: the group is played again from the prompt with fresh environments and a
   seed of its own (:func:`refill_seed`), up to the factory's ``refills`` times; a group that still fails comes back
   with the reason of its last failure (the producer dead-letters the prompt with it) and the other prompts'
-  episodes go on; the reason of a failure whose group is played again is logged (WARNING) with the prompt id.
+  episodes go on; a failure whose group is played again is logged (WARNING) with the prompt id and kept in the
+  factory's ``replayed`` for the producer to dead-letter (``EnvironmentFailed``: that play's episodes are dropped).
   Each group's outcome is counted in the factory's :class:`~producers.environment.EnvironmentHealth` (one per
   episode: ok, failed, timed_out; refilled per replay).
 - An environment's step rewards (:attr:`~producers.environment.Observation.reward`, e.g. an OpenEnv rubric's) are
@@ -140,9 +141,10 @@ def run_episodes(engine: GenerationEngine, prompts: Sequence[Prompt], prompt_ids
         if not again:
             break
         _count(factory, [results[i] for i in again], n, refilled=True)
-        for i in again:  # the reason is logged here; it reaches the dead-letter topic if the last play fails too
-            log.warning("prompt %s: %s; its group is played again (refill %d of %d)", prompts[i].prompt_id,
-                        results[i], attempt, factory.refills)
+        for i in again:  # each failed play is dead-lettered by the producer (factory.replayed), then played again
+            reason = f"{results[i]}; its group is played again (refill {attempt} of {factory.refills})"
+            log.warning("prompt %s: %s", prompts[i].prompt_id, reason)
+            factory.replayed.append((prompts[i].prompt_id, prompts[i].epoch, reason))
         for index, result in zip(again, play(again, refill_seed(seed, attempt)), strict=True):
             results[index] = result
     _count(factory, results, n)

@@ -20,9 +20,21 @@ from schemas import group_id_for
 log = logging.getLogger(__name__)
 
 
-def dead_letter(source, rec, reason: str) -> None:
-    """Dead-letter the prompt record ``rec`` (``PromptRejected``) with ``reason``."""
-    source.dead_letter(rec.topic, rec.partition, rec.offset, rec.key, rec.raw_value, reason, "PromptRejected")
+def dead_letter(source, rec, reason: str, error_type: str = "PromptRejected") -> None:
+    """Dead-letter the prompt record ``rec`` with ``reason`` (``error_type``: ``PromptRejected``, or
+    ``EnvironmentFailed`` for a failed play of a group that was played again)."""
+    source.dead_letter(rec.topic, rec.partition, rec.offset, rec.key, rec.raw_value, reason, error_type)
+
+
+def dead_letter_replays(source, records, replayed: list[tuple[str, int, str]]) -> None:
+    """Dead-letter each failed environment play whose group was played again (``(prompt_id, epoch, reason)``,
+    :attr:`producers.environment.EnvironmentFactory.replayed`) against its prompt's record: the episodes of that
+    play are dropped, so they are recorded, even when the replay then trains."""
+    by_prompt = {(r.value.prompt_id, r.value.epoch): r for r in records}
+    for prompt_id, epoch, reason in replayed:
+        record = by_prompt.get((prompt_id, epoch))
+        if record is not None:
+            dead_letter(source, record, reason, "EnvironmentFailed")
 
 
 def publish_partials(result: StepResult, sink, topic: str | None) -> set[str]:

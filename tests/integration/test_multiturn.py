@@ -253,6 +253,8 @@ def test_the_producer_loop_plays_episodes_and_dead_letters_a_prompt_its_environm
         if len(roles) == 3:
             assert r.response_text.split("\n")[1] == "6=" and int(r.policy_mask.sum()) < r.response_length
     letters = read_values(transport, transport.names.dlq, "dead_letter")
-    assert [(d.error_type, d.reason) for d in letters] == [
-        ("PromptRejected", "environment failed: ValueError: not an addition prompt: '1='")]
+    failed = "environment failed: ValueError: not an addition prompt: '1='"
+    assert [(d.error_type, d.reason) for d in letters] == [  # the refilled play's episodes, then the prompt
+        ("EnvironmentFailed", f"{failed}; its group is played again (refill 1 of 1)"), ("PromptRejected", failed)]
+    assert {(d.source_topic, d.source_offset) for d in letters} == {(transport.names.prompts, 1)}
     assert stats.rejected_prompts == 1

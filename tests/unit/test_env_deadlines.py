@@ -47,22 +47,30 @@ class Flaky:
         return None if text == "46" else "again"
 
 
-def _play(engine, how: str, bad: int, refills: int, deadline_s: float | None = 0.5, n: int = 2):
+def _play(engine, how: str, bad: int, refills: int, deadline_s: float | None = 0.5, n: int = 2,
+          replayed: list | None = None):
     Flaky.made = 0
     factory = EnvironmentFactory(lambda: Flaky(how, bad), "Flaky", deadline_s, refills)
     prompts = [episode_prompt(), episode_prompt(text="1+1=", answer="2")]
     ids = [list(engine.tokenizer(p.text, add_special_tokens=False)["input_ids"]) for p in prompts]
     out = run_episodes(engine, prompts, ids, n, sampling=Sampling(1.0), max_new_tokens=40, seed=1,
                        make_env=factory, max_turns=3)
+    if replayed is not None:
+        replayed += factory.drain_replayed()
+        assert factory.replayed == []  # drained
     return out, factory.health
 
 
 @pytest.mark.parametrize(("how", "reason"), [("raise", "environment failed: RuntimeError: the simulator crashed"),
                                              ("reset", "environment failed: ValueError: no such level")])
 def test_a_group_whose_environment_raises_is_played_again_and_counted(engine, how, reason):
-    out, health = _play(engine, how, bad=1, refills=1)
+    replayed: list = []
+    out, health = _play(engine, how, bad=1, refills=1, replayed=replayed)
     assert all(isinstance(group, list) and len(group) == 2 for group in out)  # refilled: whole groups, no part
     assert health == EnvironmentHealth(ok=4, failed=2, timed_out=0, refilled=1)
+    # the failed play is kept for the dead-letter topic (the producer sends it), naming the prompt and the refill
+    assert [(pid, epoch) for pid, epoch, _ in replayed] == [(episode_prompt().prompt_id, 0)]
+    assert replayed[0][2] == f"{reason}; its group is played again (refill 1 of 1)"
     out, health = _play(engine, how, bad=100, refills=1)  # it always fails: the reason comes back for dead-letter
     assert out == [reason, reason]
     assert health == EnvironmentHealth(ok=0, failed=8, timed_out=0, refilled=2)

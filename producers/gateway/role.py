@@ -34,8 +34,6 @@ from producers.weights_follower import ProducerStats, make_follower
 from stream_rl.config.shared import SharedConfig
 
 log = logging.getLogger(__name__)
-TOPIC = "gateway"
-"""The logical name of the gateway topic (``{prefix}.{run}.gateway``; partitions: ``topics.partitions.gateway``)."""
 
 
 @dataclass(frozen=True)
@@ -57,8 +55,8 @@ def run_gateway(shared: SharedConfig, gcfg: GatewayConfig, pcfg: ProducerConfig,
     deps = deps or GatewayDeps()
     stop_event = stop_event or threading.Event()
     transport = Transport(shared, "gateway")
-    topic = transport.names.name(TOPIC)
-    transport.ensure_topics(extra={topic: shared.topics.partitions.get(TOPIC, 1)})
+    topic = transport.names.gateway
+    transport.ensure_topics()
     engine = deps.engine if deps.engine is not None else build_engine(pcfg)
     sink = transport.sink()
     follower = make_follower(transport, shared.weights, pcfg, engine, ProducerStats())

@@ -80,6 +80,7 @@ DEFAULT_RETENTION_MS = {
     "status": 24 * _HOUR_MS,        # heartbeats: only the recent ones matter
     "evals": -1,                    # held-out evaluations, keyed by version: the evaluator's ledger
     "partials": 7 * 24 * _HOUR_MS,  # cut groups' prefixes, not yet resumed
+    "gateway": 7 * 24 * _HOUR_MS,   # agents' calls and episode states, replayed by a restarted gateway
 }
 """Default ``topics.retention_ms`` (milliseconds; -1 keeps forever)."""
 
@@ -91,7 +92,7 @@ class TopicsConfig(Section):
     run: str = Field("demo", pattern=r"^[A-Za-z0-9._-]+$", description="run name, part of every topic name")
     partitions: dict[str, int] = Field(default_factory=lambda: {
         "prompts": 4, "rollouts": 4, "scored": 4, "weights": 1, "dlq": 1, "stale": 1, "status": 1, "alerts": 1,
-        "evals": 1, "partials": 4},
+        "evals": 1, "partials": 4, "gateway": 1},
         description="partitions per logical topic (used when the topic is created)")
     replication_factor: int = Field(1, ge=1, description="replicas per partition (1 on the local broker)")
     retention_ms: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_RETENTION_MS), description=(

@@ -20,7 +20,10 @@ from stream_rl.config.sections import TopicsConfig
 if TYPE_CHECKING:
     from stream_rl.transport.admin import Admin
 
-LOGICAL_TOPICS = ("prompts", "rollouts", "scored", "weights", "dlq", "stale", "status", "alerts", "evals", "partials")
+LOGICAL_TOPICS = ("prompts", "rollouts", "scored", "weights", "dlq", "stale", "status", "alerts", "evals", "partials",
+                  "gateway")
+"""The run's topics ``{prefix}.{run}.<logical>``: created by every role, listed by ``stream-rl status`` (partitions
+and lag), checked by ``doctor``, deleted with the run, and given ``topics.retention_ms`` at creation."""
 
 CONSUMER_GROUPS = {"producers": "prompts", "scorers": "rollouts", "trainer": "scored"}
 """The run's consumer groups ``{prefix}.{run}.<name>`` and the logical topic each consumes: the one place the

@@ -83,7 +83,7 @@ def test_doctor_passes_on_the_real_broker_with_an_intact_model(broker, run_name,
     code, checks = run_doctor("--bootstrap", broker.bootstrap, "--run", run_name, model=model_dir)
     assert code == 0, failing(checks)
     assert checks["broker"]["status"] == "pass" and broker.bootstrap in checks["broker"]["detail"]
-    assert checks["topics"]["status"] == "warn" and "10 of 10 topics do not exist yet" in checks["topics"]["detail"]
+    assert checks["topics"]["status"] == "warn" and "11 of 11 topics do not exist yet" in checks["topics"]["detail"]
     row = checks[f"model {model_dir}"]
     assert row["status"] == "pass" and "producer.model_dir, trainer.model_dir" in row["detail"]
 

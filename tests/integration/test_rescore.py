@@ -117,9 +117,9 @@ def test_rescore_into_a_new_run_leaves_the_source_run_untouched(make_config, run
     assert run_topics_state(t) == source_state and committed(t, scorers) == source_commits
     assert all(s.value.reward == 0.0 for s in scored_in(t, t.names.scored))  # still the exact-match scores
     assert sum(committed(t, group).values()) == len(first)
-    assert set(run_topics_state(target)) == {target.names.name(x) for x in
+    assert set(run_topics_state(target)) == {target.names.name(x) for x in  # the new run's trainer finds its topics
                                              ("prompts", "rollouts", "scored", "weights", "dlq", "stale", "status",
-                                              "alerts", "evals", "partials")}  # the new run's trainer finds its topics
+                                              "alerts", "evals", "partials", "gateway")}
 
     again = rescore(cfg, "--to-run", new_run, "--reward", f"{THIS}:length_reward")
     assert again.exit_code == 2

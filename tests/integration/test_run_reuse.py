@@ -73,7 +73,7 @@ def test_a_run_name_with_records_is_refused_in_one_line_and_topics_delete_frees_
     assert nothing.returncode == 2 and f"run {run_name}x has no records on the broker" in nothing.stderr
 
     gone = _cli("topics", "delete", "--bootstrap", broker.bootstrap, "--run", run_name, cwd=tmp_path)
-    assert gone.returncode == 0 and f"run {run_name}: deleted 10 topics" in gone.stdout, gone.stdout + gone.stderr
+    assert gone.returncode == 0 and f"run {run_name}: deleted 11 topics" in gone.stdout, gone.stdout + gone.stderr
     assert records_on_broker(transport.cfg) == {}
     with transport.admin() as admin:
         assert not any(t.startswith(f"stream-rl.{run_name}.") for t in admin.list_topics())

@@ -12,7 +12,7 @@ import pytest
 from support import messages as samples
 from typer.testing import CliRunner
 
-from schemas import Alert, Heartbeat
+from schemas import Alert, GatewayEpisode, Heartbeat
 from stream_rl.cli.main import app
 from stream_rl.operator_tools.status import build_snapshot, lag_rows, open_alerts, topic_rows
 from stream_rl.transport.span_attributes import span_attributes
@@ -123,6 +123,8 @@ def test_status_once_json_reads_the_run_topics(make_config, run_name, broker):
     sink.send(transport.names.alerts, replace(_alert("consumer_lag", "firing", now - 3), instance_id="trainer-t1"))
     sink.send(transport.names.alerts, replace(_alert("consumer_lag", "resolved", now - 2), instance_id="trainer-t1"))
     sink.send(transport.names.alerts, replace(_alert("loss_nonfinite", "firing", now - 1), instance_id="trainer-t1"))
+    sink.send(transport.names.gateway, GatewayEpisode(episode_id="e1", outcome="ended", reward=1.0, reason="",
+                                                      calls=1), key="e1")
     for partition, count in ((0, 3), (1, 2), (2, 1)):
         for i in range(count):
             sink.send(transport.names.rollouts, samples.rollout(partition * 10 + i),
@@ -148,6 +150,7 @@ def test_status_once_json_reads_the_run_topics(make_config, run_name, broker):
     assert snap["weights"]["version"] == 4
     assert snap["topics"]["rollouts"]["highwaters"] == [3, 2, 1] and snap["topics"]["status"]["records"] == 4
     assert snap["topics"]["rollouts"]["records_per_s"] == 0.0
+    assert snap["topics"]["gateway"]["partitions"] == 1 and snap["topics"]["gateway"]["records"] == 1
     lag = snap["lag"][f"{cfg.topics.prefix}.{run_name}.scorers"]
     assert [p["lag"] for p in lag["partitions"]] == [1, 0, 1] and lag["total"] == 2
     assert [p["committed"] for p in lag["partitions"]] == [2, 2, None]

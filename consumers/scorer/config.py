@@ -123,6 +123,11 @@ class ScorerConfig(Section):
     batch_size: int = Field(
         16, ge=1, le=4096, description="rollouts polled and scored per batch (also the model forward batch)")
     poll_timeout_s: float = Field(1.0, gt=0, le=60, description="longest wait for rollouts in one poll")
+    batches_in_flight: int = Field(
+        1, ge=1, le=64, description="batches scored at once: with > 1 the scorer polls the next batch while the "
+                                    "reward calls of earlier ones are in flight (a slow reward service or judge no "
+                                    "longer serialises the scorer); results are sent and offsets committed in poll "
+                                    "order, each batch after its own outputs were acknowledged")
     token_level_rewards: bool = Field(
         False, description="attach per-token rewards: the function's 'token_rewards' if it returns them, else "
                            "the sequence reward on the last response token (plus the reward model's score there)")

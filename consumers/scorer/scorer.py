@@ -12,6 +12,11 @@ One iteration::
     poll(<= batch_size) ─> score_rollouts (pure, batched) ─> per record: send ScoredRollout | dead-letter
                                                               ─> sink.flush() (broker acked) ─> source.commit()
 
+With ``scorer.batches_in_flight`` K > 1 (:class:`InFlight`), each polled batch is scored on a worker thread and the
+loop polls the next one while up to K are in flight (their reward calls overlap); the oldest finished batch is
+sent, flushed and committed first, in poll order, up to its own records' offsets, so a later batch finishing
+first waits for the ones before it.
+
 Guarantees:
 - An offset is committed only after every output derived from the records before it (scored rollouts and dead
   letters) was acknowledged by the broker; a crash before the commit redelivers the batch (at-least-once), a
@@ -33,6 +38,9 @@ Guarantees:
   while it waits, and a rollout whose reward timed out or failed is dead-lettered with the reason (or counted
   as ``zeroed`` with ``scorer.on_reward_error = "zero"``); the commit still follows every output of the batch.
   Per-reward, per-data-source call metrics (latency p50/p99, timeouts, retries, errors) join the batch's log.
+- With ``batches_in_flight`` > 1 the guarantees above hold per batch: a batch's offsets (one past each of its
+  records, per partition) are committed only after its own outputs and every earlier batch's were acknowledged;
+  a crash redelivers every batch in flight. Reward-call metrics are then those drained when each batch is sent.
 - Heartbeats report the batches done in ``step``. A broker that stays unreachable for
   ``kafka.broker_timeout_s`` stops the scorer with ``BrokerUnreachable`` naming it (exit non-zero).
 - Tracing: the batch's compute runs in a ``process score-batch`` span linked to every rollout's trace; each
@@ -48,7 +56,9 @@ import json
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from consumers.scorer.config import ScorerConfig
@@ -115,6 +125,9 @@ def run_scorer(shared: SharedConfig, scfg: ScorerConfig, stop_event: threading.E
     telemetry.attach(source, sink).set_ready(model_loaded=True, version=0)  # scores do not depend on the policy
     stats = ScorerStats()
     log.info("scorer %s subscribed to %s in group %s", scoring.scorer_id, transport.names.rollouts, scorer_group(shared))
+    if scfg.batches_in_flight > 1:
+        return _run_in_flight(scfg, source, sink, transport, scoring, telemetry, stats, stop_event, max_batches,
+                              deps)
     try:
         while not (stop_event is not None and stop_event.is_set()) and \
                 (max_batches is None or stats.batches < max_batches):
@@ -145,13 +158,114 @@ def run_scorer(shared: SharedConfig, scfg: ScorerConfig, stop_event: threading.E
         telemetry.error(type(exc).__name__)
         raise
     finally:
-        telemetry.close()
-        source.close()
-        sink.close()
-        if deps.scoring is None and scoring.services is not None:
-            scoring.services.close()
-        if deps.tracing is None:
-            transport.tracing.shutdown()
+        _close(telemetry, source, sink, scoring, transport, deps)
+    return stats
+
+
+def _close(telemetry, source: Source, sink: Sink, scoring: Scoring, transport: Transport, deps: ScorerDeps) -> None:
+    telemetry.close()
+    source.close()
+    sink.close()
+    if deps.scoring is None and scoring.services is not None:
+        scoring.services.close()
+    if deps.tracing is None:
+        transport.tracing.shutdown()
+
+
+class InFlight:
+    """Up to ``size`` polled batches being scored on worker threads; finished ones are sent and committed by the
+    loop's thread in poll order (module docstring)."""
+
+    def __init__(self, size: int, source: Source, sink: Sink, scored_topic: str, scoring: Scoring,
+                 stats: ScorerStats, consumer_id: str) -> None:
+        self.size, self.source, self.sink, self.scored_topic = size, source, sink, scored_topic
+        self.scoring, self.stats, self.consumer_id = scoring, stats, consumer_id
+        self.pool = ThreadPoolExecutor(size, thread_name_prefix="score-batch")
+        self.batches: deque[tuple[list[Consumed], Future]] = deque()
+
+    def submit(self, records: list[Consumed]) -> None:
+        def score() -> list:
+            with self.source.process_span("score-batch", records, {"stream_rl.batch_size": len(records)}):
+                return score_rollouts([record.value for record in records], self.scoring)
+
+        self.batches.append((records, self.pool.submit(score)))
+
+    @property
+    def full(self) -> bool:
+        return len(self.batches) >= self.size
+
+    def finish(self, wait: bool, on_wait: Callable[[], None] | None = None) -> list[dict[str, float]]:
+        """Send and commit the finished batches at the head, in order (``wait``: block for the oldest one first,
+        ticking ``on_wait`` about once a second); the reward-call metrics of each batch sent."""
+        done = []
+        while self.batches and (wait or self.batches[0][1].done()):
+            records, future = self.batches[0]
+            while not future.done():
+                _wait_for(future, on_wait)
+            self.batches.popleft()
+            done.append(send_outputs(records, future.result(), self.source, self.sink, self.scored_topic,
+                                     self.scoring, self.stats, self.consumer_id))
+            self.sink.flush()
+            committed = self.source.commit(next_offsets(records))
+            self.stats.commits += int(committed)
+            self.stats.lost_commits += int(not committed)
+            wait = False  # only the oldest is waited for; the rest go when they are done
+        return done
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _wait_for(future: Future, on_wait: Callable[[], None] | None) -> None:
+    try:
+        future.exception(timeout=1.0)
+    except TimeoutError:
+        if on_wait is not None:
+            on_wait()
+
+
+def next_offsets(records: Sequence[Consumed]) -> dict[tuple[str, int], int]:
+    """One past the last of ``records`` in each partition: what a batch's commit covers."""
+    out: dict[tuple[str, int], int] = {}
+    for r in records:
+        out[(r.topic, r.partition)] = max(out.get((r.topic, r.partition), 0), r.offset + 1)
+    return out
+
+
+def _run_in_flight(scfg: ScorerConfig, source: Source, sink: Sink, transport: Transport, scoring: Scoring,
+                   telemetry, stats: ScorerStats, stop_event: threading.Event | None, max_batches: int | None,
+                   deps: ScorerDeps) -> ScorerStats:
+    """The loop with ``scorer.batches_in_flight`` > 1: poll while earlier batches are scored (:class:`InFlight`)."""
+    flight = InFlight(scfg.batches_in_flight, source, sink, transport.names.scored, scoring, stats,
+                      transport.instance_id)
+    try:
+        while not (stop_event is not None and stop_event.is_set()) and \
+                (max_batches is None or stats.batches < max_batches):
+            telemetry.tick()
+            telemetry.check_stop()
+            for calls in flight.finish(wait=flight.full, on_wait=telemetry.tick):
+                if calls:
+                    telemetry.step_metrics = calls
+            dead_before = source.dead_lettered
+            records = source.poll(scfg.poll_timeout_s if not flight.batches else 0.05, max_records=scfg.batch_size)
+            send_notices(source, sink, transport.names.scored, transport.instance_id)
+            if records:
+                flight.submit(records)
+                telemetry.tokens(sum(r.value.response_length for r in records))
+            if records or source.dead_lettered > dead_before:
+                stats.batches += 1
+                telemetry.set_step(stats.batches)
+            if not records and not flight.batches and sink.pending:  # edge dead letters of an empty poll
+                sink.flush()
+                stats.commits += int(source.commit())
+        while flight.batches:  # what was polled is scored, sent and committed
+            flight.finish(wait=True, on_wait=telemetry.tick)
+    except Exception as exc:
+        telemetry.error(type(exc).__name__)
+        raise
+    finally:
+        flight.close()
+        _close(telemetry, source, sink, scoring, transport, deps)
     return stats
 
 
@@ -175,6 +289,12 @@ def score_and_send(records: Sequence[Consumed], source: Source, sink: Sink, scor
     Returns the batch's reward-call metrics (``rewards/<reward>/<data_source>/...``)."""
     with source.process_span("score-batch", records, {"stream_rl.batch_size": len(records)}):
         outputs = score_rollouts([record.value for record in records], scoring, on_wait=on_wait)
+    return send_outputs(records, outputs, source, sink, scored_topic, scoring, stats, consumer_id)
+
+
+def send_outputs(records: Sequence[Consumed], outputs: Sequence, source: Source, sink: Sink, scored_topic: str,
+                 scoring: Scoring, stats: ScorerStats, consumer_id: str) -> dict[str, float]:
+    """Send each scored output of ``records`` (or its dead letter and group notice); the reward-call metrics."""
     sent = list(outputs)  # what became of each rollout: the batch log counts a RecordTooLarge as rejected
     for i, (record, result) in enumerate(zip(records, outputs, strict=True)):
         with source.process_span("score", [record]):  # child of this rollout's trace

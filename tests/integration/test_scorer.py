@@ -205,3 +205,34 @@ def test_score_max_batches_counts_a_batch_of_dead_letters_only(make_config, brok
     assert result.returncode == 0, result.stderr
     letters = read_records(t, t.names.dlq, "dead_letter")
     assert len(letters) == 3 and {d.value.source_offset for d in letters} == {0, 1, 2}
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("in_flight", [1, 3])
+def test_batches_in_flight_overlap_slow_reward_calls_and_commit_in_poll_order(make_config, in_flight):
+    from support import slow_rewards
+
+    cfg = make_config()
+    t = Transport(cfg, "test")
+    t.ensure_topics()
+    rollouts = group_rollouts(0, 6)  # 24 rollouts: 6 batches of 4, one 0.4 s reward call each
+    send_rollouts(t, rollouts)
+    slow_rewards.OVERLAP.now = slow_rewards.OVERLAP.peak = 0
+    scfg = ScorerConfig(reward_fn="support.slow_rewards:slow_batch", batch_size=4, poll_timeout_s=0.3,
+                        batches_in_flight=in_flight)
+    scorer = ScorerThread(cfg, scfg)
+    wait_for(lambda: caught_up(t, t.names.group("scorers"), t.names.rollouts), "the scorers' commits at the end of "
+             "every partition", 60, watch=[scorer])
+    stats = scorer.finish()
+    scored = read_records(t, t.names.scored, "scored_rollout")
+    assert sorted(s.value.rollout_id for s in scored) == sorted(r.rollout_id for r in rollouts)  # once each
+    assert stats.scored == 24 and stats.rejected == 0 and stats.lost_commits == 0
+    assert all(s.value.reward == (1.0 if s.value.rollout.sample_index % 2 == 0 else 0.0) for s in scored)
+    # one batch's calls at a time, or several batches' calls overlapping (the scorer polls while they run)
+    assert slow_rewards.OVERLAP.peak == 1 if in_flight == 1 else slow_rewards.OVERLAP.peak >= 2
+    # sent in poll order: within a partition, scored records follow their rollouts' order
+    order = {r.rollout_id: i for i, r in enumerate(rollouts)}
+    by_partition: dict = {}
+    for s in scored:
+        by_partition.setdefault(s.partition, []).append(order[s.value.rollout_id])
+    assert all(seq == sorted(seq) for seq in by_partition.values())

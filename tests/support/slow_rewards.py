@@ -15,3 +15,31 @@ def hang_when_asked(prompt, response, answer, metadata):
     if metadata.get("hang"):
         RELEASE.wait(60)
     return exact_match(prompt, response, answer, metadata)
+
+
+class _Overlap:
+    """Calls of :func:`slow_batch` in flight now, and the most ever at once."""
+
+    lock = threading.Lock()
+    now = 0
+    peak = 0
+
+
+OVERLAP = _Overlap
+
+
+def _slow_batch(prompts, responses, answers, metadatas):
+    """A batched reward service that takes 0.4 s per call: exact match of every rollout, counting overlap."""
+    import time
+
+    with _Overlap.lock:
+        _Overlap.now += 1
+        _Overlap.peak = max(_Overlap.peak, _Overlap.now)
+    time.sleep(0.4)
+    with _Overlap.lock:
+        _Overlap.now -= 1
+    return [exact_match(p, r, a, m) for p, r, a, m in zip(prompts, responses, answers, metadatas)]
+
+
+_slow_batch.batched = True
+slow_batch = _slow_batch

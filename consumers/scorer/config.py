@@ -32,10 +32,8 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from schemas.ids import ID_PATTERN
 from stream_rl.config.base import DEVICE_PATTERN, Section
+from stream_rl.rewards.names import DEFAULT_REWARD_FN  # declared once, in the rewards' registry
 from stream_rl.rewards.settings import CALL_PREFIX, CallPolicy, JudgeSettings, check_backoff
-
-DEFAULT_REWARD_FN = "stream_rl.demo.task:addition_reward"
-"""The built-in demo's verifier: exact answer of a two-digit addition, reward in [0, 1]."""
 
 
 class RewardTermConfig(Section):

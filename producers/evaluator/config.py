@@ -16,7 +16,8 @@ from pydantic import Field, field_validator, model_validator
 
 from schemas import ID_PATTERN
 from stream_rl.config.base import Section
-from stream_rl.evaluation.scoring import DEFAULT_REWARD_FN, check_reward_fn
+from stream_rl.evaluation.scoring import check_reward_fn
+from stream_rl.rewards.names import DEFAULT_REWARD_FN
 
 SET_NAME = r"^[A-Za-z0-9_.-]+$"
 

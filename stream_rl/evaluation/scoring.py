@@ -23,8 +23,6 @@ from stream_rl.rewards.contract import RewardFnError, RewardValueError
 from stream_rl.rewards.routing import RewardRouter, RewardRoutes, RewardTerm, UnroutedError, check_fn_name
 from stream_rl.rewards.verifiers import VERIFIERS
 
-DEFAULT_REWARD_FN = "stream_rl.demo.task:addition_reward"
-
 Reward = Callable[[str, str, "str | None", Mapping[str, str], int], float]
 """``reward(prompt, response, answer, metadata, response_length) -> float``."""
 Extract = Callable[[str], "str | None"]

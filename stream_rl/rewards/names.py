@@ -16,6 +16,10 @@ from collections.abc import Callable
 
 from stream_rl.rewards.contract import RewardFn, RewardFnError, load_reward_fn, parse_reference
 
+DEFAULT_REWARD_FN = "stream_rl.demo.task:addition_reward"
+"""The reward of the scorer and the evaluator when none is set: the built-in demo's verifier (exact answer of a
+two-digit addition, reward in [0, 1]). Declared once here; both sections take it from here."""
+
 _VERIFIERS = ("gsm8k", "math_boxed", "multiple_choice")
 _SIMPLE = ("exact_match", "contains_answer", "last_number_match")
 _SANDBOXED = ("code_tests",)

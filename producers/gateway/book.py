@@ -17,6 +17,7 @@ Guarantees:
 - A group (:func:`~producers.gateway.episodes.group_of`) is ready when ``group_size`` of its episodes are closed or
   ended and at least one ended; a group of dead-lettered episodes only is never published. A closed episode id
   takes no further call.
+- :meth:`Book.counts` counts each episode once in its current state (a record replayed twice counts once).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class Book:
     ended: dict[str, dict[str, Ended]] = field(default_factory=dict)  # group -> episode -> its calls and end
     closed: dict[str, str] = field(default_factory=dict)  # episode -> "dead_lettered" | "published"
     dead_in_group: dict[str, int] = field(default_factory=dict)
+    published: int = 0  # episodes closed as published
+    dead_lettered: int = 0  # episodes closed as dead-lettered
 
     def state(self, episode_id: str) -> str:
         """``new``, ``open``, ``ended``, ``dead_lettered`` or ``published``."""
@@ -79,12 +82,19 @@ class Book:
             self.open.pop(episode_id, None)
             if self.closed.get(episode_id) != "dead_lettered":  # a record replayed twice counts once
                 self.dead_in_group[group] = self.dead_in_group.get(group, 0) + 1
+                self.dead_lettered += 1
             self.closed[episode_id] = "dead_lettered"
         else:  # published
             self.ended.get(group, {}).pop(episode_id, None)
             if not self.ended.get(group, True):
                 del self.ended[group]
+            self.published += self.closed.get(episode_id) != "published"
             self.closed[episode_id] = "published"
+
+    def counts(self) -> dict[str, int]:
+        """Episodes by state: ``open``, ``ended`` (waiting for their group), ``published``, ``dead_lettered``."""
+        return {"open": len(self.open), "ended": sum(len(group) for group in self.ended.values()),
+                "published": self.published, "dead_lettered": self.dead_lettered}
 
     def idle(self, now: float, timeout_s: float) -> list[str]:
         """Open episodes whose last call is older than ``timeout_s`` at ``now`` (Unix time)."""

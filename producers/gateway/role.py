@@ -5,12 +5,15 @@ Consumes: the shared sections (``kafka``, ``topics``, ``weights``, ``data``: the
 section and the ``producer`` section (engine, model, sampling, token budget, ``follow_weights``); the run's gateway
 topic at start-up (its calls and episode states) and the weights topic (new policy versions).
 Produces: the HTTP endpoints of :mod:`producers.gateway.server`; records on the gateway topic, rollouts on the
-rollouts topic, dead letters on the dlq topic (:mod:`producers.gateway.service`).
+rollouts topic, dead letters on the dlq topic (:mod:`producers.gateway.service`); heartbeats of role ``gateway``
+on the status topic (:class:`~stream_rl.telemetry.role.RoleTelemetry`: version = the policy's, step = calls
+answered, metrics = :meth:`~producers.gateway.service.Gateway.metrics` and ``gateway/dropped_clients``, the
+clients cut off or gone), which ``stream-rl status`` shows as its gateways table.
 
 One life::
 
     ensure topics ─► engine (catch up with the newest weights) ─► replay the gateway topic (book rebuilt, complete
-    groups published) ─► serve ─► every sweep_interval_s: dead-letter idle episodes
+    groups published) ─► serve ─► every sweep_interval_s: dead-letter idle episodes, update the heartbeat's counters
                                  every weights_check_s:  newer verified weights loaded (between calls, under the lock)
 
 Guarantees: the gateway serves only after the replay, so a restart re-opens every open episode before its agent's
@@ -50,6 +53,7 @@ def run_gateway(shared: SharedConfig, gcfg: GatewayConfig, pcfg: ProducerConfig,
                 stop_event: threading.Event | None = None, *, deps: GatewayDeps | None = None) -> Gateway:
     """Serve until ``stop_event`` is set; returns the gateway (its book, for the caller's summary)."""
     from producers.engines import build_engine
+    from stream_rl.telemetry.role import RoleTelemetry
     from stream_rl.transport.client import Transport
 
     deps = deps or GatewayDeps()
@@ -60,6 +64,7 @@ def run_gateway(shared: SharedConfig, gcfg: GatewayConfig, pcfg: ProducerConfig,
     engine = deps.engine if deps.engine is not None else build_engine(pcfg)
     sink = transport.sink()
     follower = make_follower(transport, shared.weights, pcfg, engine, ProducerStats())
+    telemetry = RoleTelemetry(shared, "gateway", transport)  # heartbeats (stream-rl status)
     server = None
     try:
         gateway = _gateway(engine, sink, transport, topic, shared, gcfg, pcfg)
@@ -69,12 +74,13 @@ def run_gateway(shared: SharedConfig, gcfg: GatewayConfig, pcfg: ProducerConfig,
         server = _serve(gateway, gcfg)
         if deps.on_ready is not None:
             deps.on_ready(server)
-        _loop(gateway, follower, gcfg, stop_event)
+        telemetry.set_ready(model_loaded=True, version=engine.version)
+        _loop(gateway, follower, gcfg, stop_event, lambda: _report(telemetry, gateway, server))
     finally:
         if server is not None:
             server.shutdown()
             server.server_close()
-        for closable in (follower.receiver if follower else None, sink):
+        for closable in (follower.receiver if follower else None, sink, telemetry):
             if closable is not None:
                 closable.close()
         if deps.engine is None:
@@ -112,11 +118,23 @@ def _serve(gateway: Gateway, gcfg: GatewayConfig):
     return server
 
 
-def _loop(gateway: Gateway, follower, gcfg: GatewayConfig, stop_event: threading.Event) -> None:
-    """Sweep idle episodes and follow the weights until ``stop_event`` is set."""
+def _report(telemetry, gateway: Gateway, server) -> None:
+    """The heartbeat's state: liveness, the policy version, calls answered, the gateway's counters."""
+    metrics = {**gateway.metrics(), "gateway/dropped_clients": float(server.dropped)}
+    telemetry.step_metrics = metrics
+    telemetry.set_step(int(metrics["gateway/calls"]))
+    telemetry.set_version(gateway.engine.version)
+    telemetry.tick()
+
+
+def _loop(gateway: Gateway, follower, gcfg: GatewayConfig, stop_event: threading.Event,
+          report: Callable[[], None]) -> None:
+    """Sweep idle episodes, follow the weights and ``report`` until ``stop_event`` is set."""
     next_weights = time.monotonic() + gcfg.weights_check_s
+    report()
     while not stop_event.wait(gcfg.sweep_interval_s):
         gateway.sweep()
+        report()
         if follower is not None and time.monotonic() >= next_weights:
             with gateway.lock:  # between calls: a call's tokens all come from one version
                 follower.update()

@@ -6,7 +6,8 @@ sampling settings and token budget; requests already read by :mod:`producers.gat
 Produces: per call a :class:`~schemas.GatewayCall` on the gateway topic (key ``episode_id``) and the OpenAI
 answer; per episode end a :class:`~schemas.GatewayEpisode`; per complete group its
 :class:`~schemas.Rollout` records on the rollouts topic (key ``group_id``, where the producers' rollouts go, so the
-scorer and trainer consume them unchanged); per dead episode a :class:`~schemas.DeadLetter` on the dlq topic.
+scorer and trainer consume them unchanged); per dead episode a :class:`~schemas.DeadLetter` on the dlq topic;
+the counters its heartbeat reports (:meth:`Gateway.metrics`).
 
 Guarantees:
 - Recorded before answered: a call is answered only after its record was acknowledged by the broker (flush),
@@ -66,6 +67,7 @@ class Gateway:
         self.renderer, self.chat = renderer, chat  # stream_rl.prompts.render.ChatRenderer, producers.chat_turns
         self.book = Book(gcfg.group_size)
         self.lock = threading.Lock()
+        self.calls = self.tokens = 0  # calls answered and tokens sampled since the process started
 
     # -- calls ------------------------------------------------------------------------------------------------------
 
@@ -92,6 +94,8 @@ class Gateway:
             acks = self.sink.flush()
             where = (acks[-1].topic, acks[-1].partition, acks[-1].offset) if acks else None
             self.book.add_call(call, where)
+            self.calls += 1
+            self.tokens += len(sample.token_ids)
         usage = usage_of(len(prompt_ids), len(sample.token_ids))
         call_id = f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{episode_id}-{index}"
         if endpoint == "completion":
@@ -204,6 +208,15 @@ class Gateway:
         for episode in episodes:
             self._record(GatewayEpisode(episode_id=episode.episode_id, outcome="published", reason="",
                                         calls=len(episode.calls)))
+
+    def metrics(self) -> dict[str, float]:
+        """What the gateway's heartbeat reports: ``gateway/episodes_{open, ended, published, dead_lettered}`` (the
+        book now: replayed episodes included) and ``gateway/calls``, ``gateway/tokens`` (answered and sampled since
+        the process started)."""
+        with self.lock:
+            counts, calls, tokens = self.book.counts(), self.calls, self.tokens
+        return {**{f"gateway/episodes_{state}": float(n) for state, n in counts.items()},
+                "gateway/calls": float(calls), "gateway/tokens": float(tokens)}
 
     # -- restart ----------------------------------------------------------------------------------------------------
 

@@ -191,6 +191,8 @@ def _render(snap: dict[str, Any]):
         parts.append(_servers_table(snap["servers"]))
     if snap.get("environments"):
         parts.append(_environments_table(snap["environments"]))
+    if snap.get("gateways"):
+        parts.append(_gateways_table(snap["gateways"]))
     if snap.get("evaluation"):
         ev = snap["evaluation"]
         evals = Table(title=f"last evaluation: v{ev['version']} (step {ev['step']})")
@@ -255,6 +257,24 @@ def _environments_table(environments: dict[str, dict[str, float]]):
         for name in dict.fromkeys(key.split("/")[1] for key in values):
             table.add_row(instance, name, *(f"{values.get(f'env/{name}/{k}', float('nan')):.0f}"
                                             for k in ("ok", "failed", "timed_out", "refilled")))
+    return table
+
+
+_GATEWAY_COLUMNS = (("open", "episodes_open"), ("ended", "episodes_ended"), ("published", "episodes_published"),
+                    ("dead-lettered", "episodes_dead_lettered"), ("calls", "calls"), ("tokens", "tokens"),
+                    ("dropped clients", "dropped_clients"))
+
+
+def _gateways_table(gateways: dict[str, dict[str, float]]):
+    """One row per gateway: its episodes by state now, calls answered, tokens sampled and clients dropped since it
+    started."""
+    from rich.table import Table
+
+    table = Table(title="gateways (episodes now; calls, tokens and dropped clients since each started)")
+    for col in ("gateway", *(title for title, _ in _GATEWAY_COLUMNS)):
+        table.add_column(col)
+    for instance, values in gateways.items():
+        table.add_row(instance, *(f"{values.get(f'gateway/{key}', float('nan')):.0f}" for _, key in _GATEWAY_COLUMNS))
     return table
 
 

@@ -11,14 +11,16 @@ tables::
      "trainer_metrics": {...}, "data": {"epoch", "distinct_prompts"}, "alerts": [...], "endpoints": [...],
      "reward_calls": {scorer instance: {"rewards/<reward>/<data_source>/<metric>": value}},
      "servers": {producer instance: {"servers/<i>/<metric>": value}},
-     "environments": {producer instance: {"env/<name>/<outcome>": episodes}}}
+     "environments": {producer instance: {"env/<name>/<outcome>": episodes}},
+     "gateways": {gateway instance: {"gateway/<counter>": value}}}
 
 Guarantees:
 - Per instance only its newest heartbeat counts (by ``created_at``); an instance is ``alive`` when that heartbeat
   is at most ``MISSED_INTERVALS * interval_s`` seconds old, else ``missing``.
 - The weights version is the newest manifest's; without one, the newest live trainer heartbeat's version.
   A producer's staleness is ``weights version - its heartbeat's policy_version`` (None while either is unknown);
-  an evaluator's likewise: how many versions its last evaluation is behind.
+  a gateway's likewise (the policy it samples with); an evaluator's likewise: how many versions its last
+  evaluation is behind.
 - Lag of a group's partition is ``high-water mark - committed offset`` (the whole partition when the group has
   committed nothing there yet); high-water marks come from fetch responses, never ListOffsets.
 - An alert is open when the newest transition of its ``(instance_id, name)`` is ``firing``.
@@ -70,7 +72,7 @@ def role_rows(latest: Mapping[str, Any], now: float, version: int | None) -> lis
     """One row per instance, sorted by (role, instance id); producers and evaluators get their staleness."""
     rows = []
     for hb in sorted(latest.values(), key=lambda h: (h.role, h.instance_id)):
-        stale = (version - hb.policy_version if hb.role in ("producer", "evaluator") and version is not None
+        stale = (version - hb.policy_version if hb.role in ("producer", "gateway", "evaluator") and version is not None
                  and hb.policy_version >= 0 else None)
         rows.append({"role": hb.role, "instance_id": hb.instance_id, "host": hb.host, "pid": hb.pid,
                      "status": "alive" if is_alive(hb, now) else "missing", "state": hb.state,
@@ -152,6 +154,14 @@ def environments(latest: Mapping[str, Any]) -> dict[str, dict[str, float]]:
             if hb.role == "producer" and any(k.startswith("env/") for k in hb.metrics)}
 
 
+def gateways(latest: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """Per gateway instance, its counters from its newest heartbeat (``gateway/episodes_{open, ended, published,
+    dead_lettered}`` now, ``gateway/{calls, tokens, dropped_clients}`` since it started), finite only."""
+    return {hb.instance_id: {k: v for k, v in sorted(hb.metrics.items())
+                             if k.startswith("gateway/") and isinstance(v, (int, float)) and math.isfinite(v)}
+            for hb in sorted(latest.values(), key=lambda h: h.instance_id) if hb.role == "gateway"}
+
+
 def data_progress(metrics: Mapping[str, float]) -> dict[str, int | None]:
     """The trainer's ``data/epoch`` (highest epoch trained, 0-based) and ``data/distinct_prompts`` (prompt ids
     trained at least once) from its last metrics; None where the trainer does not report it."""
@@ -196,5 +206,5 @@ def build_snapshot(*, run: str, now: float, heartbeats: Iterable[Any], manifest:
             "lag": lag_rows(marks, committed or {}, groups or {}),
             "trainer_metrics": metrics, "data": data_progress(metrics), "alerts": open_alerts(alerts),
             "reward_calls": reward_calls(latest), "servers": inference_servers(latest),
-            "environments": environments(latest),
+            "environments": environments(latest), "gateways": gateways(latest),
             "endpoints": list(endpoints or [])}

@@ -120,9 +120,10 @@ def _calls(transport, topic: str) -> dict[str, list]:
 
 
 def test_concurrent_tool_using_agents_are_recorded_and_published_without_mixing(start):
+    from stream_rl.operator_tools.status import build_snapshot
     from stream_rl.transport.client import Transport
 
-    url, cfg, _, _ = start()
+    url, cfg, stop, thread = start()
     rewards = {"calc-a": 0.25, "calc-b": 0.75, "calc-c": 1.0}
     agents = [threading.Thread(target=_agent, args=(url, e, r)) for e, r in rewards.items()]
     for agent in agents:
@@ -151,6 +152,16 @@ def test_concurrent_tool_using_agents_are_recorded_and_published_without_mixing(
     first = json.loads(calls["calc-a"][0].messages_json)
     assert first == [{"role": "user", "content": "What is 2+3? Use the calculator."}]  # as the agent sent them
     assert json.loads(calls["calc-a"][0].tools_json) == TOOLS
+    stop.set()  # its last heartbeat ("stopping") carries the final counters; stream-rl status shows them
+    thread.join(30)
+    beats = [r.value for r in read_records(transport, transport.names.status, "heartbeat") if r.value.role == "gateway"]
+    snap = build_snapshot(run=cfg.topics.run, now=beats[-1].created_at, heartbeats=beats, manifest=None, marks={})
+    tokens = float(sum(len(c.response_token_ids) for cs in calls.values() for c in cs))
+    assert snap["gateways"][beats[-1].instance_id] == {
+        "gateway/calls": 6.0, "gateway/dropped_clients": 0.0, "gateway/episodes_dead_lettered": 0.0,
+        "gateway/episodes_ended": 0.0, "gateway/episodes_open": 0.0, "gateway/episodes_published": 3.0,
+        "gateway/tokens": tokens}
+    assert beats[-1].state == "stopping" and beats[-1].step == 6
 
 
 def test_streaming_and_bad_requests_are_refused_with_openai_errors_naming_why(start):

@@ -118,6 +118,11 @@ def test_status_once_json_reads_the_run_topics(make_config, run_name, broker):
                                          ("scorer", "scorer-s1", 4, 1.0), ("producer", "producer-gone", 1, 60.0)):
         sink.send(transport.names.status, replace(_hb(role, instance, 0.0, version, step=9),
                                                   created_at=now - age), key=instance)
+    gateway_counts = {"gateway/episodes_open": 2.0, "gateway/episodes_ended": 1.0, "gateway/episodes_published": 5.0,
+                      "gateway/episodes_dead_lettered": 1.0, "gateway/calls": 17.0, "gateway/tokens": 340.0,
+                      "gateway/dropped_clients": 1.0}
+    sink.send(transport.names.status, replace(_hb("gateway", "gateway-g1", 0.0, 3, step=17, metrics={
+        **gateway_counts, "loop/tick_age_s": 0.1}), created_at=now - 1.0), key="gateway-g1")
     manifest, _ = samples.weights(version=4)
     sink.send(transport.names.weights, replace(manifest, created_at=now), key="4")
     sink.send(transport.names.alerts, replace(_alert("consumer_lag", "firing", now - 3), instance_id="trainer-t1"))
@@ -146,9 +151,11 @@ def test_status_once_json_reads_the_run_topics(make_config, run_name, broker):
     snap = json.loads(result.stdout)
     roles = {r["instance_id"]: (r["role"], r["status"], r["staleness"]) for r in snap["roles"]}
     assert roles == {"trainer-t1": ("trainer", "alive", None), "producer-p1": ("producer", "alive", 1),
-                     "scorer-s1": ("scorer", "alive", None), "producer-gone": ("producer", "missing", 3)}
+                     "scorer-s1": ("scorer", "alive", None), "producer-gone": ("producer", "missing", 3),
+                     "gateway-g1": ("gateway", "alive", 1)}
+    assert snap["gateways"] == {"gateway-g1": gateway_counts}
     assert snap["weights"]["version"] == 4
-    assert snap["topics"]["rollouts"]["highwaters"] == [3, 2, 1] and snap["topics"]["status"]["records"] == 4
+    assert snap["topics"]["rollouts"]["highwaters"] == [3, 2, 1] and snap["topics"]["status"]["records"] == 5
     assert snap["topics"]["rollouts"]["records_per_s"] == 0.0
     assert snap["topics"]["gateway"]["partitions"] == 1 and snap["topics"]["gateway"]["records"] == 1
     lag = snap["lag"][f"{cfg.topics.prefix}.{run_name}.scorers"]
@@ -160,6 +167,8 @@ def test_status_once_json_reads_the_run_topics(make_config, run_name, broker):
                                      "--interval", "0.1"])
     assert table.exit_code == 0, table.output
     assert "producer-gone" in table.stdout and "missing" in table.stdout and "loss_nonfinite" in table.stdout
+    gateway_row = next(line for line in table.stdout.splitlines() if "gateway-g1" in line and "340" in line)
+    assert [cell.strip() for cell in gateway_row.strip(" │|").split("│")][1:] == ["2", "1", "5", "1", "17", "340", "1"]
 
 
 def test_status_exits_1_with_one_line_when_the_broker_is_unreachable(tmp_path, monkeypatch):

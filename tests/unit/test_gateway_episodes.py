@@ -124,6 +124,7 @@ def test_a_group_waits_for_its_episodes_and_a_dead_one_counts_but_is_not_trained
     book.apply(_end("solo", calls=1))
     assert book.ready_groups() == ["g", "solo"]
     assert book.open == {} and book.state("g/b") == "dead_lettered"
+    assert book.counts() == {"open": 0, "ended": 2, "published": 0, "dead_lettered": 1}  # what its heartbeat says
 
 
 def test_replaying_the_records_twice_rebuilds_the_same_book():
@@ -137,6 +138,7 @@ def test_replaying_the_records_twice_rebuilds_the_same_book():
     assert once.closed == twice.closed == {"g/a": "published"}
     assert list(once.open) == list(twice.open) == ["h/a"] and once.ended == twice.ended == {}
     assert sorted(twice.open["h/a"].calls) == [0]
+    assert once.counts() == twice.counts() == {"open": 1, "ended": 0, "published": 1, "dead_lettered": 0}
 
 
 @pytest.mark.parametrize(("body", "status", "words"), [

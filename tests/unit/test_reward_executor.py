@@ -16,8 +16,9 @@ def requests(n: int) -> list[RewardRequest]:
     return [RewardRequest(f"p{i}", f"r{i}", str(i), {"i": str(i)}) for i in range(n)]
 
 
-def _threads(prefix: str) -> int:
-    return sum(t.name.startswith(prefix) for t in threading.enumerate())
+def _threads(name: str) -> int:
+    """Live threads named exactly ``name`` (each test names its executor: other tests' threads never count)."""
+    return sum(t.name == name for t in threading.enumerate())
 
 
 def _wait(predicate, timeout_s: float = 5.0) -> bool:
@@ -29,18 +30,17 @@ def _wait(predicate, timeout_s: float = 5.0) -> bool:
 
 def test_six_rewards_share_one_loop_and_only_the_threads_they_used():
     policy = CallPolicy(timeout_s=5.0, concurrency=8, max_retries=0)
-    before_loops, before_pool = _threads("reward-calls"), _threads("reward-call")
-    with CallExecutor("reward-calls-t6") as executor:
+    with CallExecutor("reward-calls-t6") as executor:  # its loop thread: reward-calls-t6; its pool's: reward-call-t6
         callers = [RewardCaller(lambda p, r, a, m, k=k: float(k), policy, name=f"r{k}", executor=executor)
                    for k in range(6)]
         for k, caller in enumerate(callers):  # one reward at a time, as a routed batch of one data source
             assert [o.output.reward for o in caller.call(requests(16))] == [float(k)] * 16
-        assert _threads("reward-calls") - before_loops == 1  # one loop for all six (was six)
+        assert _threads("reward-calls-t6") == 1  # one loop for all six (was six)
         assert executor.pool.threads <= 8  # at most one reward's 8 calls were ever in flight (was 6 x 8 = 48)
         for caller in callers:
             caller.close()  # a shared executor outlives its callers
         assert executor.loop.is_running()
-    assert _wait(lambda: _threads("reward-call") - before_pool == 0)  # closing the executor ends them all
+    assert _wait(lambda: _threads("reward-call-t6") == 0)  # closing the executor ends them all
 
 
 def test_each_reward_keeps_its_own_bound_on_the_shared_executor():

@@ -74,6 +74,9 @@ class StepResult:
     partials: list[PartialGroup] = field(default_factory=list)
     """With ``EarlyStop.keep_partials``: the prefixes of the aborted groups (one per index of ``aborted``, in that
     order), for the caller to publish instead of re-queuing the prompts."""
+    dropped: list[Rejected] = field(default_factory=list)
+    """Inputs whose work was dropped although nothing of them is lost (a stale partial group's prefix: its prompt
+    is regenerated in ``rollouts``): the caller dead-letters each for the record (``StalePartial``)."""
 
 
 @dataclass(frozen=True)

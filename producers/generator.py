@@ -68,8 +68,9 @@ Guarantees:
   one at its next poll, or another after a rebalance) completes each cut sample from prompt + prefix on the
   weights it holds, sends the group as ordinary rollouts (prefix tokens keep their versions), flushes, then
   commits the partials' offsets: a partial group is resumed at least once and trained once. A prefix whose oldest
-  token is more than ``partial_max_lag`` versions behind is dropped as stale (logged with the reason, counted in
-  ``producer/partials_stale``) and its prompt regenerated from scratch (``attempt + 1``). A prefix too large for
+  token is more than ``partial_max_lag`` versions behind is dropped as stale (its record dead-lettered as
+  ``StalePartial`` with the reason, counted in ``producer/partials_stale``) and its prompt regenerated from scratch
+  (``attempt + 1``). A prefix too large for
   one record is not sent: its prompt is re-queued as without the setting. The failpoint
   ``producer.after_partials`` kills the process after the commit, before anything is resumed.
 - Heartbeats report the number of generated batches in ``step``.

@@ -23,8 +23,8 @@ Guarantees:
   longer than an uncut one. Resumed groups run to their end (they are never cut again: ``cuts`` stays 1).
 - Bounded staleness (:func:`stale_reason`): a partial group whose oldest prefix token is more than
   ``producer.partial_max_lag`` versions behind the weights held is not resumed: it is dropped with the reason
-  (``StepResult.metrics["producer/partials_stale"]`` and a log line) and its prompt regenerated from scratch with
-  ``attempt + 1``, so nothing is lost.
+  (``StepResult.dropped``, which the producer dead-letters as ``StalePartial``; ``producer/partials_stale`` and a
+  log line) and its prompt regenerated from scratch with ``attempt + 1``, so nothing is lost.
 - Resumption is plain continuation from token ids (``engine.generate`` with ``n = 1`` per cut sample), so any
   engine resumes: hf, in-process vLLM and servers (tested on each). The hf and in-process vLLM engines cut (their
   decode loops stop the tail: ``on_cut``); a server fleet's requests run to their end.
@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from producers.engines.base import SEED_MODULUS, GenerationEngine, Sample, Sampling
-from producers.generate import StepResult, _metrics, _rollout, produce_rollouts
+from producers.generate import Rejected, StepResult, _metrics, _rollout, produce_rollouts
 from schemas import PartialGroup, Prompt, Rollout
 
 log = logging.getLogger(__name__)
@@ -111,14 +111,15 @@ def resume_partials(partials: Sequence[PartialGroup], engine: GenerationEngine, 
     ``partials_resumed``, ``partials_stale``, ``partials_kept_tokens`` (prefix tokens kept) and
     ``partials_new_tokens`` (tokens generated to complete them)."""
     started, version = clock(), engine.version
-    fresh, stale = [], []
-    for partial in partials:
+    fresh, stale, dropped = [], [], []
+    for index, partial in enumerate(partials):
         reason = stale_reason(partial, version, max_lag)
         if reason is None:
             fresh.append(partial)
         else:
             log.warning("dropped the partial group %s as stale: %s; its prompt is regenerated from scratch",
                         partial.group_id, reason)
+            dropped.append(Rejected(index, f"stale partial group: {reason}; its prompt is regenerated from scratch"))
             stale.append(dataclasses.replace(partial.prompt, attempt=partial.prompt.attempt + 1,  # the group's size
                                              group_size=int(partial.sample_lengths.shape[0])))
     t0 = time.perf_counter()
@@ -143,7 +144,7 @@ def resume_partials(partials: Sequence[PartialGroup], engine: GenerationEngine, 
                "producer/partials_new_tokens": float(sum(r.response_length for r in rollouts) - kept)}
     where = [i for i, p in enumerate(partials) if stale_reason(p, version, max_lag) is not None]
     rejected = [dataclasses.replace(r, index=where[r.index]) for r in redone.rejected]  # index into `partials`
-    return StepResult(all_rollouts, rejected, metrics)
+    return StepResult(all_rollouts, rejected, metrics, dropped=dropped)
 
 
 def _continue(partials: Sequence[PartialGroup], engine: GenerationEngine, sampling: Sampling, max_new_tokens: int,

@@ -89,4 +89,6 @@ def publish(result: StepResult, records, source, sink, topic: str, sent: frozens
             sink.send(topic, rollout, key=rollout.group_id)
     for rejected in result.rejected:  # none after check_prompts; kept so no prompt is ever silently dropped
         dead_letter(source, records[rejected.index], rejected.reason)
+    for dropped in result.dropped:  # work dropped, its input regenerated: on record all the same
+        dead_letter(source, records[dropped.index], dropped.reason, "StalePartial")
     sink.flush()

@@ -103,6 +103,34 @@ def test_a_stale_partial_is_dropped_and_its_prompt_regenerated_from_scratch():
     assert [r.response_token_ids.tolist() for r in result.rollouts] == [[10, 2], [10, 2]]
     assert all(r.attempt == 2 and r.token_policy_versions.tolist() == [7, 7] for r in result.rollouts)
     assert result.metrics["producer/partials_stale"] == 1 and result.metrics["producer/partials_resumed"] == 0
+    # the dropped prefix goes on record (the producer dead-letters it as StalePartial), naming the lag
+    assert [d.index for d in result.dropped] == [0] and result.dropped[0].reason.startswith("stale partial group: ")
+    assert result.dropped[0].reason.endswith("; its prompt is regenerated from scratch")
+
+    class Recorded:  # the transport's dead_letter, recorded (publish's collaborator, not the thing under test)
+        letters: list = []
+
+        def dead_letter(self, topic, partition, offset, key, raw, reason, error_type, headers=None):
+            self.letters.append((offset, error_type, reason))
+
+    class Acked:
+        def oversize(self, *args):
+            return None
+
+        def send(self, *args, **kw):
+            pass
+
+        def flush(self):
+            pass
+
+    from types import SimpleNamespace
+
+    from producers.publish import publish
+
+    record = SimpleNamespace(topic="partials", partition=0, offset=9, key=b"g", raw_value=b"",
+                             value=make_partial_group(), headers=[])
+    publish(result, [record], Recorded(), Acked(), "rollouts", group_of=lambda r: r.value.group_id)
+    assert Recorded.letters == [(9, "StalePartial", result.dropped[0].reason)]
 
 
 def test_a_cut_sample_with_no_budget_left_is_kept_as_it_is():

@@ -27,7 +27,6 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from stream_rl.algorithms import catalogue as cat
-from stream_rl.algorithms.spec import LossSettings
 from stream_rl.config.base import DEVICE_PATTERN, Section
 
 # The choices and per-kind defaults are the catalogue's (stream_rl/algorithms/catalogue.py, torch-free): declared
@@ -62,6 +61,11 @@ class OverlongConfig(Section):
             raise ValueError(f"buffer={self.buffer} > max_len={self.max_len}: the penalty's ramp must fit in the "
                              f"length budget")
         return self
+
+
+def _defaults_text(name: str) -> str:
+    """``'0.2 for ppo, 0.0003 for gspo, ...'``: a loss knob's per-kind defaults, from the catalogue."""
+    return ", ".join(f"{row_defaults[name]} for {kind}" for kind, row_defaults in LOSS_DEFAULTS.items())
 
 
 class KLConfig(Section):
@@ -103,11 +107,41 @@ class KLConfig(Section):
         return self
 
 
-class LossConfig(Section, LossSettings):
-    """The policy loss of ``stream_rl.algorithms.policy_loss`` (its ``LossSpec``) and its off-policy correction.
+class LossConfig(Section):
+    """The policy loss of ``stream_rl.algorithms.policy_loss`` (its ``LossSpec``) and its off-policy correction."""
 
-    Its fields, defaults, bounds and checks are the core's :class:`stream_rl.algorithms.spec.LossSettings`,
-    declared there once; the update builds its frozen ``LossSpec`` from this section (``LossSpec.from_config``)."""
+    kind: Literal[cat.LOSS_KIND_NAMES] = Field(  # type: ignore[valid-type]
+        "ppo", description="policy-loss kind (stream_rl/algorithms/catalogue.py): " + cat.choices_text(cat.LOSS_KIND_ROWS))
+    clip_low: float | None = Field(None, gt=0.0, le=1.0, description="ratio lower clip: 1 - clip_low; None: the "
+                                   "kind's default: " + _defaults_text("clip_low"))
+    clip_high: float | None = Field(None, gt=0.0, description="ratio upper clip: 1 + clip_high (> clip_low: DAPO); "
+                                    "None: the kind's default: " + _defaults_text("clip_high"))
+    dual_clip: float | None = Field(None, gt=1.0, description="dual-clip constant c > 1 for A < 0 (ppo, gspo); "
+                                                              "None: off")
+    off_policy_correction: bool = Field(
+        True, description="multiply each token's loss by pi_prox / mu (decoupled PPO / truncated IS), with mu the "
+                          "generator's behaviour logprobs; gspo uses the sequence weight (geometric mean)")
+    is_cap: float | None = Field(5.0, gt=0.0, description="cap C on the importance weight; None: uncapped; "
+                                                        "ignored without off_policy_correction")
+    is_mode: Literal[cat.IS_MODES] = Field(  # type: ignore[valid-type]
+        "clamp", description="'clamp': min(w, C); 'mask': w = 0 where w > C")
+    agg: Literal[cat.AGG_MODES] | None = Field(  # type: ignore[valid-type]
+        None, description="loss aggregation over tokens and sequences (see docs/algorithms.md); None: the kind's "
+                          "default: " + _defaults_text("agg"))
+    max_len: int | None = Field(
+        None, ge=1, description="seq-mean-token-sum-norm (Dr. GRPO): the constant length normaliser; None: "
+                                "producer.max_new_tokens (the generation budget)")
+
+    @model_validator(mode="after")
+    def _defaults(self) -> LossConfig:
+        for name, value in LOSS_DEFAULTS[self.kind].items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        row = cat.LOSS_KINDS[self.kind]
+        if self.dual_clip is not None and "dual_clip" not in row.options:
+            raise ValueError(f"dual_clip={self.dual_clip} does not apply to kind={self.kind!r} (it uses "
+                             f"{', '.join(row.options)}): leave dual_clip unset")
+        return self
 
 
 class LoraConfig(Section):

@@ -69,10 +69,10 @@ class ForwardRecord:
         self.seen = seen.bool()
 
 
-def _is_weights(prox_logp: Tensor, sub: RolloutBatch, spec: alg.LossSpec) -> Tensor | None:
+def _is_weights(prox_logp: Tensor, sub: RolloutBatch, cfg: TrainerConfig, spec: alg.LossSpec) -> Tensor | None:
     """The policy term's importance weights ``[b, T]`` at the loss kind's level (None without off-policy
     correction)."""
-    if not spec.off_policy_correction:
+    if not cfg.loss.off_policy_correction:
         return None
     weights, _ = alg.importance_weights(prox_logp, sub.behavior_logp, sub.response_mask, is_cap=spec.is_cap,
                                         is_mode=spec.is_mode, level=spec.level)
@@ -90,13 +90,13 @@ def micro_loss(engine: TrainEngine, sub: RolloutBatch, tg: BatchTargets, idx: Te
         assert ent is not None  # entropy=True when there is a record
         record.logp[idx], record.entropy[idx], record.seen[idx] = prox.float(), ent.float(), True
     common = {"agg": spec.agg, "max_len": spec.max_len, "normaliser": normaliser}
-    behavior = sub.behavior_logp if spec.off_policy_correction else None
+    behavior = sub.behavior_logp if cfg.loss.off_policy_correction else None
     loss, metrics = alg.policy_loss(logp, prox, tg.advantages[idx], mask, spec, behavior_logp=behavior,
                                     normaliser=normaliser)
     metrics = {f"policy/{k}": v for k, v in metrics.items()}
     metrics["loss/policy"] = loss.detach()
     if cfg.kl.placement == "loss" and kl_coef > 0:
-        kl = alg.kl_loss(logp, sub.ref_logp, mask, kind=cfg.kl.kind, weights=_is_weights(prox, sub, spec),
+        kl = alg.kl_loss(logp, sub.ref_logp, mask, kind=cfg.kl.kind, weights=_is_weights(prox, sub, cfg, spec),
                          **common)
         loss = loss + kl_coef * kl
         metrics["loss/kl"] = kl.detach()

@@ -21,7 +21,7 @@ them without it; every other name is imported from its module on first use (PEP 
 from importlib import import_module
 
 from .catalogue import AGG_MODES, IS_MODES, KL_KINDS, KL_LOSS_KINDS
-from .spec import LossSettings, LossSpec
+from .spec import LossSpec
 
 _LAZY = {  # name -> module: the torch-using modules load on first access
     **dict.fromkeys(("grpo_advantages", "reinforce_pp_advantages", "rloo_advantages", "sequence_to_tokens",
@@ -60,7 +60,6 @@ __all__ = [
     "SURROGATES",
     "AdaptiveKLController",
     "FixedKLController",
-    "LossSettings",
     "LossSpec",
     "adaptive_kl_coef",
     "aggregate",

@@ -4,8 +4,8 @@ Consumes: nothing (a table of constants; imports no torch, so loading a config s
 Produces: one frozen row per choice (name, level, one-line summary, paper citation, and its defaults), and the
 name tuples the trainer's config builds its ``Literal`` choices from.
 Guarantees: each choice and each per-kind default is declared here and nowhere else: the trainer's config
-(``consumers/trainer/config.py``) takes its choices and defaults from these rows, :class:`~.spec.LossSettings` (the
-trainer's ``trainer.loss`` and :class:`~.spec.LossSpec`) resolves a loss's defaults from them, and the surrogate registry (``surrogates.py``) refuses a kind without a row here.
+(``consumers/trainer/config.py``) takes its choices and defaults from these rows, :class:`~.spec.LossSpec` resolves
+a loss's defaults from them, and the surrogate registry (``surrogates.py``) refuses a kind without a row here.
 ``tests/unit/test_catalogue.py`` checks that every row has a registered function and the config offers every row.
 
 Levels: ``"token"`` (one value per token: a per-token ratio, a per-token advantage) or ``"sequence"`` (one value per

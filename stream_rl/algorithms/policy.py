@@ -42,7 +42,7 @@ from .surrogates import MAX_LOG_RATIO, SurrogateInputs, surrogate_for
 
 POLICY_LOSS_KINDS: tuple[str, ...] = LOSS_KIND_NAMES  # the catalogue's (catalogue.py)
 POLICY_LOSS_DEFAULTS: dict[str, dict[str, float | str]] = LOSS_DEFAULTS
-DEFAULT_SPEC = LossSpec()  # ppo with its catalogue defaults (an IS cap of 5 when behavior_logp is given)
+DEFAULT_SPEC = LossSpec()  # ppo with its catalogue defaults
 
 
 def policy_loss(
@@ -59,8 +59,7 @@ def policy_loss(
     ``spec``: a :class:`~stream_rl.algorithms.spec.LossSpec` (kind, clip range, dual clip, IS cap and mode, agg,
     max_len; checked when it was built); the default is ppo with its catalogue defaults. ``behavior_logp`` switches on
     off-policy correction with weights w = pi_prox / mu at the kind's level, capped at ``spec.is_cap`` by
-    ``spec.is_mode`` (Fu et al. 2025, AReaL); without it ``spec.is_cap`` is unused, and ``behavior_logp`` with
-    ``spec.off_policy_correction`` false raises ValueError (the spec says there is no correction).
+    ``spec.is_mode`` (Fu et al. 2025, AReaL); ``spec.is_cap`` without ``behavior_logp`` raises ValueError.
     ``normaliser``: a whole batch's normaliser for a micro batch (:func:`~stream_rl.algorithms.reductions.aggregate`).
 
     ``metrics``: ``clipfrac`` (fraction of valid tokens the kind's clip acted on), ``approx_kl`` (k3 estimate of
@@ -74,9 +73,8 @@ def policy_loss(
     m = as_bool_mask(mask, logp, "logp")
     if not isinstance(spec, LossSpec):
         raise ValueError(f"spec must be a LossSpec, got {type(spec).__name__}")
-    if behavior_logp is not None and not spec.off_policy_correction:
-        raise ValueError("behavior_logp given with off_policy_correction=False: pass behavior_logp=None, or set "
-                         "off_policy_correction=True")
+    if spec.is_cap is not None and behavior_logp is None:
+        raise ValueError("is_cap needs behavior_logp: there is no importance weight to cap without it")
     surrogate = surrogate_for(spec.kind)
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     logp, prox_logp = torch.where(m, logp, zero), torch.where(m, prox_logp.detach(), zero)  # [B, T]

@@ -1,105 +1,85 @@
-"""The loss settings, declared once: every hyper-parameter of :func:`~stream_rl.algorithms.policy.policy_loss` and
-its off-policy correction, resolved and checked when built.
+"""The loss spec: every hyper-parameter of :func:`~stream_rl.algorithms.policy.policy_loss`, resolved and checked once.
 
 Consumes: a loss kind and its knobs, directly (``LossSpec(kind="gspo", agg=...)``) or from the trainer's
-``trainer.loss`` section (``consumers.trainer.config.LossConfig``, a :class:`LossSettings`:
-:meth:`LossSpec.from_config`).
-Produces: :class:`LossSettings`, the one declaration (pydantic: each field's default, bounds and description, the
-kind's defaults, the checks), and :class:`LossSpec`, its frozen form that the loss takes. ``clip_low``,
-``clip_high`` and ``agg`` hold numbers after validation (None takes the kind's defaults from the catalogue); a
-spec's ``row`` is the kind's catalogue row.
+``trainer.loss`` section (:meth:`LossSpec.from_config`).
+Produces: a frozen :class:`LossSpec` whose ``clip_low``, ``clip_high`` and ``agg`` hold numbers (None takes the
+kind's defaults from the catalogue) and whose ``row`` is the kind's catalogue row.
 Guarantees: a spec that exists is valid: an unknown kind, a bad bound, or a knob the kind does not use (``dual_clip``
-with ``cispo``) raises ValueError (pydantic's ``ValidationError``) naming the field when the spec is built, not
-inside the loss; the trainer's config refuses the same values with the same words, since it is the same
-declaration. Imports no torch.
+with ``cispo``) raises ValueError naming the field when the spec is built, not inside the loss. Imports no torch.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+from dataclasses import dataclass
+from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
-from .catalogue import (AGG_MODES, IS_MODES, LOSS_DEFAULTS, LOSS_KIND_NAMES, LOSS_KIND_ROWS, LOSS_KINDS, LossKind,
-                        choices_text, loss_kind)
-
-DEFAULT_KIND = "ppo"
+from .catalogue import AGG_MODES, IS_MODES, LossKind, loss_kind
 
 
-def _defaults_text(name: str) -> str:
-    """``'0.2 for ppo, 0.0003 for gspo, ...'``: a loss knob's per-kind defaults, from the catalogue."""
-    return ", ".join(f"{row_defaults[name]} for {kind}" for kind, row_defaults in LOSS_DEFAULTS.items())
+def _positive(value: float, name: str) -> None:
+    if not 0.0 < float(value) < math.inf:
+        raise ValueError(f"{name} must be > 0, got {value}")
 
 
-class LossSettings(BaseModel):
-    """The policy loss of ``stream_rl.algorithms.policy_loss`` (its ``LossSpec``) and its off-policy correction."""
+class LossSettings(Protocol):
+    """What :meth:`LossSpec.from_config` reads of a ``trainer.loss`` section (``consumers.trainer.config.LossConfig``;
+    the core does not import the trainer's config)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal[LOSS_KIND_NAMES] = Field(  # type: ignore[valid-type]
-        DEFAULT_KIND, description="policy-loss kind (stream_rl/algorithms/catalogue.py): "
-                                  + choices_text(LOSS_KIND_ROWS))
-    # None at construction takes the kind's catalogue default (_kind_defaults): after validation always a value
-    clip_low: float = Field(None, gt=0.0, le=1.0,  # type: ignore[assignment]
-                            description="ratio lower clip: 1 - clip_low; None: the kind's default: "
-                                        + _defaults_text("clip_low"))
-    clip_high: float = Field(None, gt=0.0, allow_inf_nan=False,  # type: ignore[assignment]
-                             description="ratio upper clip: 1 + clip_high (> clip_low: DAPO); None: the kind's "
-                                         "default: " + _defaults_text("clip_high"))
-    dual_clip: float | None = Field(None, gt=1.0, description="dual-clip constant c > 1 for A < 0 (ppo, gspo); "
-                                                              "None: off")
-    off_policy_correction: bool = Field(
-        True, description="multiply each token's loss by pi_prox / mu (decoupled PPO / truncated IS), with mu the "
-                          "generator's behaviour logprobs; gspo uses the sequence weight (geometric mean)")
-    is_cap: float | None = Field(5.0, gt=0.0, allow_inf_nan=False, description="cap C on the importance weight; "
-                                 "None: uncapped; ignored without off_policy_correction")
-    is_mode: Literal[IS_MODES] = Field(  # type: ignore[valid-type]
-        "clamp", description="'clamp': min(w, C); 'mask': w = 0 where w > C")
-    agg: Literal[AGG_MODES] = Field(  # type: ignore[valid-type]
-        None, description="loss aggregation over tokens and sequences (see docs/algorithms.md); None: the kind's "
-                          "default: " + _defaults_text("agg"))
-    max_len: int | None = Field(
-        None, ge=1, description="seq-mean-token-sum-norm (Dr. GRPO): the constant length normaliser; None: "
-                                "producer.max_new_tokens (the generation budget)")
-
-    @field_validator("kind", mode="before")
-    @classmethod
-    def _known_kind(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            loss_kind(value)  # ValueError naming the kind and the known kinds
-        return value
-
-    @model_validator(mode="before")
-    @classmethod
-    def _kind_defaults(cls, data: Any) -> Any:
-        """clip_low, clip_high and agg left out (or None) take the kind's catalogue defaults."""
-        if not isinstance(data, dict):
-            return data
-        kind = data.get("kind", DEFAULT_KIND)
-        defaults = LOSS_DEFAULTS.get(kind) if isinstance(kind, str) else None
-        if defaults is None:  # an unknown kind: the kind field says so
-            return data
-        return {**data, **{name: value for name, value in defaults.items() if data.get(name) is None}}
-
-    @model_validator(mode="after")
-    def _kind_uses_its_knobs(self) -> LossSettings:
-        row = LOSS_KINDS[self.kind]
-        if self.dual_clip is not None and "dual_clip" not in row.options:
-            raise ValueError(f"dual_clip={self.dual_clip} does not apply to kind={self.kind!r} (it uses "
-                             f"{', '.join(row.options)}): leave dual_clip unset")
-        return self
+    kind: str
+    clip_low: float | None
+    clip_high: float | None
+    dual_clip: float | None
+    off_policy_correction: bool
+    is_cap: float | None
+    is_mode: str
+    agg: str | None
+    max_len: int | None
 
 
-class LossSpec(LossSettings, frozen=True):
-    """The loss's hyper-parameters as :func:`~stream_rl.algorithms.policy.policy_loss` takes them: the fields of
-    :class:`LossSettings` (formulas: ``surrogates.py`` and docs/algorithms.md), frozen.
+@dataclass(frozen=True)
+class LossSpec:
+    """Hyper-parameters of the policy loss (formulas: ``surrogates.py`` and docs/algorithms.md).
 
     ``kind``: a loss kind of the catalogue; ``clip_low`` in (0, 1] and ``clip_high`` > 0 (the ratio's clip range
     [1 - clip_low, 1 + clip_high]); ``dual_clip`` > 1 or None; ``is_cap`` > 0 or None (cap on the off-policy
-    weight, used when ``behavior_logp`` is given) applied by ``is_mode``; ``off_policy_correction`` whether the
-    trainer gives the loss the behaviour logprobs; ``agg`` an aggregation mode; ``max_len`` the generation budget of
-    ``seq-mean-token-sum-norm``.
+    weight, which needs ``behavior_logp``) applied by ``is_mode``; ``agg`` an aggregation mode; ``max_len`` the
+    generation budget of ``seq-mean-token-sum-norm``.
     """
+
+    kind: str = "ppo"
+    # None at construction takes the kind's catalogue default (``__post_init__``): after it, always a value
+    clip_low: float = None  # type: ignore[assignment]
+    clip_high: float = None  # type: ignore[assignment]
+    dual_clip: float | None = None
+    is_cap: float | None = None
+    is_mode: str = "clamp"
+    agg: str = None  # type: ignore[assignment]
+    max_len: int | None = None
+
+    def __post_init__(self) -> None:
+        row = loss_kind(self.kind)  # ValueError naming the kind and the known kinds
+        for name in ("clip_low", "clip_high", "agg"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, getattr(row, name))
+        self._check(row)
+
+    def _check(self, row: LossKind) -> None:
+        if self.agg not in AGG_MODES:
+            raise ValueError(f"unknown agg {self.agg!r}; expected one of {', '.join(map(repr, AGG_MODES))}")
+        if self.is_mode not in IS_MODES:
+            raise ValueError(f"unknown is_mode {self.is_mode!r}; expected one of {', '.join(map(repr, IS_MODES))}")
+        if not 0.0 < float(self.clip_low) <= 1.0:
+            raise ValueError(f"clip_low must be in (0, 1], got {self.clip_low}")
+        _positive(self.clip_high, "clip_high")
+        if self.dual_clip is not None:
+            if not float(self.dual_clip) > 1.0:
+                raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
+            if "dual_clip" not in row.options:
+                raise ValueError(f"dual_clip does not apply to loss kind {row.name!r} (it uses "
+                                 f"{', '.join(row.options)}): set dual_clip to None")
+        if self.is_cap is not None:
+            _positive(self.is_cap, "is_cap")
 
     @property
     def row(self) -> LossKind:
@@ -112,6 +92,12 @@ class LossSpec(LossSettings, frozen=True):
         return self.row.level
 
     @classmethod
-    def from_config(cls, settings: LossSettings) -> LossSpec:
-        """The frozen spec of a ``trainer.loss`` section (any :class:`LossSettings`): its values as they are."""
-        return cls.model_validate(settings.model_dump())
+    def from_config(cls, loss_cfg: LossSettings) -> LossSpec:
+        """The spec of a ``trainer.loss`` section (:class:`LossSettings`): its knobs as they are, and no IS cap
+        without ``off_policy_correction`` (there is no weight to cap)."""
+        correction = bool(loss_cfg.off_policy_correction)
+        return cls(kind=loss_cfg.kind, clip_low=loss_cfg.clip_low,  # type: ignore[arg-type]  # None: the default
+                   clip_high=loss_cfg.clip_high,  # type: ignore[arg-type]
+                   dual_clip=loss_cfg.dual_clip, is_cap=loss_cfg.is_cap if correction else None,
+                   is_mode=loss_cfg.is_mode, agg=loss_cfg.agg,  # type: ignore[arg-type]
+                   max_len=loss_cfg.max_len)

@@ -256,8 +256,8 @@ def test_extreme_log_ratios_do_not_produce_nan_gradients():
 
 
 def test_bad_arguments_raise_value_errors():
-    # A bad hyper-parameter is refused when the spec is built, a bad tensor (or behaviour logprobs for a spec without
-    # off-policy correction) by policy_loss; either way one ValueError naming the argument.
+    # A bad hyper-parameter is refused when the spec is built, a bad tensor (or a cap without behaviour logprobs)
+    # by policy_loss; either way one ValueError naming the argument.
     logp, prox_logp, advantages, mask = random_case(5)
     cases = [
         ({"kind": "trpo"}, {}, "kind"),
@@ -267,7 +267,7 @@ def test_bad_arguments_raise_value_errors():
         ({"clip_low": 1.5}, {}, "clip_low"),
         ({"clip_high": -0.1}, {}, "clip_high"),
         ({"dual_clip": 1.0}, {}, "dual_clip"),
-        ({"off_policy_correction": False}, {"behavior_logp": logp}, "behavior_logp"),
+        ({"is_cap": 2.0}, {}, "behavior_logp"),
         ({"is_cap": 0.0}, {"behavior_logp": logp}, "is_cap"),
         ({}, {"behavior_logp": logp[:, :3]}, "behavior_logp"),
     ]

@@ -82,10 +82,9 @@ def test_cispo_is_selectable_in_the_config_and_its_spec_is_built_from_it():
         load(trainer__loss__kind="trpo")
 
 
-def test_the_spec_is_the_section_frozen():
+def test_the_spec_takes_no_is_cap_without_off_policy_correction():
     loss = load(trainer__loss__off_policy_correction="false").trainer.loss
-    spec = LossSpec.from_config(loss)
-    assert spec.model_dump() == loss.model_dump() and not spec.off_policy_correction  # is_cap 5.0, unused
+    assert loss.is_cap == 5.0 and LossSpec.from_config(loss).is_cap is None
     spec = LossSpec.from_config(load(trainer__loss__kind="gspo", trainer__loss__dual_clip="3").trainer.loss)
     assert (spec.kind, spec.level, spec.clip_low, spec.clip_high, spec.dual_clip) == ("gspo", "sequence", 3e-4, 4e-4,
                                                                                       3.0)

@@ -46,19 +46,3 @@ def test_the_judge_section_is_the_core_judge_settings_and_its_weight():
         JudgeSettings(base_url="http://127.0.0.1:1/v1", model="m", template="{answer}")
     with pytest.raises(ValueError, match="frozen"):
         JudgeSettings(base_url="http://127.0.0.1:1/v1", model="m", template="{response}").model = "other"
-
-
-def test_the_loss_section_and_the_loss_spec_are_one_declaration():
-    from consumers.trainer.config import LossConfig
-    from stream_rl.algorithms import LossSettings, LossSpec
-
-    assert issubclass(LossConfig, LossSettings) and issubclass(LossSpec, LossSettings)
-    assert set(LossConfig.model_fields) == set(LossSpec.model_fields) == set(LossSettings.model_fields)
-    loss = load(trainer__loss__kind="gspo", trainer__loss__is_cap="2").trainer.loss
-    spec = LossSpec.from_config(loss)
-    assert spec.model_dump() == loss.model_dump() and (spec.clip_low, spec.is_cap) == (3e-4, 2.0)
-    assert LossSpec(kind="gspo", is_cap=2.0, max_len=loss.max_len) == spec  # keyword construction, the same defaults
-    with pytest.raises(ConfigError, match=r"trainer.loss.kind: unknown loss kind 'trpo'; known kinds: ppo, gspo, cispo"):
-        load(trainer__loss__kind="trpo")
-    with pytest.raises(ValueError, match="frozen"):
-        spec.kind = "ppo"

@@ -79,31 +79,14 @@ def test_the_servers_resume_partial_groups_cut_by_the_hf_engine(engine, model_di
     """Durable partial rollouts (issue 41.2) on inference servers: prefixes cut by the hf engine's decode loop are
     continued token in, token out from prompt + prefix ids; each rollout is the prefix (its versions and logprobs)
     then the servers' continuation, whose behaviour logprobs are the policy's given the whole context."""
-    from support.producers import prompt_record
+    from support.producers import resume_hf_cuts
 
-    from producers.engines.hf import HFEngine, score_tokens
-    from producers.generate import EarlyStop, produce_rollouts
-    from producers.partials import prefixes, resume_partials
-
-    sampling = Sampling(1.0, stop_token_ids=(3, 4, 5, 6, 7))  # rows end at very different steps
-    hf = HFEngine.from_dir(model_dir)
-    kw = {"producer_id": "p0", "sampling": sampling, "max_new_tokens": 12, "seed": 3}
-    cut = produce_rollouts([prompt_record(i, group_size=3) for i in range(6)], hf,
-                           early_stop=EarlyStop(oversample=1.0, keep_partials=True), **kw)
-    assert cut.partials
-    resumed = resume_partials(cut.partials, engine, max_lag=0, **kw)
-    by_id = {r.rollout_id: r for r in resumed.rollouts}
     errors = []
-    for partial in cut.partials:
-        for i, (prefix, was_cut) in enumerate(prefixes(partial)):
-            rollout, length = by_id[f"{partial.group_id}:{i}"], len(prefix.token_ids)
-            tokens = rollout.response_token_ids.tolist()
-            assert tokens[:length] == prefix.token_ids and len(tokens) <= 12
-            assert rollout.token_policy_versions[:length].tolist() == prefix.token_versions
-            if was_cut:
-                want = score_tokens(hf.model, partial.prompt_token_ids.tolist() + prefix.token_ids,
-                                    tokens[length:], sampling)
-                errors += np.abs(np.asarray(want) - rollout.behavior_logprobs[length:]).tolist()
+    for prefix, rollout, continuation_errors in resume_hf_cuts(engine, model_dir):
+        length, tokens = len(prefix.token_ids), rollout.response_token_ids.tolist()
+        assert tokens[:length] == prefix.token_ids and len(tokens) <= 12
+        assert rollout.token_policy_versions[:length].tolist() == prefix.token_versions
+        errors += continuation_errors or []
     assert errors and max(errors) < 1e-4
 
 

@@ -114,33 +114,18 @@ def test_vllm_resumes_partial_groups_cut_by_the_hf_engine(engine, model_dir):
     """Durable partial rollouts (issue 41.2) on any engine: prefixes cut by the hf engine's decode loop are
     continued by vLLM from prompt + prefix token ids; the rollout is the prefix (its versions, its logprobs) then
     vLLM's continuation, whose behaviour logprobs are the policy's given the whole context."""
-    from producers.engines.hf import HFEngine, score_tokens
-    from producers.generate import EarlyStop, produce_rollouts
-    from producers.partials import prefixes, resume_partials
-    from support.producers import prompt_record
+    from support.producers import resume_hf_cuts
 
-    sampling = Sampling(1.0, stop_token_ids=(3, 4, 5, 6, 7))  # rows end at very different steps
-    hf = HFEngine.from_dir(model_dir)
-    kw = {"producer_id": "p0", "sampling": sampling, "max_new_tokens": 12, "seed": 3}
-    cut = produce_rollouts([prompt_record(i, group_size=3) for i in range(6)], hf,
-                           early_stop=EarlyStop(oversample=1.0, keep_partials=True), **kw)
-    assert cut.partials
-    resumed = resume_partials(cut.partials, engine, max_lag=0, **kw)
-    by_id = {r.rollout_id: r for r in resumed.rollouts}
     errors, continued = [], 0
-    for partial in cut.partials:
-        for i, (prefix, was_cut) in enumerate(prefixes(partial)):
-            rollout, length = by_id[f"{partial.group_id}:{i}"], len(prefix.token_ids)
-            tokens = rollout.response_token_ids.tolist()
-            assert tokens[:length] == prefix.token_ids and len(tokens) <= 12
-            assert rollout.behavior_logprobs[:length].tolist() == pytest.approx(prefix.logprobs)
-            versions = rollout.token_policy_versions.tolist()
-            assert versions == [0] * length + [engine.version] * (len(tokens) - length)
-            if was_cut:
-                continued += 1
-                want = score_tokens(hf.model, partial.prompt_token_ids.tolist() + prefix.token_ids,
-                                    tokens[length:], sampling)
-                errors += np.abs(np.asarray(want) - rollout.behavior_logprobs[length:]).tolist()
+    for prefix, rollout, continuation_errors in resume_hf_cuts(engine, model_dir):
+        length, tokens = len(prefix.token_ids), rollout.response_token_ids.tolist()
+        assert tokens[:length] == prefix.token_ids and len(tokens) <= 12
+        assert rollout.behavior_logprobs[:length].tolist() == pytest.approx(prefix.logprobs)
+        versions = rollout.token_policy_versions.tolist()
+        assert versions == [0] * length + [engine.version] * (len(tokens) - length)
+        if continuation_errors is not None:
+            continued += 1
+            errors += continuation_errors
     assert continued >= 1 and float(np.mean(errors)) < 1e-3
 
 

@@ -120,6 +120,37 @@ def prompt_record(i: int, epoch: int = 0, group_size: int = 3, text: str | None 
                   metadata={"task": "add"}, attempt=attempt, created_at=1000.0)
 
 
+def resume_hf_cuts(engine: GenerationEngine, model_dir: Path, budget: int = 12) -> list[tuple]:
+    """Groups cut by the hf engine (6 prompts x 3 samples, ``oversample`` 1.0, stop ids 3-7 so rows end at very
+    different steps, ``budget`` new tokens) resumed on ``engine``: one ``(prefix, rollout, errors)`` per sample,
+    ``errors`` the |hf logprob - behaviour logprob| of a cut sample's continuation (None for a sample that ended
+    before the cut). The resumption tests of each engine assert on these."""
+    from producers.engines.base import Sampling
+    from producers.engines.hf import HFEngine, score_tokens
+    from producers.generate import EarlyStop, produce_rollouts
+    from producers.partials import prefixes, resume_partials
+
+    sampling = Sampling(1.0, stop_token_ids=(3, 4, 5, 6, 7))
+    hf = HFEngine.from_dir(model_dir)
+    kw = {"producer_id": "p0", "sampling": sampling, "max_new_tokens": budget, "seed": 3}
+    cut = produce_rollouts([prompt_record(i, group_size=3) for i in range(6)], hf,
+                           early_stop=EarlyStop(oversample=1.0, keep_partials=True), **kw)
+    assert cut.partials
+    by_id = {r.rollout_id: r for r in resume_partials(cut.partials, engine, max_lag=0, **kw).rollouts}
+    out = []
+    for partial in cut.partials:
+        for i, (prefix, was_cut) in enumerate(prefixes(partial)):
+            rollout, length = by_id[f"{partial.group_id}:{i}"], len(prefix.token_ids)
+            errors = None
+            if was_cut:
+                tokens = rollout.response_token_ids.tolist()
+                want = score_tokens(hf.model, partial.prompt_token_ids.tolist() + prefix.token_ids,
+                                    tokens[length:], sampling)
+                errors = np.abs(np.asarray(want) - rollout.behavior_logprobs[length:]).tolist()
+            out.append((prefix, rollout, errors))
+    return out
+
+
 def collect(transport, topic: str, want: int, timeout_s: float = 40.0) -> list:
     """Every record of ``topic`` (decoded rollouts) once at least ``want`` are there, or at the timeout."""
     deadline = time.monotonic() + timeout_s

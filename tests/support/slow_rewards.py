@@ -17,6 +17,25 @@ def hang_when_asked(prompt, response, answer, metadata):
     return exact_match(prompt, response, answer, metadata)
 
 
+def overlap_counted(sleep_s: float):
+    """A per-rollout reward that takes ``sleep_s`` and counts its calls in flight: ``(fn, state)``, ``state["peak"]``
+    the most ever at once."""
+    import time
+
+    lock, state = threading.Lock(), {"now": 0, "peak": 0}
+
+    def reward(prompt, response, answer, metadata):
+        with lock:
+            state["now"] += 1
+            state["peak"] = max(state["peak"], state["now"])
+        time.sleep(sleep_s)
+        with lock:
+            state["now"] -= 1
+        return 1.0
+
+    return reward, state
+
+
 class _Overlap:
     """Calls of :func:`slow_batch` in flight now, and the most ever at once."""
 

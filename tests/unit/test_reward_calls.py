@@ -135,18 +135,9 @@ def test_the_pool_reuses_its_threads_and_an_abandoned_finished_job_starts_nothin
 
 
 def test_concurrency_is_bounded_and_used():
-    lock = threading.Lock()
-    state = {"now": 0, "peak": 0}
+    from support.slow_rewards import overlap_counted
 
-    def reward(prompt, response, answer, metadata):
-        with lock:
-            state["now"] += 1
-            state["peak"] = max(state["peak"], state["now"])
-        time.sleep(0.1)
-        with lock:
-            state["now"] -= 1
-        return 1.0
-
+    reward, state = overlap_counted(0.1)
     policy = CallPolicy(timeout_s=5.0, concurrency=3, max_retries=0)
     start = time.perf_counter()
     with RewardCaller(reward, policy) as caller:

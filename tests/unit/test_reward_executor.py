@@ -44,16 +44,9 @@ def test_six_rewards_share_one_loop_and_only_the_threads_they_used():
 
 
 def test_each_reward_keeps_its_own_bound_on_the_shared_executor():
-    lock, state = threading.Lock(), {"now": 0, "peak": 0}
+    from support.slow_rewards import overlap_counted
 
-    def counted(prompt, response, answer, metadata):
-        with lock:
-            state["now"] += 1
-            state["peak"] = max(state["peak"], state["now"])
-        time.sleep(0.02)
-        with lock:
-            state["now"] -= 1
-        return 1.0
+    counted, state = overlap_counted(0.02)
 
     with CallExecutor("reward-calls-bound") as executor:
         caller = RewardCaller(counted, CallPolicy(timeout_s=5.0, concurrency=3, max_retries=0), executor=executor)

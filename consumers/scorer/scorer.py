@@ -181,30 +181,32 @@ class InFlight:
         self.size, self.source, self.sink, self.scored_topic = size, source, sink, scored_topic
         self.scoring, self.stats, self.consumer_id = scoring, stats, consumer_id
         self.pool = ThreadPoolExecutor(size, thread_name_prefix="score-batch")
-        self.batches: deque[tuple[list[Consumed], Future]] = deque()
+        self.batches: deque[tuple[list[Consumed], Future, float]] = deque()
 
     def submit(self, records: list[Consumed]) -> None:
         def score() -> list:
             with self.source.process_span("score-batch", records, {"stream_rl.batch_size": len(records)}):
                 return score_rollouts([record.value for record in records], self.scoring)
 
-        self.batches.append((records, self.pool.submit(score)))
+        self.batches.append((records, self.pool.submit(score), time.monotonic()))
 
     @property
     def full(self) -> bool:
         return len(self.batches) >= self.size
 
-    def finish(self, wait: bool, on_wait: Callable[[], None] | None = None) -> list[dict[str, float]]:
+    def finish(self, wait: bool, on_wait: Callable[[], None] | None = None) -> list[tuple[dict[str, float], float]]:
         """Send and commit the finished batches at the head, in order (``wait``: block for the oldest one first,
-        ticking ``on_wait`` about once a second); the reward-call metrics of each batch sent."""
+        ticking ``on_wait`` about once a second); for each batch sent, its reward-call metrics and its seconds
+        from submission to sent (the ``score`` stage: scoring, any wait for an earlier batch, and the sends)."""
         done = []
         while self.batches and (wait or self.batches[0][1].done()):
-            records, future = self.batches[0]
+            records, future, submitted = self.batches[0]
             while not future.done():
                 _wait_for(future, on_wait)
             self.batches.popleft()
-            done.append(send_outputs(records, future.result(), self.source, self.sink, self.scored_topic,
-                                     self.scoring, self.stats, self.consumer_id))
+            calls = send_outputs(records, future.result(), self.source, self.sink, self.scored_topic,
+                                 self.scoring, self.stats, self.consumer_id)
+            done.append((calls, time.monotonic() - submitted))
             self.sink.flush()
             committed = self.source.commit(next_offsets(records))
             self.stats.commits += int(committed)
@@ -243,9 +245,7 @@ def _run_in_flight(scfg: ScorerConfig, source: Source, sink: Sink, transport: Tr
                 (max_batches is None or stats.batches < max_batches):
             telemetry.tick()
             telemetry.check_stop()
-            for calls in flight.finish(wait=flight.full, on_wait=telemetry.tick):
-                if calls:
-                    telemetry.step_metrics = calls
+            _record(telemetry, flight.finish(wait=flight.full, on_wait=telemetry.tick))
             dead_before = source.dead_lettered
             records = source.poll(scfg.poll_timeout_s if not flight.batches else 0.05, max_records=scfg.batch_size)
             send_notices(source, sink, transport.names.scored, transport.instance_id)
@@ -259,7 +259,7 @@ def _run_in_flight(scfg: ScorerConfig, source: Source, sink: Sink, transport: Tr
                 sink.flush()
                 stats.commits += int(source.commit())
         while flight.batches:  # what was polled is scored, sent and committed
-            flight.finish(wait=True, on_wait=telemetry.tick)
+            _record(telemetry, flight.finish(wait=True, on_wait=telemetry.tick))
     except Exception as exc:
         telemetry.error(type(exc).__name__)
         raise
@@ -267,6 +267,14 @@ def _run_in_flight(scfg: ScorerConfig, source: Source, sink: Sink, transport: Tr
         flight.close()
         _close(telemetry, source, sink, scoring, transport, deps)
     return stats
+
+
+def _record(telemetry, sent: Sequence[tuple[dict[str, float], float]]) -> None:
+    """Each sent batch's ``score`` stage seconds, and the last one's reward-call metrics for the heartbeats."""
+    for calls, seconds in sent:
+        telemetry.observe_seconds("score", seconds)
+        if calls:
+            telemetry.step_metrics = calls
 
 
 def _ensure_run_topics(transport: Transport) -> None:

@@ -236,3 +236,7 @@ def test_batches_in_flight_overlap_slow_reward_calls_and_commit_in_poll_order(ma
     for s in scored:
         by_partition.setdefault(s.partition, []).append(order[s.value.rollout_id])
     assert all(seq == sorted(seq) for seq in by_partition.values())
+    # one ``score`` stage timing per batch sent, in either loop
+    check_role_telemetry(cfg, t, "scorer", topic_in=t.names.rollouts, records_in=24, topic_out=t.names.scored,
+                         records_out=24, tokens=sum(r.response_length for r in rollouts), stage="score",
+                         batches=stats.batches)

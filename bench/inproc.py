@@ -116,7 +116,7 @@ class DemoLoop:
     """One run: a fresh trainer engine and HF engine from the demo policy, snapshots of the last ``lag`` versions."""
 
     def __init__(self, demo: Path, tcfg, spec: LoopSpec):
-        from consumers.scorer.rewards import load_reward_fn
+        from stream_rl.rewards.contract import load_reward_fn
         from consumers.scorer.scoring import Scoring
         from consumers.trainer.engines import TrainModule, build_engine
         from consumers.trainer.train_step import TrainState, train_step

@@ -4,7 +4,7 @@ Consumes: values from the config file, ``STREAM_RL_SCORER__*`` environment varia
 Produces: a validated :class:`ScorerConfig`.
 Guarantees: at least one reward source (a rule-based function or a reward model) is configured; a reward
 function reference is syntactically ``module:function`` (whether it imports is checked when the scorer starts,
-see :mod:`consumers.scorer.rewards`); weights are finite; ``device`` is ``auto``, ``cpu``, ``cuda`` or ``cuda:N``
+see :mod:`stream_rl.rewards.contract`); weights are finite; ``device`` is ``auto``, ``cpu``, ``cuda`` or ``cuda:N``
 (whether that CUDA device exists is checked when the models load, see :mod:`stream_rl.models.devices`). The
 removed ``half_precision`` is refused with its replacement (``dtype``). Nothing heavy is imported here.
 
@@ -26,65 +26,14 @@ and ``reward_fn`` left out, ``reward_fn`` is None and ``reward_fn_weight`` is un
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from schemas.ids import ID_PATTERN
 from stream_rl.config.base import DEVICE_PATTERN, Section
 from stream_rl.rewards.names import DEFAULT_REWARD_FN  # declared once, in the rewards' registry
-from stream_rl.rewards.settings import CALL_PREFIX, CallPolicy, JudgeSettings, check_backoff
-
-
-class RewardTermConfig(Section):
-    """One reward function of a route and its weight."""
-
-    fn: str = Field(min_length=1, max_length=300,
-                    description="a built-in verifier (gsm8k, math_boxed, multiple_choice) or 'package.module:function'")
-    weight: float = Field(1.0, allow_inf_nan=False, ge=-1e6, le=1e6,
-                          description="weight of this function's reward in the sum; non-zero")
-
-    @field_validator("fn")
-    @classmethod
-    def _known_fn(cls, value: str) -> str:
-        from stream_rl.rewards.routing import check_fn_name
-
-        return check_fn_name(value)  # RewardFnError (a ValueError) names what is wrong
-
-    @field_validator("weight")
-    @classmethod
-    def _non_zero(cls, value: float) -> float:
-        if value == 0:
-            raise ValueError("weight 0 adds nothing: remove the entry instead")
-        return value
-
-
-class RewardsConfig(Section):
-    """Rewards routed by a metadata value: ``routes[value]`` else ``default``; no match: dead-lettered."""
-
-    by: str = Field("data_source", min_length=1, max_length=128,
-                    description="the prompt metadata key whose value picks the route (e.g. data_source)")
-    routes: dict[str, Annotated[list[RewardTermConfig], Field(min_length=1)]] = Field(
-        default_factory=dict, max_length=10_000,
-        description="metadata value -> [{fn, weight}, ...]; each list non-empty, no function twice")
-    default: list[RewardTermConfig] | None = Field(
-        None, min_length=1, description="[{fn, weight}, ...] for a value with no route (or no such key); None: "
-                                        "such a rollout is dead-lettered with the key and value")
-
-    @model_validator(mode="after")
-    def _routes_are_usable(self) -> RewardsConfig:
-        self.to_routes()  # ValueError naming the route: empty list, a function twice, nothing routed
-        return self
-
-    def to_routes(self) -> Any:
-        """The core's :class:`stream_rl.rewards.routing.RewardRoutes` of this section."""
-        from stream_rl.rewards.routing import RewardRoutes, RewardTerm
-
-        def terms(items: list[RewardTermConfig]) -> tuple[RewardTerm, ...]:
-            return tuple(RewardTerm(t.fn, t.weight) for t in items)
-
-        return RewardRoutes(by=self.by, routes={v: terms(items) for v, items in self.routes.items()},
-                            default=None if self.default is None else terms(self.default))
+from stream_rl.rewards.settings import CALL_PREFIX, CallPolicy, JudgeSettings, RewardsConfig, check_backoff
 
 
 class JudgeConfig(Section, JudgeSettings):

@@ -39,7 +39,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from consumers.scorer.config import ScorerConfig
-from consumers.scorer.rewards import RewardFnError
+from stream_rl.rewards.contract import RewardFnError
 from consumers.scorer.scorer import ScorerStats, score_and_send, send_notices
 from consumers.scorer.scoring import Scoring, load_scoring
 from schemas import TOPIC_PATTERN

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from consumers.scorer.config import ScorerConfig
-from consumers.scorer.rewards import RewardFn
+from stream_rl.rewards.contract import RewardFn
 from schemas import ID_PATTERN, Rollout, SchemaError, ScoredRollout, validate
 from consumers.scorer.services import RewardServices, build_services, service_rewards
 from stream_rl.rewards.routing import RewardRouter, RoutedReward, resolve_fn

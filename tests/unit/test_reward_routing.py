@@ -13,13 +13,12 @@ from support.messages import rollout_for_scoring
 from support.trainer import scored
 
 from consumers.scorer.config import ScorerConfig
-from consumers.scorer.rewards import RewardFnError, RewardValueError
 from consumers.scorer.scoring import Rejected, Scoring, load_scoring, score_rollouts
 from consumers.trainer.rollout_metrics import rollout_metrics, source_metrics
 from schemas import ScoredRollout
 from stream_rl.cli.config import load_config
 from stream_rl.config.base import ConfigError
-from stream_rl.rewards.contract import RewardOutput
+from stream_rl.rewards.contract import RewardFnError, RewardOutput, RewardValueError
 from stream_rl.rewards.routing import (
     RewardRouter,
     RewardRoutes,

@@ -18,7 +18,7 @@ from consumers.scorer.builtin_rewards import contains_answer, exact_match, last_
 from consumers.scorer.config import ScorerConfig
 from consumers.scorer.reference import ReferenceLogprobs
 from consumers.scorer.reward_model import RewardModelScorer
-from consumers.scorer.rewards import RewardFnError, RewardValueError, check_reward_value, load_reward_fn
+from stream_rl.rewards.contract import RewardFnError, RewardValueError, check_reward_value, load_reward_fn
 from consumers.scorer.scoring import Rejected, Scoring, load_scoring, score_rollouts
 from schemas import Rollout, ScoredRollout, validate
 

@@ -12,18 +12,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from typing import TYPE_CHECKING, Any
+
 from pydantic import Field, field_validator, model_validator
 
 from schemas import ID_PATTERN
 from stream_rl.config.base import Section
 from stream_rl.evaluation.scoring import check_reward_fn
 from stream_rl.rewards.names import DEFAULT_REWARD_FN
+from stream_rl.rewards.settings import RewardsConfig
+
+if TYPE_CHECKING:
+    from stream_rl.rewards.routing import RewardRoutes
 
 SET_NAME = r"^[A-Za-z0-9_.-]+$"
 
 
 class EvalConfig(Section):
     """``stream-rl evaluate`` (and ``run`` with an ``[eval]`` section): held-out evaluation of policy versions."""
+
+    REMOVED = {"reward_routes": "eval.reward_routes was replaced by eval.rewards, the scorer's routing shape "
+                                "(scorer.rewards): [eval.rewards] by = \"data_source\", routes = {gsm8k = "
+                                "[{fn = \"gsm8k\"}]}, default = [{fn = ...}] (docs/evaluation.md)"}
 
     sets: dict[str, Path] = Field(
         default_factory=dict, description="held-out prompt sets: name -> prompt file (any format `prompts load` "
@@ -43,13 +53,15 @@ class EvalConfig(Section):
         None, ge=1, description="evaluate at most the first this many prompts of each set (cost); None: all")
     batch_size: int = Field(64, ge=1, le=4096, description="prompts generated together in one engine call")
     seed: int = Field(0, ge=0, description="sampling seed: every version is evaluated on the same random streams")
-    reward_fn: str = Field(
+    reward_fn: str | None = Field(
         DEFAULT_REWARD_FN, description="reward of a response: a built-in verifier (gsm8k, math_boxed, "
         "multiple_choice) or 'package.module:function' with the scorer's contract fn(prompt, response, answer, "
-        "metadata) -> float | {'reward': float}; the default route when reward_routes is set")
-    reward_routes: dict[str, str] = Field(
-        default_factory=dict, description="rewards by data source, as the scorer routes them: metadata[source_key] "
-        "value -> verifier name or 'package.module:function'; other values take reward_fn")
+        "metadata) -> float | {'reward': float}; left out when rewards is set")
+    rewards: RewardsConfig | None = Field(
+        None, description="rewards routed by a metadata value, in the scorer's shape (scorer.rewards: by, routes "
+                          "value -> [{fn, weight}], default); replaces reward_fn, which must then be left out; a "
+                          "response with no route and no default counts as a reward error; None: reward_fn for "
+                          "every response")
     correct_at: float = Field(
         1.0, allow_inf_nan=False, description="a response counts as correct (pass@k, maj@k, greedy/accuracy) "
                                               "when its reward is >= this")
@@ -57,7 +69,8 @@ class EvalConfig(Section):
         None, description="answer extractor for maj@k: a verifier name (stream_rl.rewards.verifiers) or "
                           "'last_number'; None: no maj@k")
     source_key: str = Field("data_source", min_length=1, description="prompt metadata key naming its data source "
-                                                                     "(metrics per source when a set has several)")
+                                                                     "(metrics per source when a set has several; "
+                                                                     "routing is eval.rewards.by)")
     poll_timeout_s: float = Field(2.0, gt=0.0, le=600.0, description="longest wait for a new weights version")
     evaluator_id: str | None = Field(
         None, pattern=ID_PATTERN.pattern, max_length=255,
@@ -75,15 +88,33 @@ class EvalConfig(Section):
 
     @field_validator("reward_fn")
     @classmethod
-    def _reference(cls, value: str) -> str:
-        return check_reward_fn(value)
+    def _reference(cls, value: str | None) -> str | None:
+        return None if value is None else check_reward_fn(value)
 
-    @field_validator("reward_routes")
+    @model_validator(mode="before")
     @classmethod
-    def _routes(cls, value: dict[str, str]) -> dict[str, str]:
-        for source, fn in value.items():
-            check_reward_fn(fn, f"eval.reward_routes.{source}")
-        return value
+    def _rewards_replace_reward_fn(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("rewards") is not None:
+            if data.get("reward_fn") is not None:
+                raise ValueError("set eval.rewards or eval.reward_fn, not both (routes replace the single reward "
+                                 "function: route it as eval.rewards.default = [{fn = ..., weight = 1.0}])")
+            data = {**data, "reward_fn": None}
+        return data
+
+    def reward_routes(self) -> RewardRoutes:
+        """What scores a response: ``rewards``' routes, else ``reward_fn`` as the one default route."""
+        from stream_rl.evaluation.scoring import single_route
+
+        if self.rewards is not None:
+            return self.rewards.to_routes("eval.rewards")
+        assert self.reward_fn is not None  # _some_reward
+        return single_route(self.reward_fn)
+
+    @model_validator(mode="after")
+    def _some_reward(self) -> EvalConfig:
+        if self.reward_fn is None and self.rewards is None:
+            raise ValueError("eval needs a reward: set eval.reward_fn or eval.rewards")
+        return self
 
     @model_validator(mode="after")
     def _k_within_n(self) -> EvalConfig:

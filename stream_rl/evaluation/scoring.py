@@ -1,14 +1,14 @@
 """Rewards and answer extraction for held-out evaluation (core helpers: the evaluator role and the CLI use them).
 
 Consumes: ``eval.reward_fn`` (a built-in verifier's short name or ``package.module:function`` with the scorer's
-contract ``fn(prompt, response, answer, metadata) -> float | {"reward": float, ...}``), optional routes by data
-source (``eval.reward_routes``: metadata value -> function, on the metadata key ``eval.source_key``), and an
-extractor name.
+contract ``fn(prompt, response, answer, metadata) -> float | {"reward": float, ...}``) or routes in the scorer's
+one routing shape (``eval.rewards``, as ``scorer.rewards``: metadata key, value -> weighted functions, default:
+:class:`stream_rl.rewards.settings.RewardsConfig`), and an extractor name.
 Produces: a :data:`Reward` callable (one response -> a finite float) built on the scorer's own router
-(:class:`stream_rl.rewards.routing.RewardRouter`: ``reward_fn`` is the default route), and an :data:`Extract`
-callable (``text -> answer or None``) for maj@k.
+(:class:`stream_rl.rewards.routing.RewardRouter`; a single ``reward_fn`` is one default route), and an
+:data:`Extract` callable (``text -> answer or None``) for maj@k.
 Guarantees: a malformed or unimportable function fails at load with one line naming ``eval.reward_fn`` /
-``eval.reward_routes``; a response the router cannot score (the function raised or returned no finite number, or
+``eval.rewards``; a response the router cannot score (the function raised or returned no finite number, or
 no route matched) raises :class:`EvalRewardError` with the router's reason (the evaluator counts it in
 ``reward_errors`` with reward 0, it does not die on one response). Extractors: ``VERIFIERS[name].extract``
 (:mod:`stream_rl.rewards.verifiers`) or the built-in ``last_number``.
@@ -41,14 +41,14 @@ def check_reward_fn(fn: str, field: str = "eval.reward_fn") -> str:
         raise EvalRewardError(f"{field}: {exc}") from None
 
 
-def load_reward(reward_fn: str, routes: Mapping[str, str] | None = None, by: str = "data_source") -> Reward:
-    """The reward of one response: ``routes[metadata[by]]`` when routed, else ``reward_fn`` (the default route)."""
-    table = RewardRoutes(by=by, routes={value: (RewardTerm(fn),) for value, fn in (routes or {}).items()},
-                         default=(RewardTerm(reward_fn),))
+def load_reward(routes: RewardRoutes) -> Reward:
+    """The reward of one response: its route's weighted functions (:class:`RewardRoutes`, the scorer's routing:
+    ``routes[metadata[by]]``, else the default); a single ``eval.reward_fn`` is a table of one default route
+    (:func:`single_route`)."""
     try:
-        router = RewardRouter.load(table)
+        router = RewardRouter.load(routes)
     except (RewardFnError, ValueError) as exc:
-        raise EvalRewardError(f"eval.reward_fn / eval.reward_routes: {exc}") from None
+        raise EvalRewardError(f"eval.reward_fn / eval.rewards: {exc}") from None
 
     def reward(prompt: str, response: str, answer: str | None, metadata: Mapping[str, str],
                response_length: int) -> float:
@@ -59,6 +59,11 @@ def load_reward(reward_fn: str, routes: Mapping[str, str] | None = None, by: str
             raise EvalRewardError(str(exc)) from exc
 
     return reward
+
+
+def single_route(reward_fn: str) -> RewardRoutes:
+    """The routing table of one reward function for every response (``eval.reward_fn``)."""
+    return RewardRoutes(default=(RewardTerm(reward_fn),), where="eval.reward_fn")
 
 
 def last_number(text: str) -> str | None:

@@ -47,9 +47,9 @@ log = logging.getLogger(__name__)
 class UnroutedError(LookupError):
     """A rollout's metadata value has no reward route and there is no default; ``str()`` is the reason."""
 
-    def __init__(self, key: str, value: str | None, known: Sequence[str]) -> None:
+    def __init__(self, key: str, value: str | None, known: Sequence[str], where: str = "scorer.rewards") -> None:
         what = f"{key}={value!r}" if value is not None else f"no metadata {key!r}"
-        super().__init__(f"no reward route for {what} (scorer.rewards.by = {key!r}; routes: {sorted(known)}; "
+        super().__init__(f"no reward route for {what} ({where}.by = {key!r}; routes: {sorted(known)}; "
                          f"no default)")
         self.key, self.value = key, value
 
@@ -85,11 +85,13 @@ def check_terms(terms: Sequence[RewardTerm], where: str) -> tuple[RewardTerm, ..
 
 @dataclass(frozen=True)
 class RewardRoutes:
-    """``by``: the metadata key; ``routes``: its value -> terms; ``default``: terms for any other value."""
+    """``by``: the metadata key; ``routes``: its value -> terms; ``default``: terms for any other value; ``where``:
+    the setting they came from, named in the reasons (``scorer.rewards``, ``eval.rewards``)."""
 
     by: str = "data_source"
     routes: Mapping[str, tuple[RewardTerm, ...]] = field(default_factory=dict)
     default: tuple[RewardTerm, ...] | None = None
+    where: str = field(default="scorer.rewards", compare=False)
 
     def __post_init__(self) -> None:
         if not self.by:
@@ -114,7 +116,7 @@ def route(routes: RewardRoutes, metadata: Mapping[str, str]) -> tuple[RewardTerm
         return routes.routes[value]
     if routes.default is not None:
         return routes.default
-    raise UnroutedError(routes.by, value, list(routes.routes))
+    raise UnroutedError(routes.by, value, list(routes.routes), routes.where)
 
 
 def fall_through(routes: RewardRoutes, metadata: Mapping[str, str]) -> str | None:
@@ -126,7 +128,7 @@ def fall_through(routes: RewardRoutes, metadata: Mapping[str, str]) -> str | Non
         return None
     what = f"{routes.by}={value!r}" if value is not None else f"a prompt without metadata {routes.by!r}"
     default = ", ".join(t.fn for t in routes.default)
-    return (f"{what} has no reward route: scored by the default [{default}] (scorer.rewards.routes: "
+    return (f"{what} has no reward route: scored by the default [{default}] ({routes.where}.routes: "
             f"{sorted(routes.routes)})")
 
 

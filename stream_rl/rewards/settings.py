@@ -1,10 +1,15 @@
-"""The settings of reward calls and of the LLM judge, declared once (pydantic; nothing heavy is imported here).
+"""The settings of reward calls, of the LLM judge and of reward routes, declared once (pydantic; nothing heavy is
+imported here).
 
-Consumes: keyword values, from the core's callers directly (``CallPolicy(timeout_s=5.0)``) or from the scorer's
-config section, which holds the same declarations (``consumers/scorer/config.py``: ``scorer.reward_*`` are
-:class:`CallPolicy`'s fields under a ``reward_`` prefix, ``scorer.judge`` is a :class:`JudgeSettings`).
+Consumes: keyword values, from the core's callers directly (``CallPolicy(timeout_s=5.0)``) or from the roles'
+config sections, which hold the same declarations (``consumers/scorer/config.py``: ``scorer.reward_*`` are
+:class:`CallPolicy`'s fields under a ``reward_`` prefix, ``scorer.judge`` is a :class:`JudgeSettings`,
+``scorer.rewards`` a :class:`RewardsConfig`; the evaluator's ``eval.rewards`` is a :class:`RewardsConfig` too).
 Produces: :class:`CallPolicy` (deadline, concurrency, retries and backoff of every reward call, frozen) and
-:class:`JudgeSettings` (what :class:`stream_rl.rewards.judge.JudgeReward` sends and how it reads the answer).
+:class:`JudgeSettings` (what :class:`stream_rl.rewards.judge.JudgeReward` sends and how it reads the answer),
+:class:`RewardsConfig` (the one routing shape, ``scorer.rewards`` and ``eval.rewards``: the metadata key, value ->
+weighted functions, a default; :meth:`RewardsConfig.to_routes` gives the core's
+:class:`~stream_rl.rewards.routing.RewardRoutes`).
 Guarantees: each field's default, bounds and description exist here only; a value out of bounds, an unknown field,
 a backoff cap below the first backoff or a judge template with fields other than {prompt}, {response}, {reference}
 is a ValueError (pydantic's ``ValidationError``) naming the field when the object is built.
@@ -14,10 +19,15 @@ from __future__ import annotations
 
 import copy
 import string
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
+
+from stream_rl.config.base import Section
+
+if TYPE_CHECKING:
+    from stream_rl.rewards.routing import RewardRoutes
 
 TEMPLATE_FIELDS = frozenset({"prompt", "response", "reference"})
 DEFAULT_PATTERN = r"(?i)score\s*[:=]?\s*(-?\d+(?:\.\d+)?)"
@@ -102,5 +112,59 @@ class JudgeSettings(BaseModel):
         return check_template(value)
 
 
-__all__ = ["CALL_PREFIX", "DEFAULT_PATTERN", "TEMPLATE_FIELDS", "CallPolicy", "JudgeSettings", "check_backoff",
-           "check_template"]
+class RewardTermConfig(Section):
+    """One reward function of a route and its weight."""
+
+    fn: str = Field(min_length=1, max_length=300,
+                    description="a built-in verifier (gsm8k, math_boxed, multiple_choice) or 'package.module:function'")
+    weight: float = Field(1.0, allow_inf_nan=False, ge=-1e6, le=1e6,
+                          description="weight of this function's reward in the sum; non-zero")
+
+    @field_validator("fn")
+    @classmethod
+    def _known_fn(cls, value: str) -> str:
+        from stream_rl.rewards.routing import check_fn_name
+
+        return check_fn_name(value)  # RewardFnError (a ValueError) names what is wrong
+
+    @field_validator("weight")
+    @classmethod
+    def _non_zero(cls, value: float) -> float:
+        if value == 0:
+            raise ValueError("weight 0 adds nothing: remove the entry instead")
+        return value
+
+
+class RewardsConfig(Section):
+    """Rewards routed by a metadata value (``routes[value]`` else ``default``), one shape for scorer and evaluator.
+
+    ``scorer.rewards`` and ``eval.rewards`` are both this section. A value with neither a route nor a default is not
+    scored: the scorer dead-letters the rollout, the evaluator counts the response as a reward error."""
+
+    by: str = Field("data_source", min_length=1, max_length=128,
+                    description="the prompt metadata key whose value picks the route (e.g. data_source)")
+    routes: dict[str, Annotated[list[RewardTermConfig], Field(min_length=1)]] = Field(
+        default_factory=dict, max_length=10_000,
+        description="metadata value -> [{fn, weight}, ...]; each list non-empty, no function twice")
+    default: list[RewardTermConfig] | None = Field(
+        None, min_length=1, description="[{fn, weight}, ...] for a value with no route (or no such key); None: "
+                                        "such a rollout is not scored (the scorer dead-letters it with the key "
+                                        "and value)")
+
+    @model_validator(mode="after")
+    def _routes_are_usable(self) -> RewardsConfig:
+        self.to_routes()  # ValueError naming the route: empty list, a function twice, nothing routed
+        return self
+
+    def to_routes(self, where: str = "scorer.rewards") -> RewardRoutes:
+        """The core's :class:`stream_rl.rewards.routing.RewardRoutes` of this section (``where``: its setting's
+        name, for the reasons)."""
+        from stream_rl.rewards.routing import RewardRoutes, RewardTerm
+
+        def terms(items: list[RewardTermConfig]) -> tuple[RewardTerm, ...]:
+            return tuple(RewardTerm(t.fn, t.weight) for t in items)
+
+        return RewardRoutes(by=self.by, routes={v: terms(items) for v, items in self.routes.items()},
+                            default=None if self.default is None else terms(self.default), where=where)
+__all__ = ["CALL_PREFIX", "DEFAULT_PATTERN", "TEMPLATE_FIELDS", "CallPolicy", "JudgeSettings", "RewardTermConfig",
+           "RewardsConfig", "check_backoff", "check_template"]

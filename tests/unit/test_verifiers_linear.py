@@ -2,7 +2,8 @@
 characters (runs of spaces, ``123,`` chains, 20k unclosed ``\\boxed{``, nested braces, "The answer" + spaces,
 alternating end markers) each take well under a second, time grows linearly with the length (not quadratically:
 200k costs < 4x 50k), and a hypothesis property over long strings from the dangerous alphabets: every call returns
-None or a canonical string."""
+None or a canonical string. Times are this thread's CPU seconds (``time.thread_time``), so another process on the
+same cores (the suite runs on two workers) does not count: a verifier's own cost is measured, not the machine's load."""
 
 from __future__ import annotations
 
@@ -34,9 +35,9 @@ ADVERSARIAL = {  # name -> text of about n characters
 def _best_of(fn, text: str, repeats: int = 3) -> float:
     best = float("inf")
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = time.thread_time()
         fn(text)
-        best = min(best, time.perf_counter() - start)
+        best = min(best, time.thread_time() - start)
     return best
 
 
@@ -54,9 +55,9 @@ def test_score_on_adversarial_input_is_fast():
     for verifier in VERIFIERS.values():
         reference = {"gsm8k": "72", "math_boxed": "\\frac{1}{2}", "multiple_choice": "C"}[verifier.name]
         for make in ADVERSARIAL.values():
-            start = time.perf_counter()
+            start = time.thread_time()
             verifier.score(make(100_000), reference)
-            assert time.perf_counter() - start < 2.0
+            assert time.thread_time() - start < 2.0
 
 
 _PIECES = st.sampled_from([" ", "  ", "\n", "1", "23", "123,", ",", ".", "-", "$", "\\boxed{", "\\boxed ", "\\fbox{",
@@ -71,9 +72,9 @@ _CANONICAL = {"gsm8k": re.compile(r"-?\d+(?:\.\d+)?"), "multiple_choice": re.com
 def test_long_generated_inputs_return_none_or_a_canonical_string(pieces, repeat):
     text = "".join(pieces) * repeat
     for name, verifier in VERIFIERS.items():
-        start = time.perf_counter()
+        start = time.thread_time()
         got = verifier.extract(text)
-        assert time.perf_counter() - start < 2.0
+        assert time.thread_time() - start < 2.0
         if got is None:
             continue
         assert isinstance(got, str) and got

@@ -34,6 +34,10 @@ class GatewayConfig(Section):
                                    description="longest rendered prompt a call may have, in tokens")
     max_body_bytes: int = Field(1_048_576, ge=1024, le=64 * 1_048_576,
                                 description="largest request body, refused (413) before it is read")
+    max_connections: int = Field(
+        256, ge=1, le=100_000, description="connections handled at once (one thread each); one more is answered "
+        "503 at once, without a thread, and closed: an agent fleet that opens connections by the thousand cannot "
+        "exhaust the gateway's threads")
     connection_timeout_s: float = Field(
         30.0, gt=0.0, le=3600.0, description="seconds a client has to send its whole request, and again to read "
         "the whole answer; a slower one is cut off (the time a call takes to generate is not counted)")

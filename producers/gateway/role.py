@@ -112,7 +112,7 @@ def _serve(gateway: Gateway, gcfg: GatewayConfig):
     from producers.gateway.server import GatewayServer
 
     server = GatewayServer(gateway, host=gcfg.host, port=gcfg.port, max_body_bytes=gcfg.max_body_bytes,
-                           connection_timeout_s=gcfg.connection_timeout_s)
+                           connection_timeout_s=gcfg.connection_timeout_s, max_connections=gcfg.max_connections)
     threading.Thread(target=server.serve_forever, name="gateway-http", daemon=True).start()
     log.info("gateway serving %r at %s", gcfg.model_name, server.url)
     return server
@@ -120,7 +120,8 @@ def _serve(gateway: Gateway, gcfg: GatewayConfig):
 
 def _report(telemetry, gateway: Gateway, server) -> None:
     """The heartbeat's state: liveness, the policy version, calls answered, the gateway's counters."""
-    metrics = {**gateway.metrics(), "gateway/dropped_clients": float(server.dropped)}
+    metrics = {**gateway.metrics(), "gateway/dropped_clients": float(server.dropped),
+               "gateway/refused_connections": float(server.refused)}
     telemetry.step_metrics = metrics
     telemetry.set_step(int(metrics["gateway/calls"]))
     telemetry.set_version(gateway.engine.version)

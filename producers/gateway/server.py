@@ -19,7 +19,8 @@ message names what was wrong: a missing or malformed episode id, an unknown mode
 malformed messages (:mod:`producers.gateway.calls`), a body over ``gateway.max_body_bytes`` (413, refused before it
 is read), no Content-Length (411), a path that does not exist (404). An unexpected failure is a 500 with its type
 and message; the server itself never dies of a request. A client has ``gateway.connection_timeout_s`` in total to
-send its request and again to read the answer (:mod:`stream_rl.runtime.http_serving`, as the reward server): one
+send its request and again to read the answer, and at most ``gateway.max_connections`` connections are handled at
+once, one more answered 503 at once (:mod:`stream_rl.runtime.http_serving`, as the reward server): one
 that trickles its request or reads the answer a byte at a time is cut off at the deadline, one warning line and a
 count (``GatewayServer.dropped``), and holds no thread past it; the time a call takes to generate is not bounded
 by it.
@@ -48,12 +49,17 @@ class GatewayServer(BoundedServer):
 
     request_queue_size = 128
     label = "gateway"
+    cap_setting = "gateway.max_connections"
 
     def __init__(self, gateway, *, host: str, port: int, max_body_bytes: int,
-                 connection_timeout_s: float) -> None:
+                 connection_timeout_s: float, max_connections: int = 256) -> None:
         self.gateway, self.max_body_bytes = gateway, max_body_bytes
-        self.connection_timeout_s = connection_timeout_s
+        self.connection_timeout_s, self.max_connections = connection_timeout_s, max_connections
         super().__init__((host, port), _Handler)
+
+    def refusal(self, message: str) -> dict:
+        """Over ``gateway.max_connections``: an OpenAI error object, as every refusal of the gateway."""
+        return {"error": {"message": message, "type": "server_error", "param": None, "code": "too_many_connections"}}
 
     @property
     def url(self) -> str:

@@ -262,15 +262,16 @@ def _environments_table(environments: dict[str, dict[str, float]]):
 
 _GATEWAY_COLUMNS = (("open", "episodes_open"), ("ended", "episodes_ended"), ("published", "episodes_published"),
                     ("dead-lettered", "episodes_dead_lettered"), ("calls", "calls"), ("tokens", "tokens"),
-                    ("dropped clients", "dropped_clients"))
+                    ("dropped clients", "dropped_clients"), ("refused", "refused_connections"))
 
 
 def _gateways_table(gateways: dict[str, dict[str, float]]):
-    """One row per gateway: its episodes by state now, calls answered, tokens sampled and clients dropped since it
-    started."""
+    """One row per gateway: its episodes by state now, calls answered, tokens sampled, clients dropped and
+    connections refused over ``gateway.max_connections`` since it started."""
     from rich.table import Table
 
-    table = Table(title="gateways (episodes now; calls, tokens and dropped clients since each started)")
+    table = Table(title="gateways (episodes now; calls, tokens, dropped clients and refused connections since each "
+                        "started)")
     for col in ("gateway", *(title for title, _ in _GATEWAY_COLUMNS)):
         table.add_column(col)
     for instance, values in gateways.items():

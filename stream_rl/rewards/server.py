@@ -31,7 +31,6 @@ Guarantees:
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import math
 import socket
@@ -191,6 +190,7 @@ class RewardServer(BoundedServer):
 
     request_queue_size = LISTEN_BACKLOG
     label = "reward server"
+    cap_setting = "--max-connections"
 
     def __init__(self, score: BatchScore, *, name: str, host: str = "127.0.0.1", port: int = 0,
                  batch_size: int = 64, parallel: int = 1, limits: ServerLimits = ServerLimits(),
@@ -203,9 +203,8 @@ class RewardServer(BoundedServer):
         self.openrlhf_fallback = float(openrlhf_fallback)
         self.lock = threading.BoundedSemaphore(parallel)
         self.progress = ScoringProgress(limits.stuck_after_s)
-        self._connections = threading.Lock()
-        self.active = self.peak = self.refused = 0
         self.connection_timeout_s = limits.connection_timeout_s
+        self.max_connections = limits.max_connections
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         super().__init__((host, port), _Handler)
 
@@ -235,59 +234,6 @@ class RewardServer(BoundedServer):
         keep = [i for i in range(len(batch[0])) if i not in failed]
         scored = iter(self.score_all(*([column[i] for i in keep] for column in batch)) if keep else [])
         return [failed[i] if i in failed else next(scored) for i in range(len(batch[0]))]
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._connections:
-            refuse = self.active >= self.limits.max_connections
-            if refuse:
-                self.refused += 1
-            else:
-                self.active += 1
-                self.peak = max(self.peak, self.active)
-        if refuse:
-            _refuse(request, self.limits.max_connections)
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)  # a thread, which releases the slot when done
-        except Exception:
-            self._release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._release()
-
-    def connection_counts(self) -> dict[str, int]:
-        """``{"active", "peak", "refused", "dropped"}``: connections handled now, at most at once, refused over the
-        cap, and dropped by their client (or for slowness)."""
-        with self._connections:
-            return {"active": self.active, "peak": self.peak, "refused": self.refused, "dropped": self.dropped}
-
-    def _release(self) -> None:
-        with self._connections:
-            self.active -= 1
-
-
-def _refuse(request: socket.socket, cap: int) -> None:
-    """Answer 503 on a connection over the cap, without a thread (what it sent is discarded)."""
-    body = json.dumps({"error": f"the server handles {cap} connections at once (--max-connections); retry"})
-    head = (f"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
-    try:
-        request.settimeout(0)
-        while request.recv(65536):  # what has arrived, so that closing sends FIN rather than RST
-            pass
-    except OSError:
-        pass
-    try:
-        request.settimeout(1.0)
-        request.sendall((head + body).encode())
-    except OSError:  # it went away first
-        pass
-
 
 class _Refused(Exception):
     def __init__(self, status: int, reason: str) -> None:

@@ -6,7 +6,8 @@ Consumes: a socket and a deadline (:data:`WATCHDOG`); for :class:`BoundedHandler
 ``connection_timeout_s`` attribute (seconds) and, for :class:`BoundedServer`, a name for its log lines.
 Produces: :data:`WATCHDOG`, one daemon thread per process that shuts a socket down at its deadline (the reward
 client's exchanges use it too: :mod:`stream_rl.rewards.http`); :class:`BoundedHandler`, whose :meth:`send_json`
-writes one JSON answer; :class:`BoundedServer`, which counts and logs dropped clients.
+writes one JSON answer; :class:`BoundedServer`, which caps the connections handled at once and counts and logs
+dropped clients.
 
 One connection::
 
@@ -18,7 +19,8 @@ deadline the watchdog shuts the socket down, which wakes the blocked read or wri
 request, or reads the answer a byte at a time, loses its connection, not a thread for ever (a socket timeout per
 read and write alone would not bound it: each byte resets it). The time the work takes is not bounded here. A
 client that drops its connection, or is dropped, costs one warning line and a count (``dropped``), never a
-traceback.
+traceback. A connection over ``max_connections`` is answered 503 at once by the accepting thread and closed:
+a client that opens connections by the thousand costs no thread for any of them.
 """
 
 from __future__ import annotations
@@ -92,18 +94,62 @@ WATCHDOG = _Watchdog()
 
 
 class BoundedServer(ThreadingHTTPServer):
-    """A threading HTTP server whose clients lost to their own doing (reset, broken pipe, too slow) are counted in
-    ``dropped`` with one line each. Subclasses set ``label`` (the log lines' subject) and
-    ``connection_timeout_s``."""
+    """A threading HTTP server that handles at most ``max_connections`` connections at once (one more is answered
+    503 at once, without a thread, naming ``cap_setting``, and counted in ``refused``) and whose clients lost to
+    their own doing (reset, broken pipe, too slow) are counted in ``dropped`` with one line each. Subclasses set
+    ``label`` (the log lines' subject), ``cap_setting``, ``connection_timeout_s`` and ``max_connections``."""
 
     daemon_threads = True
     label = "http server"
+    cap_setting = "max_connections"
     connection_timeout_s = 30.0
+    max_connections = 128
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._drops = threading.Lock()
         self.dropped = 0
+        self._connections = threading.Lock()
+        self.active = self.peak = self.refused = 0
         super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._connections:
+            refuse = self.active >= self.max_connections
+            if refuse:
+                self.refused += 1
+            else:
+                self.active += 1
+                self.peak = max(self.peak, self.active)
+        if refuse:
+            _refuse(request, self.refusal(f"the server handles {self.max_connections} connections at once "
+                                          f"({self.cap_setting}); retry"))
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)  # a thread, which releases the slot when done
+        except Exception:
+            self._release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._release()
+
+    def refusal(self, message: str) -> Any:
+        """The JSON body of the 503 answer to a connection over the cap (subclasses give their API's error shape)."""
+        return {"error": message}
+
+    def connection_counts(self) -> dict[str, int]:
+        """``{"active", "peak", "refused", "dropped"}``: connections handled now, at most at once, refused over the
+        cap, and dropped by their client (or for slowness)."""
+        with self._connections:
+            return {"active": self.active, "peak": self.peak, "refused": self.refused, "dropped": self.dropped}
+
+    def _release(self) -> None:
+        with self._connections:
+            self.active -= 1
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that went away (reset, broken pipe, timed out) is one line; anything else a traceback."""
@@ -166,6 +212,25 @@ class BoundedHandler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(data)
             self.wfile.flush()
+
+
+def _refuse(request: socket.socket, answer: Any) -> None:
+    """Answer 503 with the JSON ``answer`` on a connection over the cap, without a thread (what it sent is
+    discarded)."""
+    body = json.dumps(answer)
+    head = (f"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+    try:
+        request.settimeout(0)
+        while request.recv(65536):  # what has arrived, so that closing sends FIN rather than RST
+            pass
+    except OSError:
+        pass
+    try:
+        request.settimeout(1.0)
+        request.sendall((head + body).encode())
+    except OSError:  # it went away first
+        pass
 
 
 def peer(client_address: Any) -> str:

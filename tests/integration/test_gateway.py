@@ -160,7 +160,7 @@ def test_concurrent_tool_using_agents_are_recorded_and_published_without_mixing(
     assert snap["gateways"][beats[-1].instance_id] == {
         "gateway/calls": 6.0, "gateway/dropped_clients": 0.0, "gateway/episodes_dead_lettered": 0.0,
         "gateway/episodes_ended": 0.0, "gateway/episodes_open": 0.0, "gateway/episodes_published": 3.0,
-        "gateway/tokens": tokens}
+        "gateway/refused_connections": 0.0, "gateway/tokens": tokens}
     assert beats[-1].state == "stopping" and beats[-1].step == 6
 
 

@@ -1,7 +1,7 @@
 """The gateway's HTTP server against clients that hold a connection: one that reads the answer in sips (each read
 well within a socket timeout, the whole answer far beyond the deadline) and one that trickles its request. Each is
 cut off at ``gateway.connection_timeout_s``, counted as dropped, and the gateway answers other clients meanwhile
-and after. The server is the real one; the gateway behind it is a stub answering at once (no model, no broker)."""
+and after; connections over ``gateway.max_connections`` are refused at once with an OpenAI error object. The server is the real one; the gateway behind it is a stub answering at once (no model, no broker)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ DEADLINE_S = 1.0
 ANSWER = {"choices": [{"message": {"role": "assistant", "content": "x" * 1_000_000}}]}  # far over socket buffers
 
 
-def _server() -> GatewayServer:
+def _server(max_connections: int = 256) -> GatewayServer:
     gateway = SimpleNamespace(gcfg=SimpleNamespace(model_name="policy"), engine=SimpleNamespace(version=0),
                               call=lambda kind, episode, body: ANSWER)
     server = GatewayServer(gateway, host="127.0.0.1", port=0, max_body_bytes=1 << 20,
-                           connection_timeout_s=DEADLINE_S)
+                           connection_timeout_s=DEADLINE_S, max_connections=max_connections)
     server.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # accepted sockets inherit it
     return server
 
@@ -77,3 +77,25 @@ def test_a_trickled_request_is_cut_off_at_the_deadline():
         assert elapsed < DEADLINE_S + 1.0
         wait_for(lambda: server.dropped == 1, "the drop to be counted", 3.0)
         assert get(f"{url}health")[0] == 200
+
+
+def test_connections_over_the_cap_are_refused_at_once_with_an_openai_error_and_the_gateway_serves_on():
+    """An agent fleet (or an attacker) holding many idle connections: 3 are handled (each until its deadline), the
+    other 9 get a 503 OpenAI error object at once, without a thread; once the idle ones are cut off, calls work."""
+    server = _server(max_connections=3)
+    with serving(server) as url:
+        idle = [connect(server.server_address) for _ in range(12)]
+        start = time.monotonic()
+        try:
+            answers = [read_until_closed(sock, max(0.05, start + 0.5 - time.monotonic())) for sock in idle]
+        finally:
+            for sock in idle:
+                sock.close()
+        refused = [data for data, closed in answers if data.startswith(b"HTTP/1.0 503 ")]
+        assert len(refused) == 9 and server.refused == 9 and server.peak == 3
+        body = json.loads(refused[0].split(b"\r\n\r\n", 1)[1])
+        assert body == {"error": {"message": "the server handles 3 connections at once (gateway.max_connections); "
+                                             "retry", "type": "server_error", "param": None,
+                                  "code": "too_many_connections"}}
+        wait_for(lambda: server.active == 0, "the idle connections to be cut off at the deadline", 3 * DEADLINE_S)
+        assert get(f"{url}health") == (200, b'{"status": "ok", "version": 0}')

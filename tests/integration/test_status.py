@@ -120,7 +120,7 @@ def test_status_once_json_reads_the_run_topics(make_config, run_name, broker):
                                                   created_at=now - age), key=instance)
     gateway_counts = {"gateway/episodes_open": 2.0, "gateway/episodes_ended": 1.0, "gateway/episodes_published": 5.0,
                       "gateway/episodes_dead_lettered": 1.0, "gateway/calls": 17.0, "gateway/tokens": 340.0,
-                      "gateway/dropped_clients": 1.0}
+                      "gateway/dropped_clients": 1.0, "gateway/refused_connections": 2.0}
     sink.send(transport.names.status, replace(_hb("gateway", "gateway-g1", 0.0, 3, step=17, metrics={
         **gateway_counts, "loop/tick_age_s": 0.1}), created_at=now - 1.0), key="gateway-g1")
     manifest, _ = samples.weights(version=4)
@@ -168,7 +168,7 @@ def test_status_once_json_reads_the_run_topics(make_config, run_name, broker):
     assert table.exit_code == 0, table.output
     assert "producer-gone" in table.stdout and "missing" in table.stdout and "loss_nonfinite" in table.stdout
     gateway_row = next(line for line in table.stdout.splitlines() if "gateway-g1" in line and "340" in line)
-    assert [cell.strip() for cell in gateway_row.strip(" │|").split("│")][1:] == ["2", "1", "5", "1", "17", "340", "1"]
+    assert [cell.strip() for cell in gateway_row.strip(" │|").split("│")][1:] == ["2", "1", "5", "1", "17", "340", "1", "2"]
 
 
 def test_status_exits_1_with_one_line_when_the_broker_is_unreachable(tmp_path, monkeypatch):

@@ -221,6 +221,11 @@ class ProducerConfig(Section):
         60.0, gt=0, description="multi-turn: deadline of each environment call (its construction and reset, each "
         "step); a call past it fails the episode's group with the reason, as an environment that raises does "
         "(producers.environment; the call's thread is abandoned). None: no deadline")
+    env_isolation: Literal["thread", "process"] = Field(
+        "thread", description="multi-turn: 'thread', each environment instance runs in the producer (a call past "
+        "env_timeout_s is abandoned on its thread); 'process', each instance runs in a child process of its own "
+        "(producers.env_process), killed at the deadline: an environment that exits, crashes, or spins without "
+        "giving back the GIL fails only its episode, not the producer (costs a process start per episode)")
     env_refills: int = Field(
         1, ge=0, le=8, description="multi-turn: times a group whose environment failed or timed out is played again "
         "from the prompt (fresh environments, a seed of its own) before its prompt is dead-lettered with the "

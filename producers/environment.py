@@ -19,7 +19,8 @@ Guarantees:
   runs in a thread of its own and a call past ``deadline_s`` raises :class:`EnvironmentTimeout` naming the call
   and the deadline; the call's thread is abandoned (a daemon: it ends on its own or with the process) and the
   producer goes on. A call that never gives back the GIL (a C extension spinning) or kills the process is beyond
-  what a thread can contain.
+  what a thread can contain: ``producer.env_isolation = "process"`` runs each instance in a child process
+  (:mod:`producers.env_process`), killed at the deadline, whose death fails only its episode.
 """
 
 from __future__ import annotations
@@ -129,6 +130,14 @@ class Guarded:
             self.env = self.make()
         return self.env
 
+    def close(self) -> None:
+        """The episode is over: end an isolated environment's process (``producer.env_isolation = "process"``);
+        an in-process environment is left to the garbage collector, as before."""
+        from producers.env_process import ProcessEnvironment
+
+        if isinstance(self.env, ProcessEnvironment):
+            self.env.close()
+
     def _call(self, call: Callable[[], Any], what: str) -> Any:
         if self.deadline_s is None:
             return call()
@@ -182,10 +191,21 @@ class EnvironmentFactory:
         return self.health.metrics(self.name)
 
 
-def load_environment(reference: str, deadline_s: float | None = None, refills: int = 0) -> EnvironmentFactory:
+def load_environment(reference: str, deadline_s: float | None = None, refills: int = 0,
+                     isolation: str = "thread") -> EnvironmentFactory:
     """A factory of fresh environments for ``reference`` (see the module docstring), each call of theirs under
-    ``deadline_s`` (None: none); a failed group is played again up to ``refills`` times."""
-    return EnvironmentFactory(_factory(reference), reference.rsplit(":", 1)[-1], deadline_s, refills)
+    ``deadline_s`` (None: none); a failed group is played again up to ``refills`` times. ``isolation``:
+    ``"thread"``, each instance in this process; ``"process"``, each instance in a child process of its own
+    (:mod:`producers.env_process`: an environment that exits, crashes or hangs without giving back the GIL fails
+    only its episode). The reference is checked here, in this process, either way."""
+    make, name = _factory(reference), reference.rsplit(":", 1)[-1]
+    if isolation == "process":
+        from producers.env_process import ProcessEnvironment
+
+        return EnvironmentFactory(lambda: ProcessEnvironment(reference, deadline_s, name), name, None, refills)
+    if isolation != "thread":
+        raise EnvironmentLoadError(f"producer.env_isolation must be 'thread' or 'process', got {isolation!r}")
+    return EnvironmentFactory(make, name, deadline_s, refills)
 
 
 def _factory(reference: str) -> Callable[[], Environment]:

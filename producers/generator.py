@@ -395,7 +395,7 @@ def _turns(pcfg: ProducerConfig, data) -> Turns | None:
     from stream_rl.prompts.templates import template_override
 
     mode = data.chat_template
-    environments = load_environment(pcfg.environment, pcfg.env_timeout_s, pcfg.env_refills)
+    environments = load_environment(pcfg.environment, pcfg.env_timeout_s, pcfg.env_refills, pcfg.env_isolation)
     return Turns(environments, pcfg.max_turns, chat_template=template_override(mode),
                  chat_template_kwargs=dict(data.chat_template_kwargs), use_chat=mode != "none")
 

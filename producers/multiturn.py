@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 
 from producers.chat_turns import ChatTurns, TemplateDriftError
 from producers.engines.base import SEED_MODULUS, GenerationEngine, Sample, Sampling
-from producers.environment import Environment, EnvironmentFactory, EnvironmentTimeout, Observation
+from producers.environment import Environment, EnvironmentFactory, EnvironmentTimeout, Guarded, Observation
 from schemas import Prompt
 from stream_rl.rewards.given import REWARD_KEY
 
@@ -185,6 +185,20 @@ def _play(engine: GenerationEngine, prompts: Sequence[Prompt], prompt_ids: Seque
           max_turns: int, chat: ChatTurns | None = None) -> list[list[Episode] | str]:
     """One play of every prompt's group (:func:`run_episodes` without refills)."""
     lives, failed = _start(prompts, prompt_ids, n, make_env, chat)
+    try:
+        return _turns(engine, prompts, prompt_ids, n, lives, failed, sampling=sampling,
+                      max_new_tokens=max_new_tokens, seed=seed, max_turns=max_turns, chat=chat)
+    finally:  # the play is over, played to the end or failed: isolated environments' processes end here
+        for group in lives:
+            for live in group:
+                if isinstance(live.env, Guarded):
+                    live.env.close()
+
+
+def _turns(engine: GenerationEngine, prompts: Sequence[Prompt], prompt_ids: Sequence[list[int]], n: int,
+           lives: list[list[_Live]], failed: dict[int, str], *, sampling: Sampling, max_new_tokens: int, seed: int,
+           max_turns: int, chat: ChatTurns | None) -> list[list[Episode] | str]:
+    """The turns of one play after :func:`_start`: the first policy turn, then environment and policy turns."""
     eot = _end_of_turn(chat, prompts, failed)
     end_id = eot if eot is not None else getattr(engine.tokenizer, "eos_token_id", None)
     sampling = turn_sampling(sampling, eot, engine.eos_token_id)

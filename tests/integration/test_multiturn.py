@@ -258,3 +258,38 @@ def test_the_producer_loop_plays_episodes_and_dead_letters_a_prompt_its_environm
         ("EnvironmentFailed", f"{failed}; its group is played again (refill 1 of 1)"), ("PromptRejected", failed)]
     assert {(d.source_topic, d.source_offset) for d in letters} == {(transport.names.prompts, 1)}
     assert stats.rejected_prompts == 1
+
+
+@pytest.mark.broker
+def test_with_process_isolation_an_environment_that_kills_its_process_fails_its_prompt_not_the_producer(
+        make_config, engine):
+    """producer.env_isolation = "process" in the producer loop: the environment exits the process it runs in on the
+    bad prompt; that prompt's group is played again, then dead-lettered, naming the exit; the good group is
+    published and the producer goes on."""
+    from support.producers import collect, send_prompts, start_generator, stop_generator
+    from support.topics import read_values
+    from support.waiting import wait_for
+
+    from producers.config import ProducerConfig
+    from stream_rl.transport.client import Transport
+
+    cfg = make_config()
+    transport = Transport(cfg, "test")
+    transport.ensure_topics()
+    pcfg = ProducerConfig(follow_weights=False, prompts_per_batch=4, max_new_tokens=14, poll_timeout_s=0.5,
+                          temperature=TEMPERATURE, environment="support.hostile_envs:CrashesOnNonAddition",
+                          max_turns=2, env_isolation="process")
+    send_prompts(transport, [episode_prompt(), Prompt(prompt_id="not-addition", epoch=0, text="1=", answer=None,
+                                                      group_size=2)])
+    thread, stop, stats, out = start_generator(cfg, pcfg, engine)
+    rollouts = [c.value for c in collect(transport, transport.names.rollouts, want=2)]
+    wait_for(lambda: stats.prompts + stats.rejected_prompts == 2,
+             'stats.prompts + stats.rejected_prompts == 2', 60.0, watch=[out])
+    stop_generator(thread, stop, out)
+    assert sorted(r.rollout_id for r in rollouts) == ["add-12-34:0:0", "add-12-34:0:1"]
+    died = ("environment failed: EnvironmentDied: environment CrashesOnNonAddition reset: its process died "
+            "(exit code 7)")
+    letters = read_values(transport, transport.names.dlq, "dead_letter")
+    assert [(d.error_type, d.reason) for d in letters] == [
+        ("EnvironmentFailed", f"{died}; its group is played again (refill 1 of 1)"), ("PromptRejected", died)]
+    assert stats.rejected_prompts == 1

@@ -5,7 +5,9 @@ Produces: a validated :class:`TrainerConfig` with the nested :class:`OverlongCon
 DAPO's other option, ``dynamic_sampling``, is a flag of the section), :class:`KLConfig`, :class:`LossConfig` and
 :class:`LoraConfig`: the whole section in one module.
 Choices and per-kind defaults (loss kinds, advantage estimators, KL estimators, aggregation and IS modes) come from
-the torch-free catalogue ``stream_rl/algorithms/catalogue.py``, where each is declared once.
+the torch-free catalogue ``stream_rl/algorithms/catalogue.py``, where each is declared once; each ``trainer.loss``
+setting's default, bounds, description and checks are the loss spec's (``stream_rl/algorithms/spec.py``, no
+pydantic), from which :class:`LossConfig` builds its fields.
 Guarantees: every field has a description and bounds; combinations that cannot work (a decaying learning-rate
 schedule without ``max_steps``, k1 as a loss term, an adaptive KL starting at 0) are rejected here, not at step
 1000; defaults that depend on another field (the GSPO clip range, the in-loss KL estimator, whitening for GAE) are
@@ -22,11 +24,12 @@ count steps.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from stream_rl.algorithms import catalogue as cat
+from stream_rl.algorithms.spec import LOSS_FIELDS, LossSpec
 from stream_rl.config.base import DEVICE_PATTERN, Section
 
 # The choices and per-kind defaults are the catalogue's (stream_rl/algorithms/catalogue.py, torch-free): declared
@@ -61,11 +64,6 @@ class OverlongConfig(Section):
             raise ValueError(f"buffer={self.buffer} > max_len={self.max_len}: the penalty's ramp must fit in the "
                              f"length budget")
         return self
-
-
-def _defaults_text(name: str) -> str:
-    """``'0.2 for ppo, 0.0003 for gspo, ...'``: a loss knob's per-kind defaults, from the catalogue."""
-    return ", ".join(f"{row_defaults[name]} for {kind}" for kind, row_defaults in LOSS_DEFAULTS.items())
 
 
 class KLConfig(Section):
@@ -107,40 +105,42 @@ class KLConfig(Section):
         return self
 
 
-class LossConfig(Section):
-    """The policy loss of ``stream_rl.algorithms.policy_loss`` (its ``LossSpec``) and its off-policy correction."""
+def _declared(name: str, **section_only: Any) -> Any:
+    """``trainer.loss.<name>`` as :class:`~stream_rl.algorithms.spec.LossSpec` declares it (its default, and its
+    description and bounds as ``Field`` keywords: ``stream_rl/algorithms/spec.py``), with ``section_only`` on top."""
+    declared = LOSS_FIELDS[name]
+    return Field(**{"default": declared.default, **declared.metadata, **section_only})
 
-    kind: Literal[cat.LOSS_KIND_NAMES] = Field(  # type: ignore[valid-type]
-        "ppo", description="policy-loss kind (stream_rl/algorithms/catalogue.py): " + cat.choices_text(cat.LOSS_KIND_ROWS))
-    clip_low: float | None = Field(None, gt=0.0, le=1.0, description="ratio lower clip: 1 - clip_low; None: the "
-                                   "kind's default: " + _defaults_text("clip_low"))
-    clip_high: float | None = Field(None, gt=0.0, description="ratio upper clip: 1 + clip_high (> clip_low: DAPO); "
-                                    "None: the kind's default: " + _defaults_text("clip_high"))
-    dual_clip: float | None = Field(None, gt=1.0, description="dual-clip constant c > 1 for A < 0 (ppo, gspo); "
-                                                              "None: off")
+
+class LossConfig(Section):
+    """The policy loss of ``stream_rl.algorithms.policy_loss`` (its ``LossSpec``) and its off-policy correction.
+
+    Every field but ``off_policy_correction`` (the trainer's own) is the spec's declaration (:func:`_declared`):
+    default, bounds and description written once, in ``stream_rl/algorithms/spec.py``; the types here are the
+    catalogue's choices. The kind's defaults and the spec's checks are the spec's too (:meth:`_as_the_spec`)."""
+
+    kind: Literal[cat.LOSS_KIND_NAMES] = _declared("kind")  # type: ignore[valid-type]
+    clip_low: float | None = _declared("clip_low")
+    clip_high: float | None = _declared("clip_high")
+    dual_clip: float | None = _declared("dual_clip")
     off_policy_correction: bool = Field(
         True, description="multiply each token's loss by pi_prox / mu (decoupled PPO / truncated IS), with mu the "
                           "generator's behaviour logprobs; gspo uses the sequence weight (geometric mean)")
-    is_cap: float | None = Field(5.0, gt=0.0, description="cap C on the importance weight; None: uncapped; "
-                                                        "ignored without off_policy_correction")
-    is_mode: Literal[cat.IS_MODES] = Field(  # type: ignore[valid-type]
-        "clamp", description="'clamp': min(w, C); 'mask': w = 0 where w > C")
-    agg: Literal[cat.AGG_MODES] | None = Field(  # type: ignore[valid-type]
-        None, description="loss aggregation over tokens and sequences (see docs/algorithms.md); None: the kind's "
-                          "default: " + _defaults_text("agg"))
-    max_len: int | None = Field(
-        None, ge=1, description="seq-mean-token-sum-norm (Dr. GRPO): the constant length normaliser; None: "
-                                "producer.max_new_tokens (the generation budget)")
+    # The one default the section does not share with a bare LossSpec (whose is_cap is None: it has no behaviour
+    # logprobs to weigh): the trainer corrects off-policy by default, so it caps the weight by default, at 5.
+    is_cap: float | None = _declared("is_cap", default=5.0)
+    is_mode: Literal[cat.IS_MODES] = _declared("is_mode")  # type: ignore[valid-type]
+    agg: Literal[cat.AGG_MODES] | None = _declared("agg")  # type: ignore[valid-type]
+    max_len: int | None = _declared("max_len")
 
     @model_validator(mode="after")
-    def _defaults(self) -> LossConfig:
-        for name, value in LOSS_DEFAULTS[self.kind].items():
+    def _as_the_spec(self) -> LossConfig:
+        """The kind's defaults for the knobs left None and every check of the spec (a knob the kind does not use),
+        by building the spec this section gives the trainer."""
+        spec = LossSpec.from_config(self)
+        for name in LOSS_DEFAULTS[self.kind]:
             if getattr(self, name) is None:
-                setattr(self, name, value)
-        row = cat.LOSS_KINDS[self.kind]
-        if self.dual_clip is not None and "dual_clip" not in row.options:
-            raise ValueError(f"dual_clip={self.dual_clip} does not apply to kind={self.kind!r} (it uses "
-                             f"{', '.join(row.options)}): leave dual_clip unset")
+                setattr(self, name, getattr(spec, name))
         return self
 
 

@@ -131,5 +131,5 @@ def test_cispo_off_policy_weight_is_per_token():
 
 
 def test_cispo_refuses_the_dual_clip_it_does_not_use():
-    with pytest.raises(ValueError, match="dual_clip does not apply to loss kind 'cispo'"):
+    with pytest.raises(ValueError, match=r"dual_clip=3\.0 does not apply to kind='cispo'"):
         LossSpec(kind="cispo", dual_clip=3.0)

@@ -4,7 +4,12 @@ field-by-field copy."""
 
 from __future__ import annotations
 
+import math
+import subprocess
+import sys
+
 import pytest
+from pydantic import Field
 
 from consumers.scorer.config import JudgeConfig, ScorerConfig
 from stream_rl.cli.config import load_config
@@ -46,3 +51,73 @@ def test_the_judge_section_is_the_core_judge_settings_and_its_weight():
         JudgeSettings(base_url="http://127.0.0.1:1/v1", model="m", template="{answer}")
     with pytest.raises(ValueError, match="frozen"):
         JudgeSettings(base_url="http://127.0.0.1:1/v1", model="m", template="{response}").model = "other"
+
+
+OUTSIDE = {"gt": lambda bound: bound, "ge": lambda bound: bound - 1, "lt": lambda bound: bound,
+           "le": lambda bound: bound + 1}
+
+
+def violating(declared) -> list[float]:
+    """One value breaking each bound of a loss setting's declaration (its metadata)."""
+    bad = [OUTSIDE[key](bound) for key, bound in declared.items() if key in OUTSIDE]
+    return bad + ([math.inf] if declared.get("allow_inf_nan") is False else [])
+
+
+def test_the_loss_section_fields_are_the_loss_spec_declarations():
+    from consumers.trainer.config import LossConfig
+    from stream_rl.algorithms.spec import LOSS_FIELDS
+
+    assert set(LossConfig.model_fields) - set(LOSS_FIELDS) == {"off_policy_correction"}  # the trainer's own
+    defaults_apart = set()
+    for name, declared in LOSS_FIELDS.items():
+        field = LossConfig.model_fields[name]
+        assert field.description is declared.metadata["description"], name  # the declaration's own text
+        assert field.metadata == Field(**declared.metadata).metadata, name  # its bounds, and no others
+        assert declared.metadata.keys() <= {"description", "gt", "ge", "lt", "le", "allow_inf_nan"}, name
+        if field.default != declared.default:
+            defaults_apart.add(name)
+    assert defaults_apart == {"is_cap"}  # the one default declared apart, on purpose (5.0: the trainer corrects)
+    assert (LossConfig.model_fields["is_cap"].default, LOSS_FIELDS["is_cap"].default) == (5.0, None)
+
+
+def test_a_value_out_of_its_declared_bounds_is_refused_by_the_section_and_the_spec_naming_it():
+    from stream_rl.algorithms import LossSpec
+    from stream_rl.algorithms.spec import LOSS_FIELDS
+
+    tried = 0
+    for name, declared in LOSS_FIELDS.items():
+        for value in violating(declared.metadata):
+            with pytest.raises(ConfigError, match=rf"trainer\.loss\.{name}"):
+                load(**{f"trainer__loss__{name}": str(value)})
+            with pytest.raises(ValueError, match=rf"^{name} must be"):
+                LossSpec(**{name: value})
+            tried += 1
+    assert tried == 8  # clip_low 2, clip_high 2, dual_clip 1, is_cap 2, max_len 1
+    message = r"dual_clip=3\.0 does not apply to kind='cispo' \(it uses clip_low, clip_high\)"
+    with pytest.raises(ConfigError, match=message):
+        load(trainer__loss__kind="cispo", trainer__loss__dual_clip="3")
+    with pytest.raises(ValueError, match=message):
+        LossSpec(kind="cispo", dual_clip=3.0)
+    with pytest.raises(ConfigError, match="trainer.loss.clip"):  # an unknown key is still refused
+        load(trainer__loss__clip="0.1")
+
+
+def test_the_section_and_a_spec_resolve_the_same_kind_defaults():
+    from stream_rl.algorithms import LossSpec
+
+    for kind in ("ppo", "gspo", "cispo"):
+        loss = load(trainer__loss__kind=kind).trainer.loss
+        spec = LossSpec(kind=kind)
+        assert (loss.clip_low, loss.clip_high, loss.agg) == (spec.clip_low, spec.clip_high, spec.agg), kind
+        assert LossSpec.from_config(loss) == LossSpec(kind=kind, is_cap=5.0, max_len=loss.max_len)
+
+
+def test_the_loss_declarations_load_and_check_without_pydantic():
+    # bench/gpu.py runs the loss where pydantic is not installed: the one declaration must not need it
+    code = ("import sys; sys.modules['pydantic'] = sys.modules['pydantic_core'] = None; "
+            "from stream_rl.algorithms.spec import LOSS_FIELDS, LossSpec; "
+            "assert LOSS_FIELDS['clip_low'].metadata['le'] == 1.0 and LossSpec(kind='gspo').clip_low == 3e-4\n"
+            "try: LossSpec(clip_low=1.5)\nexcept ValueError as e: print(e)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "clip_low must be <= 1.0, got 1.5"

@@ -6,7 +6,8 @@ assembly, dedup, staleness, safe offsets), :mod:`~consumers.trainer.tensors` (pu
 (torch and DeepSpeed ZeRO; their optimizer-state format: :mod:`~consumers.trainer.optim_state`),
 :mod:`~stream_rl.storage.checkpoint` (atomic, pickle-free checkpoints) and
 :mod:`~consumers.trainer.trainer` (``run_trainer``, the Kafka shell) with :mod:`~consumers.trainer.intake` (records
-in, dropped groups out) and :mod:`~consumers.trainer.versions` (policy versions); for ``trainer.lora``:
+in, dropped groups out), :mod:`~consumers.trainer.versions` (policy versions) and :mod:`~consumers.trainer.progress`
+(checkpoints and committed offsets); for ``trainer.lora``:
 :mod:`~consumers.trainer.lora` (peft adapters on a frozen base) and :mod:`~consumers.trainer.export`
 (``stream-rl export``). Importing this package loads neither torch nor
 kafka; import the submodules you need.

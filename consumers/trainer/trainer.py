@@ -30,7 +30,8 @@ One iteration::
          ─> every checkpoint_every steps: sink.flush() ─> checkpoint(safe offsets, ledger) ─> commit safe offsets
             (any other step: sink.flush() ─> commit safe offsets: the group's offsets follow the trainer)
 From ``train_step`` on, ``Trainer._step`` runs one method per phase: ``_train``, ``_record`` (trained or
-dropped), ``_judge``, ``_broadcast``, ``_write_row``, ``_checkpoint_if_due`` (or ``_commit_progress``).
+dropped), ``_judge``, ``_broadcast``, ``_write_row``, then :class:`~consumers.trainer.progress.Progress`
+``checkpoint_if_due`` (or ``commit_progress``): checkpoints and commits live in :mod:`~consumers.trainer.progress`.
 
 Guarantees:
 - The checkpoint is the truth about progress: every partition is assigned at start and positioned at the
@@ -89,6 +90,7 @@ from consumers.trainer.intake import Intake
 from consumers.trainer.keep_best import KeepBest
 from consumers.trainer.lineage import Lineage
 from consumers.trainer.positions import assign_and_position, assigned_source
+from consumers.trainer.progress import Progress
 from consumers.trainer.ranks import SOLO, Command, Ranks
 from consumers.trainer.replica import restore, run_follower, step_payload
 from consumers.trainer.rollout_metrics import rollout_metrics
@@ -98,8 +100,6 @@ from consumers.trainer.train_step import TrainState, skip_reason, train_step
 from consumers.trainer.versions import PolicyVersions, check_fresh
 from stream_rl.alerts.monitor import AlertStop
 from stream_rl.config.shared import Agreements, SharedConfig, checkpoint_root
-from stream_rl.runtime import failpoints
-from stream_rl.storage.checkpoint import prune_checkpoints, save_checkpoint
 from stream_rl.telemetry.role import RoleTelemetry
 from stream_rl.telemetry.trackers.fanout import Trackers
 from stream_rl.transport.topics import TopicNames
@@ -158,7 +158,6 @@ class Trainer:
         self.trained_path = Path(cfg.run_dir) / "trained.jsonl"
         self.requeue_path = Path(cfg.run_dir) / REQUEUE_LOG
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
-        self.checkpoint_s = 0.0  # duration of the checkpoint written since the last metrics row
         replica = restore(cfg, tcfg, ranks, resume)
         self.engine, self.pad_id, ckpt = replica.engine, replica.pad_id, replica.checkpoint
         if ckpt is not None:
@@ -182,6 +181,8 @@ class Trainer:
                                       pause_when=lambda: self.telemetry.paused)  # alerts: "pause"
         self.intake = Intake(self.batcher, self.limits, self.source, self.sink, self.names, self.requeue_path)
         self.start = self._position(ckpt.offsets if ckpt else {})
+        self.progress = Progress(self.root, tcfg, self.state, self.batcher, self.engine, ranks, self.source,
+                                 self.sink, self.start)  # checkpoints and commits (progress.py)
         self.telemetry.attach(self.source, self.sink)
         self.telemetry.set_ready(model_loaded=True, version=self.state.version)
         # experiment trackers (telemetry.trackers): a resumed run continues its tracker runs after the checkpoint
@@ -205,7 +206,6 @@ class Trainer:
         if resume:  # re-queues sent after the checkpoint are on the broker: never send them again
             for group_id, attempt in read_requeues(self.requeue_path, self.names.prompts).items():
                 self.batcher.note_requeued(group_id, attempt - 1)
-        self.last_checkpoint_step = self.state.step
 
     def _position(self, offsets: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
         """Assign every scored partition and seek it (:mod:`consumers.trainer.positions`); on an error, close
@@ -227,13 +227,13 @@ class Trainer:
         try:
             self._loop(stop_event)
         except AlertStop:
-            self._checkpoint_after_stop()
+            self.progress.checkpoint_after_stop()
             raise
         except Exception as exc:
             self.telemetry.error(type(exc).__name__)
             raise
-        if self.state.step > self.last_checkpoint_step:
-            self._checkpoint()
+        if self.state.step > self.progress.last_checkpoint_step:
+            self.progress.checkpoint()
         return self.state
 
     def _loop(self, stop_event: threading.Event | None) -> None:
@@ -268,9 +268,9 @@ class Trainer:
         if run.stop is not None:
             raise run.stop
         self.best.poll()  # trainer.keep_best: judge the evaluations published since the last step
-        self._checkpoint_if_due()
-        if self.last_checkpoint_step != self.state.step:
-            self._commit_progress()
+        self.progress.checkpoint_if_due()
+        if self.progress.last_checkpoint_step != self.state.step:
+            self.progress.commit_progress()
 
     def _train(self, run: StepRun) -> None:
         """``train_step`` on the step's rollouts, in the span "train-step" linked to every rollout; the other
@@ -335,20 +335,12 @@ class Trainer:
         """The step's ``metrics.jsonl`` row with its timings (``time/checkpoint_s``: the checkpoint written after
         the previous row), and the stage durations."""
         run.metrics.update({"time/wait_s": run.wait_s, "time/broadcast_s": run.broadcast_s,
-                            "weights/sent_bytes": run.sent_bytes, "time/checkpoint_s": self.checkpoint_s,
+                            "weights/sent_bytes": run.sent_bytes, "time/checkpoint_s": self.progress.checkpoint_s,
                             "time/step_s": time.monotonic() - run.started})
         self._write_metrics(run.metrics, run.scored)
         for stage, seconds in (("train", run.train_s), ("broadcast", run.broadcast_s), ("wait", run.wait_s),
                                ("step", run.metrics["time/step_s"])):
             self.telemetry.observe_seconds(stage, seconds)
-
-    def _checkpoint_if_due(self) -> None:
-        """Every ``checkpoint_every`` steps a checkpoint; its duration goes on the next metrics row."""
-        self.checkpoint_s = 0.0
-        if self.state.step % self.tcfg.checkpoint_every == 0:
-            t0 = time.monotonic()
-            self._checkpoint()
-            self.checkpoint_s = time.monotonic() - t0
 
     # -- outputs ------------------------------------------------------------------------------------------------
 
@@ -358,44 +350,6 @@ class Trainer:
         self.trackers.log_step(row, scored)  # queued: a tracker never blocks the step
         self.telemetry.set_version(self.state.version)
         self.telemetry.row_written(row, exported_metrics(row))
-
-    def _checkpoint(self) -> Path:
-        """Flush, checkpoint atomically, prune, then commit the same safe offsets to the consumer group."""
-        self.sink.flush()
-        offsets = {**self.start, **self.batcher.safe_offsets()}
-        self.ranks.send(Command.SAVE)
-        path = save_checkpoint(self.root, step=self.state.step, version=self.state.version, engine=self.engine,
-                               offsets=offsets, ledger=self.batcher.ledger_state(), state=self.state.to_json())
-        prune_checkpoints(self.root, self.tcfg.keep_checkpoints)
-        self.last_checkpoint_step = self.state.step
-        failpoints.hit("trainer.after_checkpoint")  # recovery drills: a checkpoint whose offsets are not committed
-        self._commit(offsets)
-        log.info("checkpoint %s (version %d)", path, self.state.version)
-        return path
-
-    def _commit_progress(self) -> None:
-        """A step without a checkpoint: flush, then commit the safe offsets (module docstring)."""
-        if self.sink.pending:
-            self.sink.flush()
-        self._commit({**self.start, **self.batcher.safe_offsets()})
-
-    def _commit(self, offsets: dict[tuple[str, int], int]) -> None:
-        assigned = self.source.assignment()
-        commit = {k: off for k, off in offsets.items() if k in assigned}
-        if commit:
-            self.source.commit(commit)
-
-    def _checkpoint_after_stop(self) -> None:
-        """A ``stop`` alert: checkpoint the progress unless the weights are no longer finite (a NaN step must not
-        become the newest checkpoint a ``--resume`` would load; the last periodic checkpoint stays the newest)."""
-        if self.state.step <= self.last_checkpoint_step:
-            return
-        self.ranks.send(Command.WEIGHTS)
-        if all(bool(torch.isfinite(t).all()) for t in self.engine.policy_state_dict().values()):
-            self._checkpoint()
-        else:
-            log.error("stop alert: weights are not finite after step %d, no final checkpoint (newest stays step %d)",
-                      self.state.step, self.last_checkpoint_step)
 
     def close(self) -> None:
         stopped = not self.ranks.broken

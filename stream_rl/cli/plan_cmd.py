@@ -46,6 +46,37 @@ def _load_shape(path: Path):
         fail(f"--config-json: {path}: {exc}", 2)
 
 
+def _model_shape(config_json: Path | None, params: float | None, reward_model_params: float):
+    """The model's shape from ``--config-json`` (None with ``--params``), after checking that exactly one of the two
+    is given and that the parameter counts are finite; exits 2 naming the option otherwise."""
+    if (config_json is None) == (params is None):
+        fail("give exactly one of --config-json and --params", 2)
+    for option, value in (("--params", params), ("--reward-model-params", reward_model_params)):
+        if value is not None and not math.isfinite(value):
+            fail(f"{option}: must be a finite number, got {value}", 2)
+    return _load_shape(config_json) if config_json is not None else None
+
+
+def _plan_inputs(**fields):
+    """The validated ``PlanInputs``; an invalid value exits 2 with one line naming its option."""
+    from stream_rl.planner import PlanInputs
+
+    try:
+        return PlanInputs(**fields)
+    except ValidationError as exc:
+        fail(_option_error(exc), 2)
+
+
+def _print_plan(inputs, as_json: bool) -> None:
+    """The plan as a table, or with ``as_json`` as JSON with the proposed ``stream-rl run`` layout."""
+    from stream_rl.planner import make_plan, render_table
+    from stream_rl.planner.layout import propose_layout
+
+    result = make_plan(inputs)
+    typer.echo(json.dumps({**result.to_dict(), "layout": propose_layout(result)}, indent=2) if as_json
+               else render_table(result))
+
+
 def plan(
     config_json: Annotated[Path | None, typer.Option("--config-json", help="the model's Hugging Face config.json "
                                                      "(Llama, Mistral, Qwen2/3, GPT-2)")] = None,
@@ -85,30 +116,16 @@ def plan(
     """Estimate per-GPU memory (weights, gradients, optimizer, activations, KV cache, reference/reward models) with
     20% headroom, recommend colocated or separate placement of trainer, generator and scorer, and print the
     trainer's launch line."""
-    from stream_rl.planner import PlanInputs, make_plan, render_table
-
-    if (config_json is None) == (params is None):
-        fail("give exactly one of --config-json and --params", 2)
-    for option, value in (("--params", params), ("--reward-model-params", reward_model_params)):
-        if value is not None and not math.isfinite(value):
-            fail(f"{option}: must be a finite number, got {value}", 2)
-    shape = _load_shape(config_json) if config_json is not None else None
-    try:
-        inputs = PlanInputs(
-            model=shape, params=None if params is None else round(params), dtype=dtype, optimizer=optimizer,
-            master_weights=master_weights, zero_stage=zero_stage, gpus=gpus, trainer_ranks=trainer_ranks,
-            gpus_per_node=gpus_per_node, gpu_memory_gib=gpu_memory_gib,
-            micro_batch=micro_batch, micro_batch_tokens=micro_batch_tokens, seq_len=seq_len, gen_batch=gen_batch,
-            prompt_len=prompt_len,
-            max_new_tokens=max_new_tokens, grad_checkpointing=grad_checkpointing, flash_attention=flash_attention,
-            reference=reference, reward_model_params=round(reward_model_params), servers=servers)
-    except ValidationError as exc:
-        fail(_option_error(exc), 2)
+    shape = _model_shape(config_json, params, reward_model_params)
+    inputs = _plan_inputs(
+        model=shape, params=None if params is None else round(params), dtype=dtype, optimizer=optimizer,
+        master_weights=master_weights, zero_stage=zero_stage, gpus=gpus, trainer_ranks=trainer_ranks,
+        gpus_per_node=gpus_per_node, gpu_memory_gib=gpu_memory_gib,
+        micro_batch=micro_batch, micro_batch_tokens=micro_batch_tokens, seq_len=seq_len, gen_batch=gen_batch,
+        prompt_len=prompt_len,
+        max_new_tokens=max_new_tokens, grad_checkpointing=grad_checkpointing, flash_attention=flash_attention,
+        reference=reference, reward_model_params=round(reward_model_params), servers=servers)
     if dry_run:
         typer.echo(inputs.model_dump_json(indent=2))
         raise typer.Exit(0)
-    from stream_rl.planner.layout import propose_layout
-
-    result = make_plan(inputs)
-    typer.echo(json.dumps({**result.to_dict(), "layout": propose_layout(result)}, indent=2) if as_json
-               else render_table(result))
+    _print_plan(inputs, as_json)

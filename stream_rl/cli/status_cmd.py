@@ -141,35 +141,8 @@ def _render(snap: dict[str, Any]):
     """The snapshot as rich tables (roles, topics and lag, trainer metrics, alerts)."""
     from rich.console import Group
     from rich.table import Table
-    from rich.text import Text
 
-    weights = snap["weights"]
-    data = snap.get("data") or {}
-    progress = "".join(f"  {label} {data[key]}" for key, label in (("epoch", "epoch"),
-                       ("distinct_prompts", "distinct prompts")) if data.get(key) is not None)
-    head = Text(f"run {snap['run']}  weights version "
-                f"{weights['version'] if weights else 'none yet'}"
-                + (f" (step {weights['step']}, {weights['age_s']:.0f} s ago)" if weights and weights['step']
-                   is not None else "") + progress, style="bold")
-    roles = Table(title="roles")
-    for col in ("role", "instance", "host/pid", "status", "state", "age s", "version", "stale", "step", "rates /s"):
-        roles.add_column(col)
-    for r in snap["roles"]:
-        rates = " ".join(f"{k}={v:.1f}" for k, v in sorted(r["rates"].items()))
-        roles.add_row(r["role"], r["instance_id"], f"{r['host']}/{r['pid']}",
-                      Text(r["status"], style="green" if r["status"] == "alive" else "bold red"), r["state"],
-                      f"{r['age_s']:.1f}", str(r["policy_version"]),
-                      "" if r["staleness"] is None else str(r["staleness"]), str(r["step"]), Text(rates))
-    topics = Table(title="topics and lag")
-    for col in ("topic", "partitions", "records", "records/s", "group", "lag (per partition)"):
-        topics.add_column(col)
-    lag_by_topic = {v["topic"]: (g, v) for g, v in snap["lag"].items()}
-    for name, t in snap["topics"].items():
-        group, lag = lag_by_topic.get(name, ("", None))
-        per = "" if lag is None else f"{lag['total']} ({', '.join(str(p['lag']) for p in lag['partitions'])})"
-        rate = "" if t["records_per_s"] is None else f"{t['records_per_s']:.1f}"
-        topics.add_row(name, str(t["partitions"]), str(t["records"]), rate, group.rsplit(".", 1)[-1], per)
-    parts = [head, roles, topics]
+    parts = [_head(snap), _roles_table(snap["roles"]), _topics_table(snap)]
     if snap.get("endpoints"):
         parts.append(_endpoints_table(snap["endpoints"]))
     if snap["trainer_metrics"]:
@@ -201,13 +174,68 @@ def _render(snap: dict[str, Any]):
         for key, value in sorted(ev["metrics"].items())[:_METRICS_SHOWN]:
             evals.add_row(key, f"{value:.4g}")
         parts.append(evals)
-    alerts = Table(title=f"open alerts ({len(snap['alerts'])})")
-    for col in ("name", "role", "instance", "action", "message"):
-        alerts.add_column(col)
-    for a in snap["alerts"]:
-        alerts.add_row(a["name"], a["role"], a["instance_id"], a["action"], Text(a["message"]))
-    parts.append(alerts)
+    parts.append(_alerts_table(snap["alerts"]))
     return Group(*parts)
+
+
+def _head(snap: dict[str, Any]):
+    """The first line: the run, its weights version (step and age) and the data's epoch and distinct prompts."""
+    from rich.text import Text
+
+    weights = snap["weights"]
+    data = snap.get("data") or {}
+    progress = "".join(f"  {label} {data[key]}" for key, label in (("epoch", "epoch"),
+                       ("distinct_prompts", "distinct prompts")) if data.get(key) is not None)
+    return Text(f"run {snap['run']}  weights version "
+                f"{weights['version'] if weights else 'none yet'}"
+                + (f" (step {weights['step']}, {weights['age_s']:.0f} s ago)" if weights and weights['step']
+                   is not None else "") + progress, style="bold")
+
+
+def _roles_table(roles: list[dict[str, Any]]):
+    """One row per role instance from its last heartbeat."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title="roles")
+    for col in ("role", "instance", "host/pid", "status", "state", "age s", "version", "stale", "step", "rates /s"):
+        table.add_column(col)
+    for r in roles:
+        rates = " ".join(f"{k}={v:.1f}" for k, v in sorted(r["rates"].items()))
+        table.add_row(r["role"], r["instance_id"], f"{r['host']}/{r['pid']}",
+                      Text(r["status"], style="green" if r["status"] == "alive" else "bold red"), r["state"],
+                      f"{r['age_s']:.1f}", str(r["policy_version"]),
+                      "" if r["staleness"] is None else str(r["staleness"]), str(r["step"]), Text(rates))
+    return table
+
+
+def _topics_table(snap: dict[str, Any]):
+    """One row per topic: partitions, records, rate, and the lag of the group that reads it."""
+    from rich.table import Table
+
+    table = Table(title="topics and lag")
+    for col in ("topic", "partitions", "records", "records/s", "group", "lag (per partition)"):
+        table.add_column(col)
+    lag_by_topic = {v["topic"]: (g, v) for g, v in snap["lag"].items()}
+    for name, t in snap["topics"].items():
+        group, lag = lag_by_topic.get(name, ("", None))
+        per = "" if lag is None else f"{lag['total']} ({', '.join(str(p['lag']) for p in lag['partitions'])})"
+        rate = "" if t["records_per_s"] is None else f"{t['records_per_s']:.1f}"
+        table.add_row(name, str(t["partitions"]), str(t["records"]), rate, group.rsplit(".", 1)[-1], per)
+    return table
+
+
+def _alerts_table(alerts: list[dict[str, Any]]):
+    """One row per open alert."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=f"open alerts ({len(alerts)})")
+    for col in ("name", "role", "instance", "action", "message"):
+        table.add_column(col)
+    for a in alerts:
+        table.add_row(a["name"], a["role"], a["instance_id"], a["action"], Text(a["message"]))
+    return table
 
 
 def _endpoints_table(endpoints: list[dict[str, Any]]):

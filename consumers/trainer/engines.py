@@ -32,10 +32,7 @@ Guarantees:
   they are), while the parameters, their gradients and the AdamW state stay fp32 (mixed precision with fp32
   master weights). Checkpoints hold the fp32 weights either way.
 
-DeepSpeed notes: ZeRO stages 1-3 each skip a step whose gradient norm is not finite and clear their internal
-buffers (a plain ``zero_grad`` does not clear them); the trainer therefore routes a non-finite loss through that
-same path on every engine (it back-propagates NaN, see :mod:`~consumers.trainer.update`). A ``torch.optim.AdamW``
-instance is passed in, so no fused-Adam JIT build happens.
+The DeepSpeed engine and its notes: :mod:`~consumers.trainer.deepspeed_engine`.
 """
 
 from __future__ import annotations
@@ -44,11 +41,9 @@ from abc import ABC, abstractmethod
 
 import math
 import os
-import socket
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from contextlib import nullcontext
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -58,11 +53,10 @@ from consumers.trainer import optim_state
 from consumers.trainer.config import TrainerConfig
 from consumers.trainer.activations import enable_checkpointing, mark_checkpointed_layers
 from consumers.trainer.lora import is_lora
-from consumers.trainer.optim_state import SEP, group_json, scalar_json
 from consumers.trainer.packing import packed_forward
 from consumers.trainer.prefix import can_share_prompts, shared_prompt_forward
 from consumers.trainer.ranks import SOLO, Ranks
-from stream_rl.storage.checkpoint import CheckpointError, read_json, read_tensors, write_json, write_tensors
+from stream_rl.storage.checkpoint import read_json, read_tensors, write_json, write_tensors
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -181,7 +175,9 @@ def resolve_device(name: str, ranks: Ranks = SOLO) -> torch.device:
     return ranks.device if ranks.world > 1 and device.type == "cuda" else device
 
 
-class _EngineBase(ABC):
+class EngineBase(ABC):
+    """What both engines share: placement, the autocast forward, the broadcast's weights, save and load."""
+
     module: TrainModule
     ranks: Ranks = SOLO
     lora: bool = False  # trainer.lora: the policy carries peft adapters on a frozen base (consumers.trainer.lora)
@@ -251,7 +247,7 @@ class _EngineBase(ABC):
     def load_optimizer_state(self, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None: ...
 
 
-class TorchEngine(_EngineBase):
+class TorchEngine(EngineBase):
     """Plain torch: AdamW, ``clip_grad_norm_``, the finite-norm guard."""
 
     def __init__(self, module: TrainModule, cfg: TrainerConfig, ranks: Ranks = SOLO) -> None:
@@ -307,127 +303,9 @@ class TorchEngine(_EngineBase):
         optim_state.load_optimizer_state(self.module, self.optimizer, tensors, meta)
 
 
-def _dist_env() -> None:
-    """Single-process torch.distributed settings for DeepSpeed, unless torchrun (or the caller) set them."""
-    if "MASTER_PORT" not in os.environ:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-                       "LOCAL_WORLD_SIZE": "1"}.items():
-        os.environ.setdefault(key, value)
-
-
-class DeepSpeedEngine(_EngineBase):
-    """DeepSpeed ZeRO (``cfg.zero_stage``) over the trainer's ranks; see the module docstring."""
-
-    def __init__(self, module: TrainModule, cfg: TrainerConfig, ranks: Ranks = SOLO) -> None:
-        _dist_env()
-        import deepspeed
-
-        self._placed(cfg, ranks)
-        module = module.to(self.device, dtype=torch.float32)  # fp32 master weights; bf16 compute by autocast
-        self.stage = cfg.zero_stage
-        config = {
-            "train_batch_size": ranks.world, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
-            "gradient_clipping": float(cfg.grad_clip or 0.0), "zero_optimization": {"stage": cfg.zero_stage},
-            "steps_per_print": 2**31 - 1, "wall_clock_breakdown": False,
-        }
-        self.optimizer = make_optimizer(module, cfg)
-        self.ds, _, _, _ = deepspeed.initialize(model=module, optimizer=self.optimizer, config=config)
-        self.module = module.eval()
-
-    def _call(self, *args):
-        return self.ds(*args)
-
-    def backward(self, loss: Tensor, *, last_micro: bool = True) -> None:
-        self.ds.set_gradient_accumulation_boundary(last_micro)
-        self.ds.backward(loss * self.ranks.world, scale_wrt_gas=False)  # ZeRO averages over ranks; we sum
-
-    def step(self, lr: float) -> StepOutcome:
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.ds.set_gradient_accumulation_boundary(True)
-        self.ds.step()
-        norm = self.ds.get_global_grad_norm()
-        norm = math.inf if norm is None else float(norm)
-        applied = bool(self.ds.was_step_applied()) and math.isfinite(norm)
-        return StepOutcome(applied, norm)
-
-    def zero_grad(self) -> None:
-        self.ds.zero_grad()
-
-    def _gathered(self):
-        import deepspeed
-
-        if self.stage == 3:
-            return deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=0)
-        return nullcontext()
-
-    def state_dict(self) -> dict[str, Tensor]:
-        with self._gathered():
-            return unique_state(self.module)
-
-    def load_state_dict(self, tensors: dict[str, Tensor]) -> None:
-        from deepspeed.utils import safe_set_full_fp32_param
-
-        from stream_rl.models import load_state_dict_strict
-
-        with self._gathered():
-            load_state_dict_strict(self.module, tensors)
-        params = self._named_params()
-        full = {name: p.detach().clone() for name, p in params.items()} if self.stage != 3 else None
-        for name, param in params.items():  # the fp32 master copy lives in the ZeRO optimizer
-            value = full[name] if full is not None else _tensor_for(name, tensors, self.module)
-            safe_set_full_fp32_param(param, value)
-
-    def optimizer_state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
-        from deepspeed.utils import safe_get_full_optimizer_state
-
-        tensors, scalars = {}, {}
-        steps = {scalar_json("step", s["step"])["value"] for s in self.optimizer.state.values() if "step" in s}
-        for name, param in self._named_params().items():
-            for key in ("exp_avg", "exp_avg_sq"):
-                value = safe_get_full_optimizer_state(param, key)
-                if value is not None:
-                    tensors[f"{name}{SEP}{key}"] = value.detach().to("cpu", copy=True).contiguous()
-            if steps:
-                scalars[f"{name}{SEP}step"] = {"value": max(steps), "dtype": "float32"}
-        return tensors, {"optimizer": "adamw", "scalars": scalars,
-                         "param_groups": [group_json(g) for g in self.optimizer.param_groups]}
-
-    def load_optimizer_state(self, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
-        from deepspeed.utils import safe_set_full_optimizer_state
-
-        for group in self.optimizer.param_groups:  # AdamW creates its state lazily, at the first step
-            for flat in group["params"]:
-                self.optimizer.state.setdefault(flat, {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(flat),
-                                                       "exp_avg_sq": torch.zeros_like(flat)})
-        link = getattr(self.ds.optimizer, "_lazy_init_hp_params_optimizer_state", None)
-        if link is not None:  # ZeRO 1/2 link per-parameter views into that state after the first step only
-            link()
-        params = self._named_params()
-        for full, value in tensors.items():
-            name, key = full.rsplit(SEP, 1)
-            if name not in params:
-                raise CheckpointError(f"optimizer state for unknown parameter {name!r}")
-            safe_set_full_optimizer_state(params[name], value, key)
-        steps = {entry["value"] for full, entry in meta["scalars"].items() if full.endswith(f"{SEP}step")}
-        for state in self.optimizer.state.values():
-            if steps and "step" in state:
-                state["step"] = torch.tensor(float(max(steps)), dtype=torch.float32)
-
-
-def _tensor_for(name: str, tensors: dict[str, Tensor], module: nn.Module) -> Tensor:
-    from stream_rl.models import tie_groups
-
-    for group in tie_groups(module):
-        if name in group:
-            return tensors[next(n for n in group if n in tensors)]
-    return tensors[name]
-
-
 def build_engine(module: TrainModule, cfg: TrainerConfig, ranks: Ranks = SOLO) -> TrainEngine:
     """The engine ``cfg.engine`` names, around ``module``, on ``ranks``."""
+    from consumers.trainer.deepspeed_engine import DeepSpeedEngine  # its module builds on this one
+
     engines = {"torch": TorchEngine, "deepspeed": DeepSpeedEngine}
     return engines[cfg.engine](module, cfg, ranks)

@@ -17,7 +17,8 @@ def test_measured_deepspeed_keeps_an_fp32_master_copy_of_an_fp32_module(stage):
     import torch
     from support.trainer import tiny_policy, trainer_cfg
 
-    from consumers.trainer.engines import DeepSpeedEngine, TrainModule
+    from consumers.trainer.deepspeed_engine import DeepSpeedEngine
+    from consumers.trainer.engines import TrainModule
 
     cfg = trainer_cfg(zero_stage=stage).model_copy(update={"engine": "deepspeed", "dtype": "bfloat16"})
     engine = DeepSpeedEngine(TrainModule(tiny_policy(seed=0)), cfg)

@@ -16,7 +16,8 @@ pytest.importorskip("deepspeed", reason="deepspeed is not installed in this envi
 
 from support.trainer import random_group, tiny_policy, trainer_cfg
 
-from consumers.trainer.engines import DeepSpeedEngine, TorchEngine, TrainModule  # noqa: E402
+from consumers.trainer.deepspeed_engine import DeepSpeedEngine  # noqa: E402
+from consumers.trainer.engines import TorchEngine, TrainModule  # noqa: E402
 from consumers.trainer.tensors import build_batch  # noqa: E402
 from consumers.trainer.train_step import TrainState, train_step  # noqa: E402
 from stream_rl.storage.checkpoint import latest_checkpoint, save_checkpoint  # noqa: E402

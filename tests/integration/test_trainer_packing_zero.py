@@ -18,7 +18,7 @@ def test_zero_with_packing_trains_as_the_padded_torch_step(stage):
     """trainer.packing under DeepSpeed ZeRO (stage 3 gathers the output embedding called outside the policy's
     forward): the same step as the torch engine on padded rows."""
     pytest.importorskip("deepspeed", reason="deepspeed is not installed (optional extra 'deepspeed')")
-    from consumers.trainer.engines import DeepSpeedEngine
+    from consumers.trainer.deepspeed_engine import DeepSpeedEngine
 
     cfg = trainer_cfg(zero_stage=stage, micro_batch_size=2, lr=1e-2, share_prompts=False)
     batch = random_batch(tiny_policy(seed=0), groups=2, group_size=2, seed=0)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from support.trainer import tiny_policy, trainer_cfg
 
-from consumers.trainer.engines import DeepSpeedEngine, TorchEngine, TrainEngine, TrainModule, build_engine
+from consumers.trainer.deepspeed_engine import DeepSpeedEngine
+from consumers.trainer.engines import TorchEngine, TrainEngine, TrainModule, build_engine
 
 torch.set_num_threads(1)
 

@@ -2,6 +2,7 @@
 
 - :mod:`~stream_rl.planner.model_size`: parameter counts from a Hugging Face ``config.json``.
 - :mod:`~stream_rl.planner.memory`: one pure function per memory formula, in bytes.
+- :mod:`~stream_rl.planner.inputs`: :class:`PlanInputs`, the validated question.
 - :mod:`~stream_rl.planner.plan`: :class:`PlanInputs` -> :func:`make_plan` -> :class:`Plan` (with the trainer's
   :class:`TrainerLaunch`), and the table renderer.
 
@@ -9,7 +10,8 @@ Pure Python: importing the planner imports neither torch nor transformers.
 """
 
 from stream_rl.planner.model_size import ModelShape, count_params, shape_from_hf_config
-from stream_rl.planner.plan import Plan, PlanInputs, TrainerLaunch, make_plan
+from stream_rl.planner.inputs import PlanInputs
+from stream_rl.planner.plan import Plan, TrainerLaunch, make_plan
 from stream_rl.planner.render import render_table
 
 __all__ = ["ModelShape", "Plan", "PlanInputs", "TrainerLaunch", "count_params", "make_plan", "render_table",

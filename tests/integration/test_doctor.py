@@ -20,6 +20,7 @@ from stream_rl.cli.config import load_config
 from stream_rl.cli.diagnose_cmd import role_facts
 from stream_rl.cli.main import app
 from stream_rl.operator_tools import doctor as dr
+from stream_rl.operator_tools.model_check import check_model_dir
 
 torch.set_num_threads(1)
 runner = CliRunner()
@@ -122,13 +123,13 @@ def test_model_directory_without_tokenizer_or_config(tmp_path, model_dir):
     for name in bare.iterdir():
         if name.name.startswith(("tokenizer", "special_tokens")):
             name.unlink()
-    row = dr.check_model_dir(bare, ["--model-dir"])
+    row = check_model_dir(bare, ["--model-dir"])
     assert row.status == "fail" and "tokenizer" in row.detail and "tokenizer.save_pretrained" in row.remedy
     (bare / "config.json").unlink()
-    row = dr.check_model_dir(bare, ["--model-dir"])
+    row = check_model_dir(bare, ["--model-dir"])
     assert row.status == "fail" and "config.json" in row.detail
-    assert dr.check_model_dir(tmp_path / "nope", ["trainer.model_dir"]).status == "fail"
-    demo = dr.check_model_dir(tmp_path / "demo" / "policy", ["trainer.model_dir"], demo_dir=tmp_path / "demo")
+    assert check_model_dir(tmp_path / "nope", ["trainer.model_dir"]).status == "fail"
+    demo = check_model_dir(tmp_path / "demo" / "policy", ["trainer.model_dir"], demo_dir=tmp_path / "demo")
     assert demo.status == "warn" and "demo init" in demo.remedy
 
 

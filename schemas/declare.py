@@ -27,10 +27,9 @@ from typing import Any, Callable, ClassVar, TypeVar, dataclass_transform
 import numpy as np
 
 from schemas.errors import ROOT, SchemaError, wire_type_name
-from schemas.fields import (
-    Added, FieldType, Float, Id, Int, Pattern, Spec, check_fields, fields_from_wire, fields_to_wire, read_fields,
-)
+from schemas.fields import Added, FieldType, Float, Id, Int, Pattern
 from schemas.ids import PROMPT_ID_MAX_LEN, SHA256_PATTERN, TOPIC_PATTERN
+from schemas.spec import Spec, check_fields, fields_from_wire, fields_to_wire, read_fields
 
 WIRE = "stream_rl.wire"
 """Key of a field's wire type in its ``dataclasses.Field.metadata``."""

@@ -4,8 +4,8 @@ Consumes: Python values (``check``, ``to_wire``) or msgpack-decoded values (``fr
 msgpack-able values, or Python values of the field's type.
 
 Guarantees: ``check`` and ``from_wire`` raise :class:`SchemaError` whose ``field`` is relative to the field
-(``"<root>"`` for the field itself, ``"dtype"`` or a map key below it); :func:`check_fields`,
-:func:`fields_from_wire` and :func:`read_fields` prefix the field name, so errors name the full dotted path.
+(``"<root>"`` for the field itself, ``"dtype"`` or a map key below it); the functions of a whole structure
+(:mod:`schemas.spec`) prefix the field name, so errors name the full dotted path.
 ``from_wire`` only converts (arrays, ints written for floats); every rule is enforced by ``check``, on the encode and
 the decode side alike. ``read`` is ``from_wire`` then ``check`` in one pass (what decoding uses): it accepts and
 rejects exactly what the two do, skipping only checks the conversion itself has proven (an array's dtype).
@@ -358,55 +358,3 @@ class Array(FieldType):
         array = self.from_wire(raw)  # an ndarray of exactly this field's dtype, or SchemaError
         self._check_shape_and_values(array)
         return array
-
-
-Spec = Sequence[tuple[str, FieldType]]
-"""Ordered (field name, field type) pairs of one structure; the order is the wire order."""
-
-
-def check_fields(obj: Any, spec: Spec) -> None:
-    """Check every field of ``obj`` against ``spec``; errors name the field."""
-    for name, field_type in spec:
-        try:
-            field_type.check(getattr(obj, name))
-        except SchemaError as exc:
-            raise exc.nested(name) from None
-
-
-def fields_to_wire(obj: Any, spec: Spec) -> dict[str, Any]:
-    """The wire map of ``obj``'s fields, in spec order."""
-    return {name: field_type.to_wire(getattr(obj, name)) for name, field_type in spec}
-
-
-def read_fields(raw: dict[str, Any], spec: Spec) -> dict[str, Any]:
-    """Checked constructor keyword arguments read from wire map ``raw``: each field converted and checked in one
-    pass (``read``); required and defaulted fields as in :func:`fields_from_wire`, extra keys ignored."""
-    kwargs = {}
-    for name, field_type in spec:
-        try:
-            if name in raw:
-                kwargs[name] = field_type.read(raw[name])
-            elif isinstance(field_type, Added):
-                kwargs[name] = field_type.read(field_type.default)
-            else:
-                raise SchemaError(ROOT, "missing")
-        except SchemaError as exc:
-            raise exc.nested(name) from None
-    return kwargs
-
-
-def fields_from_wire(raw: dict[str, Any], spec: Spec) -> dict[str, Any]:
-    """Constructor keyword arguments read from wire map ``raw``; every spec field is required (an :class:`Added`
-    one takes its default when absent), extra keys are ignored."""
-    kwargs = {}
-    for name, field_type in spec:
-        if name not in raw:
-            if isinstance(field_type, Added):
-                kwargs[name] = field_type.default
-                continue
-            raise SchemaError(name, "missing")
-        try:
-            kwargs[name] = field_type.from_wire(raw[name])
-        except SchemaError as exc:
-            raise exc.nested(name) from None
-    return kwargs

@@ -17,9 +17,8 @@ from typing import Any, ClassVar
 
 from schemas.declare import COUNT, ID, SHA256, TIME, TOPIC, Message, message, now, spec_of, struct, wire
 from schemas.errors import ROOT, SchemaError, wire_type_name
-from schemas.fields import (
-    Bytes, Enum, FieldType, Float, Int, Optional, Shape, Str, check_fields, fields_from_wire, fields_to_wire,
-)
+from schemas.fields import Bytes, Enum, FieldType, Float, Int, Optional, Shape, Str
+from schemas.spec import check_fields, fields_from_wire, fields_to_wire
 
 WEIGHTS_MODES = ("inline", "store")
 """How a manifest's payload travels: chunks on a per-version topic, or a file in a weights store."""

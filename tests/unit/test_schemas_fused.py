@@ -16,7 +16,8 @@ import pytest
 from support.messages import make_rollout, make_scored
 
 from schemas import SchemaError, decode, decode_array, encode, encode_array, validate
-from schemas.fields import Array, fields_from_wire, read_fields
+from schemas.fields import Array
+from schemas.spec import fields_from_wire, read_fields
 from schemas.validation import SPECS, message_to_wire
 
 NAN, INF = math.nan, math.inf

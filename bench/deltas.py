@@ -14,7 +14,7 @@ section; its header of a few kB is left out). The encode time includes the XOR a
 
 - ``demo``: the built-in demo policy trained by :class:`bench.inproc.DemoLoop` (real generation, verifier scoring
   and ``train_step`` with the demo's trainer config, lr 1e-4, lag 0), broadcast as float32 (the demo's
-  ``producer.dtype``) and as bfloat16 (what a bf16 generator would receive).
+  ``producer.dtype``) and as bfloat16 (what a bf16 producer would receive).
 - ``qwen``: a ``Qwen2ForCausalLM`` with Qwen2.5-0.5B's shape (494 M parameters, tied embeddings), random init
   (seed 0, no downloaded weights), fp32 master weights in the trainer's torch engine with bf16 autocast, AdamW at
   lr 1e-6, trained by ``train_step`` on synthetic scored rollouts (2 groups of 4, 16 prompt + 16 response tokens of

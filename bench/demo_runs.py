@@ -141,7 +141,7 @@ class Stages:
         self._next = 0
 
     def generate(self) -> dict[str, float]:
-        from producers.generate import produce_rollouts
+        from producers.step import produce_rollouts
 
         pcfg, rollouts, seconds = self.cfg.producer, [], 0.0
         for _ in range(self.steps):

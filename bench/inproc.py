@@ -5,7 +5,7 @@ settings), and a :class:`LoopSpec` (steps, batch, staleness ``lag``, the loss va
 Produces: a :class:`LoopResult`: the reward of every trained batch, the final policy's reward on held-out prompts,
 and the mean of a few loss diagnostics (clip fraction, importance weights).
 Guarantees:
-- Each step's rollouts come from :func:`producers.generate.produce_rollouts` with the HF engine holding the policy of
+- Each step's rollouts come from :func:`producers.step.produce_rollouts` with the HF engine holding the policy of
   exactly ``lag`` versions before the trainer's current one (version 0 while fewer than ``lag`` updates exist), are
   scored by :func:`consumers.scorer.scoring.score_rollouts` with the demo's verifier, padded by
   :func:`consumers.trainer.tensors.build_batch` and trained on once; so the staleness of every token is exactly
@@ -146,7 +146,7 @@ class DemoLoop:
 
     def _scored(self, prompts, seed: int) -> list:
         from consumers.scorer.scoring import Rejected, score_rollouts
-        from producers.generate import produce_rollouts
+        from producers.step import produce_rollouts
 
         rollouts = produce_rollouts(prompts, self.producer, producer_id="bench-offpolicy",
                                     sampling=Sampling(self.spec.temperature), max_new_tokens=self.spec.max_new_tokens,

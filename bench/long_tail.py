@@ -6,7 +6,7 @@ Produces: the benchmark result (see :mod:`bench`): per mode, the median over rou
 of the time from a group's last token to its publication, and (2) the mean trainer wait per step; the measured
 trainer step time those waits use; every per-round sample.
 Guarantees:
-- The real generation step (:func:`producers.generate.produce_rollouts`) on the real hf engine, the demo's model
+- The real generation step (:func:`producers.step.produce_rollouts`) on the real hf engine, the demo's model
   shape with random weights and the demo's character tokenizer: response lengths are long and varied (each token
   ends a sample with probability about 1 / vocabulary, up to ``max_new_tokens``), the long-tail case.
 - Both modes draw the same samples (same prompts and seed per round; the hand-over changes no token, tested in
@@ -89,7 +89,7 @@ def _prompts(params: dict[str, Any]) -> list:
 def _round(engine, params: dict[str, Any], mode: str, seed: int) -> dict[str, Any]:
     """One generation of the batch in ``mode``: per group its last-token and publication times (s since start)."""
     from producers.engines.base import Sampling
-    from producers.generate import EarlyStop, produce_rollouts
+    from producers.step import EarlyStop, produce_rollouts
     from schemas import encode
 
     stamps: list[float] = []  # end of every forward: [prefill, decode step 1, ...]
@@ -132,7 +132,7 @@ def _train_s(engine, params: dict[str, Any], rounds: int) -> float:
     from consumers.trainer.tensors import build_batch
     from consumers.trainer.train_step import TrainState, train_step
     from producers.engines.base import Sampling
-    from producers.generate import produce_rollouts
+    from producers.step import produce_rollouts
     from schemas import ScoredRollout
 
     k = params["groups_per_step"]

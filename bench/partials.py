@@ -6,8 +6,8 @@ Produces: the benchmark result (see :mod:`bench`): per round, for the groups ``p
 their prefixes held (generated before the cut), the tokens generated to complete them by resumption and by
 regeneration from scratch, and the wall time of each completion; medians over rounds; every per-round sample.
 Guarantees:
-- The product's code path: the batch is one :func:`producers.generate.produce_rollouts` call with
-  ``EarlyStop(oversample, keep_partials=True)`` on the real hf engine (what the generator runs with
+- The product's code path: the batch is one :func:`producers.step.produce_rollouts` call with
+  ``EarlyStop(oversample, keep_partials=True)`` on the real hf engine (what the producer runs with
   ``producer.partial_max_lag``); its partial groups go through the wire codec (``schemas.encode`` / ``decode``, as
   on the partials topic) and are completed by :func:`producers.partials.resume_partials`; the other arm completes
   the same cut prompts as a re-queue does: ``produce_rollouts`` with ``attempt + 1`` and no early stop.
@@ -46,7 +46,7 @@ def sizes(ctx: BenchContext) -> dict[str, Any]:
 def _round(engine, params: dict[str, Any], seed: int) -> dict[str, float] | None:
     """One cut batch, its cut groups completed both ways; None when nothing was cut."""
     from producers.engines.base import Sampling
-    from producers.generate import EarlyStop, produce_rollouts
+    from producers.step import EarlyStop, produce_rollouts
     from producers.partials import resume_partials
     from schemas import decode, encode
 

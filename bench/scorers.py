@@ -46,7 +46,7 @@ def sizes(ctx: BenchContext) -> dict[str, int]:
 def base_rollouts(cfg, demo: Path, count: int) -> list:
     """``count`` real rollouts of the demo policy (whole groups of ``run.group_size``)."""
     from producers.engines import build_engine
-    from producers.generate import produce_rollouts
+    from producers.step import produce_rollouts
 
     per_batch = cfg.producer.prompts_per_batch
     prompts = dr.demo_prompts(demo, count // cfg.run.group_size, cfg.run.group_size)

@@ -4,7 +4,7 @@ Consumes: the groups this producer generated (``charge``), the groups already in
 (``inherit``, measured on the topics by :func:`producers.stale_feed.groups_in_flight`), the trainer's stale records
 for the groups it dropped (``returned``, read from the run's stale topic by :class:`producers.stale_feed.StaleFeed`),
 the weights version the producer holds and a monotonic clock (``over``).
-Produces: ``over(version, now)``, and counters for :class:`producers.generator.ProducerStats`.
+Produces: ``over(version, now)``, and counters for :class:`producers.role.ProducerStats`.
 
 The budget bounds the groups in flight, i.e. generated and not yet trained or dropped by the trainer::
 

@@ -1,7 +1,7 @@
 """Configuration of the rollout producers (``cfg.producer``).
 
 Consumes: nothing (a pydantic section, validated when the root config is loaded).
-Produces: :class:`ProducerConfig` (with its :class:`VLLMSettings`), read by :func:`producers.generator.run_producer`
+Produces: :class:`ProducerConfig` (with its :class:`VLLMSettings`), read by :func:`producers.role.run_producer`
 and :func:`producers.engines.build_engine`.
 Guarantees: every field has a description and bounds; no heavy import (torch, vllm) happens here.
 """

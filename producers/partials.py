@@ -3,7 +3,7 @@
 Consumes: the prefixes of a group whose batch stopped decoding before it ended (``producer.oversample``,
 ``producer.abort_after_s``; the engine's ``on_cut``), and :class:`~schemas.PartialGroup` records read back
 from the run's partials topic. Produces: the :class:`~schemas.PartialGroup` of a cut group
-(:func:`partial_group`), and for a batch of partial groups the :class:`~producers.generate.StepResult` of their
+(:func:`partial_group`), and for a batch of partial groups the :class:`~producers.step.StepResult` of their
 complete groups (:func:`resume_partials`): ordinary :class:`~schemas.Rollout` records, one per sample.
 
 How a group is resumed::
@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from producers.engines.base import SEED_MODULUS, GenerationEngine, Sample, Sampling
-from producers.generate import Rejected, StepResult, _metrics, _rollout, produce_rollouts
+from producers.step import Rejected, StepResult, _metrics, _rollout, produce_rollouts
 from schemas import PartialGroup, Prompt, Rollout
 
 log = logging.getLogger(__name__)

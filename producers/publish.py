@@ -1,7 +1,7 @@
-"""Publishing one batch of the generator role (:mod:`producers.generator`): rollouts, dead letters and the
+"""Publishing one batch of the producer role (:mod:`producers.role`): rollouts, dead letters and the
 prefixes of cut groups.
 
-Consumes: a generation step's :class:`~producers.generate.StepResult`, the prompt (or partial group) records it
+Consumes: a generation step's :class:`~producers.step.StepResult`, the prompt (or partial group) records it
 came from, the role's transport source (for dead letters) and sink.
 Produces: the rollouts on the rollouts topic keyed by ``group_id``; rejected prompts on the dead-letter topic with
 the reason; with ``producer.partial_max_lag`` the cut groups' ``PartialGroup`` records on the partials topic.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from producers.generate import GroupSink, StepResult
+from producers.step import GroupSink, StepResult
 from schemas import group_id_for
 
 log = logging.getLogger(__name__)

@@ -139,7 +139,7 @@ def _count(records, kind: str, mine: Callable[[str], bool], found: dict[str, InF
 
 
 def inheritance(transport, source, producer_id: str, follower, budget, stats) -> Callable[[], bool]:
-    """The producer's hold after each poll (``producers.generator``): once the prompts' partitions are assigned
+    """The producer's hold after each poll (``producers.role``): once the prompts' partitions are assigned
     (the first poll), ``budget`` (a :class:`producers.budget.Budget`) starts over at the newest version
     (``follower``, a :class:`producers.weights_follower.WeightsFollower`, loads it) with the groups in flight then:
     this producer's own (``producer_id``), and every producer's when ``source`` reads every prompt partition (one

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from producers.config import ProducerConfig
 from producers.engines.base import GenerationEngine, WeightsHook, WeightsMismatch
 
-log = logging.getLogger("producers.generator")
+log = logging.getLogger("producers.role")
 
 
 @dataclass

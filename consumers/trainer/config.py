@@ -125,7 +125,7 @@ class LossConfig(Section):
     dual_clip: float | None = _declared("dual_clip")
     off_policy_correction: bool = Field(
         True, description="multiply each token's loss by pi_prox / mu (decoupled PPO / truncated IS), with mu the "
-                          "generator's behaviour logprobs; gspo uses the sequence weight (geometric mean)")
+                          "producer's behaviour logprobs; gspo uses the sequence weight (geometric mean)")
     # The one default the section does not share with a bare LossSpec (whose is_cap is None: it has no behaviour
     # logprobs to weigh): the trainer corrects off-policy by default, so it caps the weight by default, at 5.
     is_cap: float | None = _declared("is_cap", default=5.0)

@@ -161,7 +161,7 @@ def unique_state(module: nn.Module) -> dict[str, Tensor]:
 
 def cast_floating(tensors: dict[str, Tensor], dtype: str) -> dict[str, Tensor]:
     """The floating-point tensors of ``tensors`` in ``dtype`` (a torch dtype name, e.g. the producers'
-    ``producer.dtype``), the others as they are: what a broadcast sends, so a bf16 generator gets bf16 bytes."""
+    ``producer.dtype``), the others as they are: what a broadcast sends, so a bf16 producer gets bf16 bytes."""
     target = getattr(torch, dtype)
     return {name: t.to(target) if t.is_floating_point() else t for name, t in tensors.items()}
 

@@ -40,7 +40,7 @@ class RolloutBatch:
     position_ids: Tensor  # [B, L] int64
     response_ids: Tensor  # [B, T] int64
     response_mask: Tensor  # [B, T] bool: tokens the policy sampled (multi-turn: not the environment's; may have holes)
-    behavior_logp: Tensor  # [B, T] float32, 0 on padding: mu, the generator's (Rollout.behavior_logprobs)
+    behavior_logp: Tensor  # [B, T] float32, 0 on padding: mu, the producer's (Rollout.behavior_logprobs)
     ref_logp: Tensor  # [B, T] float32, 0 on padding and where has_ref is False (ScoredRollout.ref_logprobs)
     has_ref: Tensor  # [B] bool: the scorer attached reference logprobs
     token_versions: Tensor  # [B, T] int64, 0 on padding

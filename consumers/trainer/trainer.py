@@ -6,7 +6,7 @@ membership; the group ``{prefix}.{run}.trainer`` only holds the committed offset
 Produces: ``StaleRollout`` records on ``names.stale`` (key ``group_id``) and re-queued ``Prompt`` records on
 ``names.prompts`` (key ``prompt_id``); dead letters on ``names.dlq`` for records the model cannot take;
 policy versions through :class:`~stream_rl.weights.WeightsPublisher`
-(floating tensors in ``Agreements.weights_dtype``: ``producer.dtype``, the dtype the generators run, handed over by
+(floating tensors in ``Agreements.weights_dtype``: ``producer.dtype``, the dtype the producers run, handed over by
 the CLI; with ``trainer.lora`` the adapters only);
 one JSON line of metrics per step in ``run_dir/metrics.jsonl``; one line per step in ``run_dir/trained.jsonl``
 naming the rollouts it trained (``{"step", "version", "rollout_ids"}``, ``version`` = the policy version the

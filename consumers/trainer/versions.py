@@ -5,7 +5,7 @@ Consumes: the engine's policy weights (gathered from every rank first: ``Command
 broadcast dtype (:class:`~stream_rl.config.shared.Agreements`) and, on resume, the newest manifest on the broker
 (:class:`~stream_rl.weights.WeightsReceiver`).
 Produces: policy versions through :class:`~stream_rl.weights.WeightsPublisher`: floating tensors in the
-broadcast dtype (``producer.dtype``, the dtype the generators run); with ``trainer.lora`` the adapters only,
+broadcast dtype (``producer.dtype``, the dtype the producers run); with ``trainer.lora`` the adapters only,
 stamped with (rank, alpha). Every ``weights.keep_last`` versions a broadcast collects the older ones.
 Guarantees:
 - Versions never go backwards or repeat with different weights: on resume the newest published manifest is read;
@@ -80,7 +80,7 @@ class PolicyVersions:
         self.publisher = WeightsPublisher(transport, sink, weights_cfg, transport.instance_id)
 
     def publish(self, state: TrainState) -> WeightsManifest:
-        """Publish the policy as ``state.version``, in the dtype the generators run (``self.dtype``)."""
+        """Publish the policy as ``state.version``, in the dtype the producers run (``self.dtype``)."""
         self.ranks.send(Command.WEIGHTS)
         weights = cast_floating(self.engine.policy_state_dict(), self.dtype)
         lora = self.lora  # a LoRA version carries the adapters only, stamped with (rank, alpha)

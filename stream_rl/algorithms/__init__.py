@@ -11,7 +11,7 @@ coefficient). Conventions:
   detached tensors: call ``.item()`` (once per step) when logging them;
 - bad arguments raise ``ValueError`` naming the argument;
 - the three policies are named the same everywhere: ``logp`` (pi_theta, being trained), ``prox_logp`` (pi_prox, the
-  proximal policy the ratio is taken against) and ``behavior_logp`` (mu, the generator's); the reference is
+  proximal policy the ratio is taken against) and ``behavior_logp`` (mu, the producer's); the reference is
   ``ref_logp``.
 
 The catalogue of choices (``catalogue.py``) and the loss spec (``spec.py``) import no torch, so a config can use

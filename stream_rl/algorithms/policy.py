@@ -3,7 +3,7 @@
 Consumes: ``logp`` ``[B, T]`` (pi_theta, the current policy, with gradient), ``prox_logp`` ``[B, T]`` (pi_prox, the
 policy the ratio is taken against: the trainer's proximal recomputation before the batch's first update, or the
 sampler's logprobs when generation is on-policy), ``advantages`` ``[B, T]``, the response mask and a
-:class:`~stream_rl.algorithms.spec.LossSpec`; optionally ``behavior_logp`` ``[B, T]`` (mu, the generator's logprobs).
+:class:`~stream_rl.algorithms.spec.LossSpec`; optionally ``behavior_logp`` ``[B, T]`` (mu, the producer's logprobs).
 Produces: ``(loss, metrics)``: a 0-dim loss to minimise and a dict of 0-dim detached tensors (call ``.item()``).
 Guarantees: masked positions never change the loss or its gradient; with logp == prox_logp and no behaviour
 logprobs the gradient is that of -A * logp for every kind (the per-token loss of ppo and gspo is then exactly -A).

@@ -138,7 +138,7 @@ def produce(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: BootstrapO
         flags["producer.producer_id"] = f"producer-{instance}"
     cfg = role_config(config, set_, flags, dry_run, "produce")
     setup_logging()
-    from producers.generator import run_producer
+    from producers.role import run_producer
 
     run_role(run_producer, cfg, cfg.producer, stop_event=stop_on_signals(), max_batches=max_batches)
 

@@ -5,7 +5,7 @@ the loader used (:class:`~stream_rl.prompts.render.TokenizerSource`).
 Produces: per prompt a :class:`Shown` (id, line, data source, answer, token ids, the text those ids decode to) and
 their text rendering, one header line then the text exactly.
 
-Guarantees: the ids are the ones the producer generates from (:func:`producers.generate.prompt_tokens`): a
+Guarantees: the ids are the ones the producer generates from (:func:`producers.step.prompt_tokens`): a
 conversational prompt's rendered ids, else ``tokenizer(text)["input_ids"]`` with the tokenizer's defaults (a BOS
 it adds included); the text shown is those ids decoded with special tokens kept and no clean-up, so a marker the
 template or the tokenizer adds is visible. Without a loadable tokenizer the published text is shown, saying why.

@@ -27,7 +27,7 @@ and lag), checked by ``doctor``, deleted with the run, and given ``topics.retent
 
 CONSUMER_GROUPS = {"producers": "prompts", "scorers": "rollouts", "trainer": "scored"}
 """The run's consumer groups ``{prefix}.{run}.<name>`` and the logical topic each consumes: the one place the
-roles (producers/generator.py, consumers/scorer/scorer.py, consumers/trainer/trainer.py) and ``stream-rl status`` take them from."""
+roles (producers/role.py, consumers/scorer/scorer.py, consumers/trainer/trainer.py) and ``stream-rl status`` take them from."""
 
 
 class TopicError(RuntimeError):

@@ -23,7 +23,7 @@ from support.producers import (
 from producers.config import ProducerConfig
 from producers.engines.base import EngineError, Sample, Sampling
 from producers.engines.hf import HFEngine
-from producers.generate import produce_rollouts
+from producers.step import produce_rollouts
 
 torch.set_num_threads(1)
 
@@ -203,7 +203,7 @@ def test_the_loop_loads_a_version_published_during_a_generation_between_decode_s
     """v1 is published once the producer's first generation has begun (nothing else can load it before the batch
     ends): the hook picks it up at a multiple of inflight_check_every, every rollout of the batch switches from v0
     to v1 at that same token, the books count one in-flight update, and the hook is cleared when the loop ends."""
-    from support.producers import collect, send_prompts, start_generator, stop_generator
+    from support.producers import collect, send_prompts, start_producer, stop_producer
 
     from stream_rl.transport.client import Transport
     from stream_rl.weights import WeightsConfig
@@ -228,12 +228,12 @@ def test_the_loop_loads_a_version_published_during_a_generation_between_decode_s
     engine, every = PublishingEngine.from_dir(model_dir), 2
     pcfg = ProducerConfig(prompts_per_batch=2, max_new_tokens=24, poll_timeout_s=0.3, weights_startup_wait_s=0.2,
                           inflight_updates=True, inflight_check_every=every)
-    thread, stop, stats, out = start_generator(cfg, pcfg, engine, weights_cfg=wcfg)
+    thread, stop, stats, out = start_producer(cfg, pcfg, engine, weights_cfg=wcfg)
     try:
         send_prompts(transport, [prompt_record(1, group_size=4), prompt_record(2, group_size=4)])
         rollouts = [c.value for c in collect(transport, transport.names.rollouts, 8)]
     finally:
-        final = stop_generator(thread, stop, out)
+        final = stop_producer(thread, stop, out)
     assert len(rollouts) == 8 and engine.published
     assert final.inflight_updates == 1 and final.weight_updates == [1] and final.version == engine.version == 1
     switch = {int(np.argmax(r.token_policy_versions)) for r in rollouts if r.max_policy_version == 1}

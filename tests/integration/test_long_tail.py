@@ -1,6 +1,6 @@
 """No batch barrier (issue 31, item 3) on the tiny real Llama, float32: the hf engine hands each group over from
 inside its decode loop at the step its last sample ended; the samples are bit for bit those of a call without the
-hand-over; the producer's step gives each group to its sink once, as the same rollouts; the generator role on the
+hand-over; the producer's step gives each group to its sink once, as the same rollouts; the producer role on the
 in-process bus publishes exactly what the batch barrier published, each rollout once."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from support.topics import caught_up, read_records
 from producers.config import ProducerConfig
 from producers.engines.base import Sampling
 from producers.engines.hf import HFEngine
-from producers.generate import produce_rollouts
+from producers.step import produce_rollouts
 
 # token ids 3..12 end a sample too: the rows of a batch end at very different steps
 SAMPLING = Sampling(temperature=1.0, stop_token_ids=list(range(3, 13)))
@@ -85,10 +85,10 @@ def test_the_step_hands_every_group_to_its_sink_once_as_the_rollouts_it_returns(
 
 
 @pytest.mark.parametrize("stream", [True, False])
-def test_the_generator_publishes_each_rollout_once_streamed_or_not(stream, engine, tmp_path, run_name):
+def test_the_producer_publishes_each_rollout_once_streamed_or_not(stream, engine, tmp_path, run_name):
     from stream_rl.cli.config import load_config
     from stream_rl.transport.client import Transport
-    from support.producers import start_generator, stop_generator
+    from support.producers import start_producer, stop_producer
     from support.waiting import wait_for
 
     cfg = load_config(None, env={}, overrides={"kafka.bootstrap_servers": f"memory://{run_name}",
@@ -98,9 +98,9 @@ def test_the_generator_publishes_each_rollout_once_streamed_or_not(stream, engin
     send_prompts(transport, [prompt_record(i, group_size=3) for i in range(4)])
     pcfg = ProducerConfig(follow_weights=False, prompts_per_batch=4, max_new_tokens=BUDGET, poll_timeout_s=0.2,
                           stop_token_ids=SAMPLING.stop_token_ids, stream_groups=stream, seed=2)
-    thread, stop, stats, out = start_generator(cfg, pcfg, engine)
+    thread, stop, stats, out = start_producer(cfg, pcfg, engine)
     wait_for(lambda: stats.rollouts == 12, "stats.rollouts == 12", 60.0, watch=[out])
-    stop_generator(thread, stop, out)
+    stop_producer(thread, stop, out)
     records = read_records(transport, transport.names.rollouts, "rollout")
     ids = [r.value.rollout_id for r in records]
     assert len(ids) == len(set(ids)) == 12  # each once, none lost
@@ -132,11 +132,11 @@ def test_a_stopped_loop_returns_the_ended_groups_unchanged_and_the_rest_empty(en
         assert cut[b] == (full[b] if ended[b] else [])  # same RNG stream up to the stop: the same samples
 
 
-def test_the_step_aborts_the_tail_and_the_generator_regenerates_it(engine, tmp_path, run_name):
-    from producers.generate import EarlyStop
+def test_the_step_aborts_the_tail_and_the_producer_regenerates_it(engine, tmp_path, run_name):
+    from producers.step import EarlyStop
     from stream_rl.cli.config import load_config
     from stream_rl.transport.client import Transport
-    from support.producers import start_generator, stop_generator
+    from support.producers import start_producer, stop_producer
     from support.waiting import wait_for
 
     prompts = [prompt_record(i, group_size=3) for i in range(6)]
@@ -157,11 +157,11 @@ def test_the_step_aborts_the_tail_and_the_generator_regenerates_it(engine, tmp_p
     send_prompts(transport, prompts)
     pcfg = ProducerConfig(follow_weights=False, prompts_per_batch=6, max_new_tokens=BUDGET, poll_timeout_s=0.2,
                           stop_token_ids=SAMPLING.stop_token_ids, seed=3, oversample=1.0)
-    thread, stop, stats, out = start_generator(cfg, pcfg, engine)
+    thread, stop, stats, out = start_producer(cfg, pcfg, engine)
     wait_for(lambda: stats.rollouts == 18, "stats.rollouts == 18", 60.0, watch=[out])
     wait_for(lambda: caught_up(transport, transport.names.group("producers"), transport.names.prompts),
              "the producers' commits at the end of the prompts", 30.0, watch=[out])  # the carried ones too
-    stop_generator(thread, stop, out)
+    stop_producer(thread, stop, out)
     assert stats.batches >= 2  # the aborted prompts came back in a later batch
     records = read_records(transport, transport.names.rollouts, "rollout")
     ids = [r.value.rollout_id for r in records]

@@ -21,7 +21,7 @@ from consumers.trainer.train_step import TrainState, train_step
 from producers.engines.base import Sampling
 from producers.engines.hf import HFEngine
 from producers.environment import EnvironmentLoadError, Observation, load_environment
-from producers.generate import Turns, produce_rollouts
+from producers.step import Turns, produce_rollouts
 from producers.multiturn import run_episodes, turn_seed
 from schemas import Prompt, ScoredRollout, decode, encode
 from stream_rl.cli.config import load_config
@@ -226,7 +226,7 @@ def test_multiturn_is_refused_with_token_level_estimators():
 
 @pytest.mark.broker
 def test_the_producer_loop_plays_episodes_and_dead_letters_a_prompt_its_environment_fails_on(make_config, engine):
-    from support.producers import collect, send_prompts, start_generator, stop_generator
+    from support.producers import collect, send_prompts, start_producer, stop_producer
     from support.topics import read_values
     from support.waiting import wait_for
 
@@ -241,11 +241,11 @@ def test_the_producer_loop_plays_episodes_and_dead_letters_a_prompt_its_environm
     good = episode_prompt()
     bad = Prompt(prompt_id="not-addition", epoch=0, text="1=", answer=None, group_size=2)  # reset raises
     send_prompts(transport, [good, bad])
-    thread, stop, stats, out = start_generator(cfg, pcfg, engine)
+    thread, stop, stats, out = start_producer(cfg, pcfg, engine)
     rollouts = [c.value for c in collect(transport, transport.names.rollouts, want=2)]
     wait_for(lambda: stats.prompts + stats.rejected_prompts == 2,
              'stats.prompts + stats.rejected_prompts == 2', 30.0, watch=[out])
-    stop_generator(thread, stop, out)
+    stop_producer(thread, stop, out)
     assert sorted(r.rollout_id for r in rollouts) == ["add-12-34:0:0", "add-12-34:0:1"]
     for r in rollouts:
         roles = [t["role"] for t in r.turns]

@@ -18,7 +18,7 @@ import dataclasses
 
 import pytest
 from support.messages import rollout_for_scoring
-from support.producers import FakeEngine, prompt_record, send_prompts, start_generator, stop_generator
+from support.producers import FakeEngine, prompt_record, send_prompts, start_producer, stop_producer
 from support.scorer import ScorerThread, group_rollouts, send_rollouts
 from support.topics import committed, read_records
 from support.waiting import wait_for
@@ -102,11 +102,11 @@ def test_producer_dead_letters_the_prompt_of_a_group_too_large_and_goes_on(make_
     big = dataclasses.replace(prompt_record(1), metadata={"blob": BLOB})
     send_prompts(t, [prompt_record(0), big, prompt_record(2)])
     pcfg = ProducerConfig(follow_weights=False, prompts_per_batch=3, max_new_tokens=4, poll_timeout_s=0.3)
-    thread, stop, stats, out = start_generator(role, pcfg, FakeEngine(build_tokenizer()))
+    thread, stop, stats, out = start_producer(role, pcfg, FakeEngine(build_tokenizer()))
     group = t.names.group("producers")
     wait_for(lambda: committed(t, group).get((t.names.prompts, 0)) == 3, "the producer's commit past all 3", 40,
              watch=[out])
-    stop_generator(thread, stop, out)
+    stop_producer(thread, stop, out)
     letters = [d.value for d in read_records(t, t.names.dlq, "dead_letter")]
     assert [(d.error_type, d.source_offset) for d in letters] == [("RecordTooLarge", 1)]
     assert f"more than kafka.max_request_size = {LIMIT} bytes" in letters[0].reason

@@ -24,7 +24,7 @@ from support.producers import PROMPTS, build_tiny_model_dir, perturbed_state_dic
 
 from producers.engines.base import Sampling
 from producers.engines.hf import HFEngine, score_tokens
-from producers.generate import EarlyStop, produce_rollouts
+from producers.step import EarlyStop, produce_rollouts
 from producers.partials import prefixes, resume_partials
 
 SAMPLING = Sampling(temperature=1.0, stop_token_ids=tuple(range(3, 8)))  # rows end at very different steps
@@ -105,15 +105,15 @@ def test_a_crash_between_the_partials_flush_and_the_prompts_commit_loses_nothing
     drops), the dead producer's prefixes resumed, and both topics end committed."""
     from collections import Counter
 
-    from producers import generator
+    from producers import role as producer_role
     from producers.config import ProducerConfig
     from stream_rl.cli.config import load_config
     from stream_rl.transport.client import Transport
-    from support.producers import send_prompts, start_generator
+    from support.producers import send_prompts, start_producer
     from support.topics import caught_up, read_records
     from support.waiting import wait_for
 
-    real_hit = generator.failpoints.hit
+    real_hit = producer_role.failpoints.hit
 
     def hit(name: str) -> None:
         if name == "producer.after_send" and not crashed:
@@ -122,7 +122,7 @@ def test_a_crash_between_the_partials_flush_and_the_prompts_commit_loses_nothing
         real_hit(name)
 
     crashed: list[str] = []
-    monkeypatch.setattr(generator.failpoints, "hit", hit)
+    monkeypatch.setattr(producer_role.failpoints, "hit", hit)
     engine = HFEngine.from_dir(model_dir)
     cfg = load_config(None, env={}, overrides={"kafka.bootstrap_servers": f"memory://{run_name}",
                                                "topics.run": run_name, "run_dir": str(tmp_path / "run")})
@@ -131,12 +131,12 @@ def test_a_crash_between_the_partials_flush_and_the_prompts_commit_loses_nothing
     send_prompts(transport, [prompt_record(i, group_size=3) for i in range(6)])
     pcfg = ProducerConfig(follow_weights=False, prompts_per_batch=6, max_new_tokens=BUDGET, poll_timeout_s=0.2,
                           stop_token_ids=list(SAMPLING.stop_token_ids), seed=3, oversample=1.0, partial_max_lag=0)
-    thread, _, _, out = start_generator(cfg, pcfg, engine)
+    thread, _, _, out = start_producer(cfg, pcfg, engine)
     thread.join(60)
     assert isinstance(out.get("error"), _Crash)  # died after the flush, before the commit
     dead = read_records(transport, transport.names.partials, "partial_group")
     assert dead and not caught_up(transport, transport.names.group("producers"), transport.names.prompts)
-    thread, stop, stats, out = start_generator(cfg, pcfg, engine)
+    thread, stop, stats, out = start_producer(cfg, pcfg, engine)
     group = transport.names.group("producers")
     wait_for(lambda: caught_up(transport, group, transport.names.prompts)
              and caught_up(transport, group, transport.names.partials) and stats.partials_resumed >= len(dead),

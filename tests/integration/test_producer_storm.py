@@ -18,8 +18,8 @@ from support.producers import (
     perturbed_state_dict,
     prompt_record,
     send_prompts,
-    start_generator,
-    stop_generator,
+    start_producer,
+    stop_producer,
 )
 from support.topics import heartbeats, read_records, read_values
 from support.waiting import wait_for
@@ -27,7 +27,7 @@ from support.waiting import wait_for
 from producers.budget import Budget
 from producers.config import ProducerConfig
 from producers.engines.hf import HFEngine
-from producers.generate import check_prompts, plan_batch
+from producers.step import check_prompts, plan_batch
 from schemas import DeadLetter, Prompt, StaleRollout, group_id_for, rollout_id_for
 from schemas.validation import message_to_wire
 
@@ -132,7 +132,7 @@ def test_producer_over_budget_resumes_when_the_trainer_drops_its_groups_as_stale
                           max_groups_per_version=2, versions_ahead=0, backpressure_timeout_s=None)
     first = [prompt_record(i, group_size=2) for i in range(2)]
     send_prompts(transport, first)
-    thread, stop, stats, out = start_generator(cfg, pcfg, HFEngine.from_dir(model_dir), weights_cfg=WeightsConfig())
+    thread, stop, stats, out = start_producer(cfg, pcfg, HFEngine.from_dir(model_dir), weights_cfg=WeightsConfig())
     try:
         wait_for(lambda: stats.groups == 2,
                  'stats.groups == 2', 30.0, watch=[out])  # its whole budget at v0: no trainer publishes a new version
@@ -148,7 +148,7 @@ def test_producer_over_budget_resumes_when_the_trainer_drops_its_groups_as_stale
         wait_for(lambda: stats.groups == 4, 'stats.groups == 4', 15.0, watch=[out])
         resumed_s = time.monotonic() - started
     finally:
-        final = stop_generator(thread, stop, out)
+        final = stop_producer(thread, stop, out)
     assert final.groups_returned == 2 and final.budget_resets == 0
     assert resumed_s < 15.0
     assert sorted({r.value.prompt_id for r in collect(transport, transport.names.rollouts, 8)}) == [
@@ -173,13 +173,13 @@ def test_producer_falls_back_to_the_newest_verified_version(make_config, model_d
     sink.flush()  # v3: a manifest whose payload digest matches nothing
     engine = HFEngine.from_dir(model_dir)
     pcfg = ProducerConfig(prompts_per_batch=2, max_new_tokens=4, poll_timeout_s=0.3, weights_startup_wait_s=10)
-    caplog.set_level(logging.WARNING, logger="producers.generator")
-    thread, stop, stats, out = start_generator(cfg, pcfg, engine, weights_cfg=wcfg)
+    caplog.set_level(logging.WARNING, logger="producers.role")
+    thread, stop, stats, out = start_producer(cfg, pcfg, engine, weights_cfg=wcfg)
     try:
         send_prompts(transport, [prompt_record(1, group_size=2)])
         rollouts = [c.value for c in collect(transport, transport.names.rollouts, 2)]
     finally:
-        final = stop_generator(thread, stop, out)
+        final = stop_producer(thread, stop, out)
     assert engine.version == 2 and final.weight_updates == [2] and final.rejected_versions == [3]
     assert {int(v) for r in rollouts for v in r.token_policy_versions} == {2}
     messages = [r.getMessage() for r in caplog.records]
@@ -215,13 +215,13 @@ def test_poison_prompts_are_dead_lettered_once_across_a_crash_and_a_restart(make
     send_prompts(transport, [prompt_record(0, group_size=5), prompt_record(1, group_size=2), prompt_record(2, group_size=6),
                               prompt_record(3, group_size=2)])  # p0 and p2 above the producer's bound
     engine = HFEngine.from_dir(model_dir)
-    thread, stop, stats, out = start_generator(cfg, pcfg, _CrashOnce(engine))
+    thread, stop, stats, out = start_producer(cfg, pcfg, _CrashOnce(engine))
     thread.join(30)
     assert isinstance(out.get("error"), RuntimeError)  # died generating p1, after p0 was dead-lettered
     letters = read_values(transport, transport.names.dlq, "dead_letter")
     assert [(d.source_offset, d.error_type) for d in letters] == [(0, "PromptRejected")]
 
-    thread, stop, stats, out = start_generator(cfg, pcfg, engine)  # the restart goes on from p1
+    thread, stop, stats, out = start_producer(cfg, pcfg, engine)  # the restart goes on from p1
     try:
         wait_for(lambda: stats.prompts == 2, 'stats.prompts == 2', 30.0, watch=[out])
         sink = transport.sink()  # then a prompt asking for 1e9 samples (raw: whichever check rejects it)
@@ -232,7 +232,7 @@ def test_poison_prompts_are_dead_lettered_once_across_a_crash_and_a_restart(make
         send_prompts(transport, [prompt_record(5, group_size=2)])
         wait_for(lambda: stats.prompts == 3, 'stats.prompts == 3', 30.0, watch=[out])
     finally:
-        final = stop_generator(thread, stop, out)
+        final = stop_producer(thread, stop, out)
     letters: list[DeadLetter] = read_values(transport, transport.names.dlq, "dead_letter")
     assert sorted(d.source_offset for d in letters) == [0, 2, 4]  # each poison prompt once, across both runs
     assert all("group_size" in d.reason for d in letters), [d.reason for d in letters]

@@ -18,8 +18,8 @@ from support.producers import (
     recompute_logprobs,
     reference_model,
     send_prompts,
-    start_generator,
-    stop_generator,
+    start_producer,
+    stop_producer,
 )
 from support.topics import caught_up, check_role_telemetry, heartbeats, only_export
 from support.waiting import wait_for
@@ -27,7 +27,7 @@ from support.waiting import wait_for
 from producers.config import ProducerConfig
 from producers.engines.base import EngineError, Sample, Sampling, WeightsMismatch, cut_at_stop, prompt_seed
 from producers.engines.hf import HFEngine
-from producers.generate import batch_seed, produce_rollouts
+from producers.step import batch_seed, produce_rollouts
 from schemas import Rollout, encode, group_id_for, rollout_id_for
 
 torch.set_num_threads(1)
@@ -273,11 +273,11 @@ def test_loop_turns_prompts_into_keyed_groups_and_commits(make_config, engine):
     transport.ensure_topics()
     pcfg = ProducerConfig(follow_weights=False, prompts_per_batch=3, max_new_tokens=6, poll_timeout_s=0.5)
     send_prompts(transport, [prompt_record(i, group_size=2) for i in range(5)] + [prompt_record(9, text="bad!")])
-    thread, stop, stats, out = start_generator(cfg, pcfg, engine)
+    thread, stop, stats, out = start_producer(cfg, pcfg, engine)
     first = collect(transport, transport.names.rollouts, want=10)
     wait_for(lambda: stats.prompts + stats.rejected_prompts == 6,
              'stats.prompts + stats.rejected_prompts == 6', 30.0, watch=[out])
-    assert stop_generator(thread, stop, out).rollouts == 10
+    assert stop_producer(thread, stop, out).rollouts == 10
     rollouts = [c.value for c in first]
     assert sorted(r.rollout_id for r in rollouts) == sorted(rollout_id_for(f"p{i}", 0, j) for i in range(5)
                                                            for j in range(2))
@@ -294,11 +294,11 @@ def test_loop_turns_prompts_into_keyed_groups_and_commits(make_config, engine):
 
     # a restart in the same group reads only what is new: nothing of the first run is generated again
     send_prompts(transport, [prompt_record(7, epoch=1, group_size=2)])
-    thread, stop, stats2, out = start_generator(cfg, pcfg, engine)
+    thread, stop, stats2, out = start_producer(cfg, pcfg, engine)
     wait_for(lambda: stats2.prompts == 1, 'stats2.prompts == 1', 30.0, watch=[out])
     wait_for(lambda: caught_up(transport, transport.names.group("producers"), transport.names.prompts),
              "the producers' commits at the end of every prompts partition", 30.0, watch=[out])  # nothing left to read
-    assert stop_generator(thread, stop, out).prompts == 1
+    assert stop_producer(thread, stop, out).prompts == 1
     every = [c.value.rollout_id for c in collect(transport, transport.names.rollouts, want=0)]  # all, stopped
     assert sorted(every) == sorted([r.rollout_id for r in rollouts] + [rollout_id_for("p7", 1, j) for j in range(2)])
 
@@ -318,7 +318,7 @@ def test_loop_follows_verified_weights_and_keeps_its_version_on_a_corrupt_one(ma
     v1 = publisher.publish(perturbed_state_dict(model_dir, seed=1), version=1, step=1)
     engine = HFEngine.from_dir(model_dir)
     pcfg = ProducerConfig(prompts_per_batch=4, max_new_tokens=4, poll_timeout_s=0.3, weights_startup_wait_s=10)
-    thread, stop, stats, out = start_generator(cfg, pcfg, engine, weights_cfg=wcfg)
+    thread, stop, stats, out = start_producer(cfg, pcfg, engine, weights_cfg=wcfg)
     try:
         send_prompts(transport, [prompt_record(1, group_size=2)])
         assert {int(v) for c in collect(transport, transport.names.rollouts, 2)
@@ -334,7 +334,7 @@ def test_loop_follows_verified_weights_and_keeps_its_version_on_a_corrupt_one(ma
         send_prompts(transport, [prompt_record(3, group_size=2)])
         rollouts: list[Rollout] = [c.value for c in collect(transport, transport.names.rollouts, 6)]
     finally:
-        final = stop_generator(thread, stop, out)
+        final = stop_producer(thread, stop, out)
     versions = {r.prompt_id: set(r.token_policy_versions.tolist()) for r in rollouts}
     assert versions == {"p1": {1}, "p2": {1}, "p3": {3}}
     assert final.weight_updates == [1, 3] and final.rejected_versions == [2]
@@ -370,7 +370,7 @@ def test_loop_follows_delta_versions_bit_for_bit_and_rejects_a_corrupt_delta(mak
     assert v2.is_delta and v2.sent_bytes < 0.1 * v2.total_bytes
     engine = HFEngine.from_dir(model_dir)
     pcfg = ProducerConfig(prompts_per_batch=4, max_new_tokens=4, poll_timeout_s=0.3, weights_startup_wait_s=10)
-    thread, stop, stats, out = start_generator(cfg, pcfg, engine, weights_cfg=wcfg)
+    thread, stop, stats, out = start_producer(cfg, pcfg, engine, weights_cfg=wcfg)
     try:
         wait_for(lambda: engine.version == 2,
                  'engine.version == 2', 30.0, watch=[out])  # v1 full, then v2 rebuilt from it
@@ -385,7 +385,7 @@ def test_loop_follows_delta_versions_bit_for_bit_and_rejects_a_corrupt_delta(mak
         send_prompts(transport, [prompt_record(1, group_size=2)])
         rollouts = [c.value for c in collect(transport, transport.names.rollouts, 2)]
     finally:
-        final = stop_generator(thread, stop, out)
+        final = stop_producer(thread, stop, out)
     assert {int(v) for r in rollouts for v in r.token_policy_versions} == {4}
     assert final.weight_updates == [2, 4]  # v2 rebuilt from snapshot v1 at start-up, then v4 from the held v2
     assert final.rejected_versions == [3] and v1.delta_base is None

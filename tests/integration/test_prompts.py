@@ -309,7 +309,7 @@ def test_load_renders_messages_and_replay_shows_the_rendered_prompt_of_a_rollout
 
     from producers.engines.base import Sampling
     from producers.engines.hf import HFEngine
-    from producers.generate import produce_rollouts
+    from producers.step import produce_rollouts
     from stream_rl.models.loading import load_policy
     from stream_rl.transport.client import Transport
 

@@ -98,7 +98,7 @@ def test_vllm_behaviour_logprobs_match_the_trainer_recomputation(engine, model_d
 
 
 def test_vllm_step_rollouts_are_valid_wire_messages(engine):
-    from producers.generate import produce_rollouts
+    from producers.step import produce_rollouts
     from schemas import Prompt, encode
 
     prompts = [Prompt(prompt_id=f"p{i}", epoch=0, text=f"{i}+{i}=", group_size=3) for i in range(4)]
@@ -135,7 +135,7 @@ def test_vllm_stops_the_long_tail_and_hands_over_the_cut_groups_prefixes(engine)
     sample whole) handed to ``on_cut``; the step makes them PartialGroups that vLLM then resumes."""
     from support.producers import PROMPTS, prompt_record
 
-    from producers.generate import EarlyStop, produce_rollouts
+    from producers.step import EarlyStop, produce_rollouts
     from producers.partials import resume_partials
 
     sampling = Sampling(1.0, stop_token_ids=(3, 4, 5, 6, 7))

@@ -1,5 +1,5 @@
-"""Producer (generator) test helpers: tiny model directories, prompt records, a scripted engine (``FakeEngine``),
-the generator role run on a thread (``start_generator``/``stop_generator``) and readers of what it wrote, and the
+"""Producer test helpers: tiny model directories, prompt records, a scripted engine (``FakeEngine``),
+the producer role run on a thread (``start_producer``/``stop_producer``) and readers of what it wrote, and the
 in-flight-update analysis (``swap_errors``) shared by the hf and vLLM engine tests."""
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def resume_hf_cuts(engine: GenerationEngine, model_dir: Path, budget: int = 12) 
     before the cut). The resumption tests of each engine assert on these."""
     from producers.engines.base import Sampling
     from producers.engines.hf import HFEngine, score_tokens
-    from producers.generate import EarlyStop, produce_rollouts
+    from producers.step import EarlyStop, produce_rollouts
     from producers.partials import prefixes, resume_partials
 
     sampling = Sampling(1.0, stop_token_ids=(3, 4, 5, 6, 7))
@@ -161,9 +161,9 @@ def collect(transport, topic: str, want: int, timeout_s: float = 40.0) -> list:
         time.sleep(0.2)
 
 
-def start_generator(cfg, pcfg, engine, weights_cfg=None):
+def start_producer(cfg, pcfg, engine, weights_cfg=None):
     """run_producer in a thread on ``cfg`` with ``pcfg`` (and ``weights_cfg``) as its sections, reusing ``engine``."""
-    from producers.generator import ProducerDeps, ProducerStats, run_producer
+    from producers.role import ProducerDeps, ProducerStats, run_producer
 
     stop, stats, out = threading.Event(), ProducerStats(), {}
     cfg = cfg.model_copy(update={"producer": pcfg, **({"weights": weights_cfg} if weights_cfg is not None else {})})
@@ -179,7 +179,7 @@ def start_generator(cfg, pcfg, engine, weights_cfg=None):
     return thread, stop, stats, out
 
 
-def stop_generator(thread, stop, out):
+def stop_producer(thread, stop, out):
     stop.set()
     thread.join(60)
     assert not thread.is_alive()

@@ -27,7 +27,7 @@ from support.multiturn import Scripted, ScriptedChatEngine
 from producers.chat_turns import ChatTurns, TemplateDriftError
 from producers.engines.base import Sampling
 from producers.environment import Observation, ToolEnvironment
-from producers.generate import Turns, produce_rollouts
+from producers.step import Turns, produce_rollouts
 from producers.multiturn import run_episodes
 from schemas import Prompt
 

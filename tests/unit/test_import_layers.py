@@ -141,7 +141,7 @@ def test_an_edge_leak_is_named(monkeypatch):
     ("stream_rl/transport/edge.py", "consumers.trainer.config", "core"),
     ("schemas/messages.py", "stream_rl.transport", "wire"),
     ("stream_rl/cli/main.py", "bench.run", "cli"),
-    ("producers/generator.py", "consumers.scorer.scoring", "a role never imports another role"),
+    ("producers/role.py", "consumers.scorer.scoring", "a role never imports another role"),
 ])
 def test_a_wrong_way_import_is_named(tmp_path, monkeypatch, importer, target, why):
     """The check fails on a planted wrong-way import, naming the file, the line and both layers."""

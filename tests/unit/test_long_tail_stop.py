@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from producers.config import ProducerConfig
-from producers.generate import should_stop
+from producers.step import should_stop
 
 
 def test_oversample_stops_once_the_groups_a_version_needs_are_in():

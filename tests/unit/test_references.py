@@ -1,4 +1,4 @@
-"""One loader of ``package.module:name`` references serves the scorer's reward functions and the generator's
+"""One loader of ``package.module:name`` references serves the scorer's reward functions and the producer's
 environments: each failure is one line naming the reference and what is wrong, in the caller's error type."""
 
 from __future__ import annotations

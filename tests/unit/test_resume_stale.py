@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 from safetensors.torch import load_file
-from support.producers import prompt_record, send_prompts, start_generator, stop_generator
+from support.producers import prompt_record, send_prompts, start_producer, stop_producer
 from support.topics import read_records
 from support.waiting import wait_for
 
@@ -54,7 +54,7 @@ def test_a_republished_checkpoint_keeps_the_producers_in_flight_groups_on_the_tr
     # one group per trained version, none ahead: allowed(v) = (trained versions since v1 + 1) groups
     pcfg = ProducerConfig(prompts_per_batch=1, max_new_tokens=4, poll_timeout_s=0.3, weights_startup_wait_s=5.0,
                           max_groups_per_version=1, versions_ahead=0, backpressure_timeout_s=None)
-    thread, stop, stats, out = start_generator(cfg, pcfg, HFEngine.from_dir(model_dir), weights_cfg=wcfg)
+    thread, stop, stats, out = start_producer(cfg, pcfg, HFEngine.from_dir(model_dir), weights_cfg=wcfg)
     try:
         wait_for(lambda: _groups(transport) == 1, "the group of v1", 60, watch=[out])
         for version in (2, 3):  # the trainer trains on: one more group per version
@@ -72,6 +72,6 @@ def test_a_republished_checkpoint_keeps_the_producers_in_flight_groups_on_the_tr
         publisher.publish(weights, version=7, step=4)
         wait_for(lambda: _groups(transport) == 4, "the group of step 4 (v7)", 60, watch=[out])
     finally:
-        final = stop_generator(thread, stop, out)
+        final = stop_producer(thread, stop, out)
     assert _group_versions(transport) == [1, 2, 3, 7]  # nothing was generated while holding v4, v5 or v6
     assert final.budget_resets == 0 and final.weight_updates[-1] == 7

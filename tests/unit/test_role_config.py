@@ -35,7 +35,7 @@ def _entry_points():
     from consumers.scorer.scorer import run_scorer
     from consumers.trainer.trainer import Trainer, run_trainer
     from producers.evaluator.role import evaluate_once, run_evaluator
-    from producers.generator import run_producer
+    from producers.role import run_producer
 
     return [(run_producer, [SharedConfig, ProducerConfig]), (run_scorer, [SharedConfig, ScorerConfig]),
             (run_trainer, [SharedConfig, TrainerConfig]), (Trainer.__init__, [SharedConfig, TrainerConfig]),

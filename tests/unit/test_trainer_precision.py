@@ -1,5 +1,5 @@
 """Trainer device and precision: bf16 mixed precision (bf16 compute, fp32 master weights and AdamW state) tracks the
-fp32 step; the device is resolved from `trainer.device`; broadcasts go out in the generators' dtype."""
+fp32 step; the device is resolved from `trainer.device`; broadcasts go out in the producers' dtype."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``stream-rl produce``: the generator role, a thin Kafka loop around the generation step (:mod:`producers.generate`).
+"""``stream-rl produce``: the producer role, a thin Kafka loop around the generation step (:mod:`producers.step`).
 
 Consumes: ``Prompt`` records from the run's prompts topic, in the consumer group ``{prefix}.{run}.producers``
 (so producer processes share the prompts; with ``producer.partial_max_lag`` the same consumer also reads the
@@ -94,7 +94,7 @@ from dataclasses import dataclass
 from producers.budget import Budget
 from producers.config import ProducerConfig
 from producers.engines.base import GenerationEngine
-from producers.generate import (
+from producers.step import (
     EarlyStop, GroupSink, StepResult, Turns, check_prompts, plan_batch, produce_rollouts,
 )
 from producers.publish import dead_letter, dead_letter_replays, group_sender, publish, publish_partials
@@ -204,7 +204,7 @@ def _iterate(batch: _Batcher, follower: WeightsFollower | None, budget: Budget, 
 
 class _Batcher:
     """One iteration over polled prompts: dead-letter the rejected ones or generate for the accepted ones (see
-    :func:`producers.generate.plan_batch`), then commit; records after a run wait in ``carry`` (uncommitted)."""
+    :func:`producers.step.plan_batch`), then commit; records after a run wait in ``carry`` (uncommitted)."""
 
     def __init__(self, source, sink, engine: GenerationEngine, pcfg: ProducerConfig, producer_id: str, topic: str):
         self.source, self.sink, self.engine, self.pcfg = source, sink, engine, pcfg

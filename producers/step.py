@@ -211,32 +211,20 @@ def produce_rollouts(prompts: Sequence[Prompt], engine: GenerationEngine, *, pro
         early[item[0]] = wrap(item, samples, generate_s, clock())
         on_group(early[item[0]])
 
+    def keep_cut(item, samples: list[Sample], running: list[bool]) -> None:
+        partials[item[0]] = _partial(item, samples, running, version, producer_id)
+
     generate_s = 0.0
     for n, items in sorted(by_size.items()):
         t0 = time.perf_counter()
-        stream = None
-        if on_group is not None and turns is None and getattr(engine, "streams_groups", False):
-            stream = lambda b, samples, items=items, t0=t0: hand_over(  # noqa: E731
-                items[b], samples, generate_s + time.perf_counter() - t0)
+        hooks = _decode_hooks(engine, items, turns, early_stop, t0, spent_s=generate_s,
+                              stream_to=hand_over if on_group is not None else None, cut_to=keep_cut)
         sampling_seed = batch_seed(seed, [p for _, p, _ in items])
-        stop = _stop_when(early_stop, items, t0) if turns is None and _cuts(engine) else None
-        cut = None
-        if stop is not None and early_stop.keep_partials:
-            cut = lambda b, samples, running, items=items: partials.__setitem__(  # noqa: E731
-                items[b][0], _partial(items[b], samples, running, version, producer_id))
-        generated = _generate_groups(engine, items, n, sampling, max_new_tokens, sampling_seed, turns, stream, stop,
-                                     cut)
+        generated = _generate_groups(engine, items, n, sampling, max_new_tokens, sampling_seed, turns, hooks)
         generate_s += time.perf_counter() - t0
-        for item, group in zip(items, generated, strict=True):
-            if isinstance(group, str):  # its environment failed: dead-lettered with the reason
-                rejected.append(Rejected(item[0], group))
-                continue
-            if not group:  # cut by early_stop
-                aborted.append(item[0])
-                continue
-            groups[item[0]] = group
+        for item in _file_groups(items, generated, groups, rejected, aborted):
             if on_group is not None and item[0] not in early:
-                hand_over(item, group, generate_s)
+                hand_over(item, groups[item[0]], generate_s)
     accepted = [item for item in accepted if item[0] in groups]
     created_at = clock()
     rollouts = [r for item in accepted
@@ -262,19 +250,52 @@ def _stop_when(early_stop: EarlyStop | None, items, t0: float) -> Callable[[list
                                      early_stop.abort_after_s)
 
 
+def _decode_hooks(engine: GenerationEngine, items, turns: Turns | None, early_stop: EarlyStop | None, t0: float,
+                  *, spent_s: float, stream_to: Callable[[Any, list[Sample], float], None] | None,
+                  cut_to: Callable[[Any, list[Sample], list[bool]], None]) -> dict[str, Callable[..., Any]]:
+    """The decode-loop hooks for the generation of ``items`` started at ``t0`` (none for multi-turn episodes;
+    ``engine.generate`` takes those it supports). ``on_group`` (an engine that streams groups, ``stream_to`` set)
+    hands each complete group to ``stream_to(item, samples, generate_s)``, ``generate_s`` counting ``spent_s``
+    before ``t0``; ``stop_when`` (an engine that cuts groups) applies ``early_stop``; ``on_cut``
+    (``EarlyStop.keep_partials``) hands each cut group's samples to ``cut_to(item, samples, running)``."""
+    if turns is not None:
+        return {}
+    hooks: dict[str, Callable[..., Any]] = {}
+    if stream_to is not None and getattr(engine, "streams_groups", False):
+        hooks["on_group"] = lambda b, samples: stream_to(items[b], samples, spent_s + time.perf_counter() - t0)
+    stop = _stop_when(early_stop, items, t0) if _cuts(engine) else None
+    if stop is not None:
+        hooks["stop_when"] = stop
+        if early_stop is not None and early_stop.keep_partials:
+            hooks["on_cut"] = lambda b, samples, running: cut_to(items[b], samples, running)
+    return hooks
+
+
 def _generate_groups(engine: GenerationEngine, items, n: int, sampling: Sampling, max_new_tokens: int, seed: int,
-                     turns: Turns | None, stream: Callable[[int, list[Sample]], None] | None,
-                     stop: Callable[[list[bool]], bool] | None = None,
-                     cut: Callable[[int, list[Sample], list[bool]], None] | None = None) -> list:
+                     turns: Turns | None, hooks: dict[str, Callable[..., Any]]) -> list:
     """The groups of ``items`` (a list of samples per prompt, or a multi-turn failure's reason)."""
     ids = [ids for _, _, ids in items]
     if turns is not None:
         return run_episodes(engine, [p for _, p, _ in items], ids, n, sampling=sampling,
                             max_new_tokens=max_new_tokens, seed=seed, make_env=turns.make_env,
                             max_turns=turns.max_turns, chat=turns.chat(engine.tokenizer))
-    hooks = {name: hook for name, hook in (("on_group", stream), ("stop_when", stop), ("on_cut", cut))
-             if hook is not None}  # an engine takes the ones it supports (streams_groups, cuts_groups)
     return engine.generate(ids, n, sampling, max_new_tokens, seed, **hooks)
+
+
+def _file_groups(items, generated: list, groups: dict[int, list[Sample]], rejected: list[Rejected],
+                 aborted: list[int]) -> list:
+    """File each generated group of ``items``: a multi-turn failure's reason in ``rejected``, a group cut by
+    ``early_stop`` (empty) in ``aborted``, a complete one in ``groups``. Returns the items whose groups are complete."""
+    complete = []
+    for item, group in zip(items, generated, strict=True):
+        if isinstance(group, str):  # its environment failed: dead-lettered with the reason
+            rejected.append(Rejected(item[0], group))
+        elif not group:  # cut by early_stop
+            aborted.append(item[0])
+        else:
+            groups[item[0]] = group
+            complete.append(item)
+    return complete
 
 
 def _cuts(engine: GenerationEngine) -> bool:

@@ -94,6 +94,7 @@ from dataclasses import dataclass
 from producers.budget import Budget
 from producers.config import ProducerConfig
 from producers.engines.base import GenerationEngine
+from producers.parts import build_backpressure, build_epoch_gate, build_turns
 from producers.step import (
     EarlyStop, GroupSink, StepResult, Turns, check_prompts, plan_batch, produce_rollouts,
 )
@@ -128,7 +129,7 @@ def run_producer(shared: SharedConfig, pcfg: ProducerConfig, stop_event: threadi
     from stream_rl.transport.client import Transport
 
     deps = deps if deps is not None else ProducerDeps()
-    turns = _turns(pcfg, shared.data)  # a bad producer.environment fails here, before the engine loads or a prompt is read
+    turns = build_turns(pcfg, shared.data)  # a bad producer.environment fails here, before the engine loads
     stop_event = stop_event or threading.Event()
     transport = Transport(shared, "producer")
     transport.ensure_topics()
@@ -145,14 +146,14 @@ def run_producer(shared: SharedConfig, pcfg: ProducerConfig, stop_event: threadi
                               pause_when=lambda: telemetry.paused)  # alerts: "pause" (telemetry is built below)
     follower = make_follower(transport, shared.weights, pcfg, engine, stats)
     stats.start_version = engine.version  # after the start-up catch-up: the backpressure budget counts from here
-    budget, stale = _backpressure(transport, pcfg, follower, engine)
+    budget, stale = build_backpressure(transport, pcfg, follower, engine)
     telemetry = RoleTelemetry(shared, "producer", transport, group=group, topics=[transport.names.prompts])
     telemetry.attach(source, sink).set_ready(model_loaded=True, version=engine.version)
     if follower is not None and pcfg.inflight_updates:
         engine.set_weights_hook(inflight_hook(follower, engine, telemetry, stats), pcfg.inflight_check_every)
     batch = _Batcher(source, sink, engine, pcfg, pcfg.producer_id or transport.instance_id,
                      transport.names.rollouts)
-    batch.gate = _epoch_gate(transport, source, pcfg) if pcfg.epoch_order else None
+    batch.gate = build_epoch_gate(transport, source, pcfg) if pcfg.epoch_order else None
     batch.turns = turns
     batch.hold = (inheritance(transport, source, batch.producer_id, follower, budget, stats)
                   if budget.share is not None else None)  # the groups its predecessor left in flight
@@ -341,26 +342,8 @@ def _observe(telemetry, result: StepResult, follower: WeightsFollower | None, en
         telemetry.observe_staleness([max(0, follower.newest_seen - engine.version)])
 
 
-def _epoch_gate(transport, source, pcfg: ProducerConfig):
-    """The epoch gate on the prompts topic, reading ahead with a group-less reader of its own."""
-    from producers.epoch_gate import EpochGate, first_load_epoch
-    from schemas import decode
-
-    reader = transport.reader()
-    topic = transport.names.prompts
-    gate = EpochGate(source, lambda: reader.partitions(topic),
-                     first_load_epoch(reader, lambda raw: decode(raw, "prompt")), check_every_s=pcfg.epoch_check_s)
-    gate.reader = reader
-    source.holds = gate.held
-    return gate
 
 
-def _backpressure(transport, pcfg: ProducerConfig, follower: WeightsFollower | None,
-                  engine: GenerationEngine) -> tuple[Budget, StaleFeed | None]:
-    """The budget (off without ``max_groups_per_version`` or without weights to wait for) and its stale feed."""
-    budget = Budget(pcfg.max_groups_per_version if follower is not None else None, pcfg.versions_ahead,
-                    engine.version, pcfg.backpressure_timeout_s)
-    return budget, StaleFeed(transport) if budget.share is not None else None
 
 
 def _generate(records, engine: GenerationEngine, pcfg: ProducerConfig, producer_id: str,
@@ -384,20 +367,6 @@ def _early_stop(pcfg: ProducerConfig, records, aborted_before: set[tuple],
         return None
     protected = frozenset(i for i, r in enumerate(records) if _position(r) in aborted_before)
     return EarlyStop(pcfg.oversample, pcfg.abort_after_s, protected, keep_partials)
-
-
-def _turns(pcfg: ProducerConfig, data) -> Turns | None:
-    """Multi-turn settings from ``producer.environment`` and the ``data`` section's chat template (None:
-    single-turn rollouts)."""
-    if pcfg.environment is None:
-        return None
-    from producers.environment import load_environment
-    from stream_rl.prompts.templates import template_override
-
-    mode = data.chat_template
-    environments = load_environment(pcfg.environment, pcfg.env_timeout_s, pcfg.env_refills, pcfg.env_isolation)
-    return Turns(environments, pcfg.max_turns, chat_template=template_override(mode),
-                 chat_template_kwargs=dict(data.chat_template_kwargs), use_chat=mode != "none")
 
 
 def _account(stats: ProducerStats, result: StepResult, engine: GenerationEngine) -> None:

@@ -151,7 +151,7 @@ def run_producer(shared: SharedConfig, pcfg: ProducerConfig, stop_event: threadi
     telemetry.attach(source, sink).set_ready(model_loaded=True, version=engine.version)
     if follower is not None and pcfg.inflight_updates:
         engine.set_weights_hook(inflight_hook(follower, engine, telemetry, stats), pcfg.inflight_check_every)
-    batch = _Batcher(source, sink, engine, pcfg, pcfg.producer_id or transport.instance_id,
+    batch = _PromptBatcher(source, sink, engine, pcfg, pcfg.producer_id or transport.instance_id,
                      transport.names.rollouts)
     batch.gate = build_epoch_gate(transport, source, pcfg) if pcfg.epoch_order else None
     batch.turns = turns
@@ -176,7 +176,7 @@ def run_producer(shared: SharedConfig, pcfg: ProducerConfig, stop_event: threadi
     return stats
 
 
-def _iterate(batch: _Batcher, follower: WeightsFollower | None, budget: Budget, stale: StaleFeed | None,
+def _iterate(batch: _PromptBatcher, follower: WeightsFollower | None, budget: Budget, stale: StaleFeed | None,
              stats: ProducerStats, telemetry) -> None:
     """One iteration (the module docstring's): alerts, newer weights, stale groups returned to the budget, then
     either wait for newer weights (over budget) or handle one batch."""
@@ -203,7 +203,7 @@ def _iterate(batch: _Batcher, follower: WeightsFollower | None, budget: Budget, 
             telemetry.step_metrics = {**telemetry.step_metrics, **batch.turns.make_env.health_metrics()}
 
 
-class _Batcher:
+class _PromptBatcher:
     """One iteration over polled prompts: dead-letter the rejected ones or generate for the accepted ones (see
     :func:`producers.step.plan_batch`), then commit; records after a run wait in ``carry`` (uncommitted)."""
 

@@ -21,7 +21,7 @@ from pydantic import Field, field_validator, model_validator
 from consumers.scorer.config import ScorerConfig
 from consumers.trainer.config import PPO_RANGE_CLIP, TrainerConfig
 from producers.config import ProducerConfig
-from producers.evaluator.config import EvalConfig
+from evaluator.config import EvalConfig
 from producers.gateway.config import GatewayConfig
 from stream_rl.config.base import CrossFieldError, Section
 from stream_rl.config.loading import resolve_config

@@ -4,7 +4,7 @@ Consumes: the resolved config (``[eval]`` required; the policy engine from ``pro
 built demo when left at its default), and either nothing (follow the run), ``--model DIR`` (a save_pretrained
 directory) or ``--checkpoint DIR`` (a trainer checkpoint, merged onto ``trainer.model_dir`` as ``stream-rl export``
 does).
-Produces: following the run: the evaluator role (:func:`producers.evaluator.role.run_evaluator`: Evaluation
+Produces: following the run: the evaluator role (:func:`evaluator.role.run_evaluator`: Evaluation
 records on the evals topic, rows in ``RUN_DIR/evals.jsonl``); once: one JSON line on stdout,
 ``{"model": DIR, "version": 0, "metrics": {...}}``, and no broker is needed.
 Guarantees: a missing ``[eval]`` section, ``--model`` with ``--checkpoint``, or a checkpoint that cannot be
@@ -60,7 +60,7 @@ def evaluate(config: ConfigOpt = None, set_: SetOpt = None, bootstrap: Bootstrap
 
 
 def _follow(cfg, max_evaluations: int | None) -> None:
-    from producers.evaluator.role import run_evaluator
+    from evaluator.role import run_evaluator
     from stream_rl.cli.roles_cmd import run_role, setup_logging, stop_on_signals
     from stream_rl.prompts import PromptFileError
 
@@ -73,7 +73,7 @@ def _follow(cfg, max_evaluations: int | None) -> None:
 
 
 def _once(cfg, model: Path | None, checkpoint: Path | None) -> None:
-    from producers.evaluator.role import evaluate_once
+    from evaluator.role import evaluate_once
     from stream_rl.prompts import PromptFileError
 
     with tempfile.TemporaryDirectory(prefix="stream-rl-eval-") as tmp:

@@ -28,7 +28,7 @@ def _sets(path) -> list[str]:
 
 def test_evaluate_model_once_prints_the_metrics_of_that_policy(model_dir, tmp_path):
     from producers.engines.hf import HFEngine
-    from producers.evaluator.role import evaluate_once
+    from evaluator.role import evaluate_once
     from stream_rl.cli.config import load_config
 
     prompts = write_prompts(tmp_path / "heldout.jsonl", count=3)

@@ -11,7 +11,7 @@ from support.producers import build_tiny_model_dir, perturbed_state_dict
 from support.topics import read_records
 
 from producers.engines.hf import HFEngine
-from producers.evaluator.role import EvaluatorDeps, EvaluatorStats, run_evaluator
+from evaluator.role import EvaluatorDeps, EvaluatorStats, run_evaluator
 from schemas import ROLES, Heartbeat, SchemaError, decode, encode
 from stream_rl.operator_tools.status import build_snapshot
 from stream_rl.transport import memory

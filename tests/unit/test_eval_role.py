@@ -11,7 +11,7 @@ from support.evaluation import eval_section, write_prompts
 from support.producers import build_tiny_model_dir, perturbed_state_dict
 
 from producers.engines.hf import HFEngine
-from producers.evaluator.role import EvaluatorDeps, EvaluatorStats, run_evaluator
+from evaluator.role import EvaluatorDeps, EvaluatorStats, run_evaluator
 from stream_rl.evaluation.ledger import evals_topic, read_done, read_rows
 from stream_rl.evaluation.schedule import Plan, plan_next
 from stream_rl.transport import memory

@@ -10,9 +10,9 @@ from support.evaluation import even_length, write_prompts
 from support.producers import build_tiny_model_dir, perturbed_state_dict
 
 from producers.engines.hf import HFEngine
-from producers.evaluator.config import EvalConfig
+from evaluator.config import EvalConfig
 from producers.engines.base import Sampling
-from producers.evaluator.step import GREEDY, batch_seed, evaluate, load_sets, tokenize_sets
+from evaluator.step import GREEDY, batch_seed, evaluate, load_sets, tokenize_sets
 from stream_rl.evaluation.scoring import load_reward
 
 

@@ -1,9 +1,10 @@
-"""Imports run one way: wire (schemas) <- core (stream_rl, but its CLI) <- roles (producers, consumers) <- CLI
-(stream_rl.cli) <- benchmarks (bench); no role imports another role; the deployment folder (ops/) is imported by
-nobody; kafka-python is imported by the transport edge alone and OpenTelemetry by the tracing edge and the metrics
-exporter alone. Every import counts: module level, inside functions (lazy) and under ``TYPE_CHECKING``. Each role
-(and the core) reads only its own config section: a read of another role's section (``cfg.producer.dtype`` in the
-trainer) is named with its file and line.
+"""Imports run one way: wire (schemas) <- core (stream_rl, but its CLI) <- roles (producers, consumers, evaluator)
+<- CLI (stream_rl.cli) <- benchmarks (bench); no role imports another role, but the evaluator generates with the
+producers' engines, config and weights follower, and only the CLI imports the evaluator; the deployment folder
+(ops/) is imported by nobody; kafka-python is imported by the transport edge alone and OpenTelemetry by the tracing
+edge and the metrics exporter alone. Every import counts: module level, inside functions (lazy) and under
+``TYPE_CHECKING``. Each role (and the core) reads only its own config section: a read of another role's section
+(``cfg.producer.dtype`` in the trainer) is named with its file and line.
 
 The graph is read from the source (ast), so the test needs nothing installed and names each wrong-way import with
 its file and line."""
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 from support.paths import REPO_ROOT
 
-PACKAGES = ("schemas", "stream_rl", "producers", "consumers", "bench", "ops")
+PACKAGES = ("schemas", "stream_rl", "producers", "consumers", "evaluator", "bench", "ops")
 LAYERS = {"wire": 0, "core": 1, "roles": 2, "cli": 3, "bench": 4, "deploy": 5}
 
 
@@ -30,16 +31,16 @@ def layer_of(module: str) -> str | None:
         return "cli"
     if top == "stream_rl":
         return "core"
-    if top in ("producers", "consumers"):
+    if top in ("producers", "consumers", "evaluator"):
         return "roles"
     return {"bench": "bench", "ops": "deploy"}.get(top)
 
 
 def role_of(module: str) -> str | None:
-    """``producers``, ``consumers.scorer`` or ``consumers.trainer`` (None outside the roles)."""
+    """``producers``, ``consumers.scorer``, ``consumers.trainer`` or ``evaluator`` (None outside the roles)."""
     parts = module.split(".")
-    if parts[0] == "producers":
-        return "producers"
+    if parts[0] in ("producers", "evaluator"):
+        return parts[0]
     if parts[0] == "consumers" and len(parts) > 1:
         return f"consumers.{parts[1]}"
     return None
@@ -81,6 +82,16 @@ def _is_module(dotted: str) -> bool:
     return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
 
 
+EVALUATOR_MAY_IMPORT = ("producers.engines", "producers.config", "producers.weights_follower")
+"""What the evaluator takes of another role: the producers' generation machinery (it generates as they do)."""
+
+
+def role_import_allowed(importer: str, target: str) -> bool:
+    """Whether ``importer`` may import ``target`` of another role: only the evaluator's generation machinery."""
+    return role_of(importer) == "evaluator" and any(target == m or target.startswith(m + ".")
+                                                    for m in EVALUATOR_MAY_IMPORT)
+
+
 def wrong_way_imports() -> list[str]:
     problems = []
     for package in PACKAGES:
@@ -94,8 +105,11 @@ def wrong_way_imports() -> list[str]:
                     problems.append(where)
                 elif there == "deploy" and here != "deploy":
                     problems.append(where + ": nothing imports the deployment folder")
-                elif role_of(importer) and role_of(target) and role_of(importer) != role_of(target):
+                elif role_of(importer) and role_of(target) and role_of(importer) != role_of(target) \
+                        and not role_import_allowed(importer, target):
                     problems.append(where + ": a role never imports another role")
+                elif role_of(target) == "evaluator" and here not in ("cli", "roles"):
+                    problems.append(where + ": only the CLI imports the evaluator")
     return problems
 
 
@@ -112,7 +126,7 @@ EDGES = {
 
 def edge_leaks() -> list[str]:
     leaks = []
-    for package in ("schemas", "stream_rl", "producers", "consumers"):
+    for package in ("schemas", "stream_rl", "producers", "consumers", "evaluator"):
         for path in sorted((REPO_ROOT / package).rglob("*.py")):
             importer = module_name(path)
             for target, line in imports_of(path):
@@ -142,6 +156,9 @@ def test_an_edge_leak_is_named(monkeypatch):
     ("schemas/messages.py", "stream_rl.transport", "wire"),
     ("stream_rl/cli/main.py", "bench.run", "cli"),
     ("producers/role.py", "consumers.scorer.scoring", "a role never imports another role"),
+    ("producers/role.py", "evaluator.step", "a role never imports another role"),
+    ("evaluator/role.py", "producers.step", "a role never imports another role"),
+    ("bench/run.py", "evaluator.role", "only the CLI imports the evaluator"),
 ])
 def test_a_wrong_way_import_is_named(tmp_path, monkeypatch, importer, target, why):
     """The check fails on a planted wrong-way import, naming the file, the line and both layers."""
@@ -162,13 +179,13 @@ def test_a_wrong_way_import_is_named(tmp_path, monkeypatch, importer, target, wh
 # -- each role reads only its own config section ---------------------------------------------------------------------
 
 SECTION_FILES = {"producer": ("producers/config.py",), "scorer": ("consumers/scorer/config.py",),
-                 "trainer": ("consumers/trainer/config*.py",), "eval": ("producers/evaluator/config.py",),
+                 "trainer": ("consumers/trainer/config*.py",), "eval": ("evaluator/config.py",),
                  "run": ("stream_rl/cli/config.py",)}
 """The root config's role sections (``run`` is ``stream-rl run``'s) and the files that declare their fields."""
 WHOLE_SECTIONS = ("producer", "scorer", "trainer", "eval")
 """Sections also caught when read whole from a config (``cfg.producer``); ``run`` is too common a word for that
 (``topics.run``, a tracker's ``self.run``): it is caught when one of its fields is read (``cfg.run.demo_dir``)."""
-OWN_SECTIONS = {"producers": {"producer"}, "producers.evaluator": {"eval"}, "consumers.scorer": {"scorer"},
+OWN_SECTIONS = {"producers": {"producer"}, "evaluator": {"eval"}, "consumers.scorer": {"scorer"},
                 "consumers.trainer": {"trainer"}, "core": set()}
 """What each role (and the core, which serves every role) may read of the role sections: the CLI, the one layer
 that holds the root config, hands a role its own section, the shared sections, and what it must agree on with
@@ -218,8 +235,8 @@ def section_reads(source: str, own: set[str], filename: str = "<string>") -> lis
 def reader_of(module: str) -> str | None:
     """The key of ``OWN_SECTIONS`` for a module (None: the CLI, benchmarks, tests: they may read the root)."""
     parts = module.split(".")
-    if parts[0] == "producers":
-        return "producers.evaluator" if parts[1:2] == ["evaluator"] else "producers"
+    if parts[0] in ("producers", "evaluator"):
+        return parts[0]
     if parts[0] == "consumers" and len(parts) > 1:
         return f"consumers.{parts[1]}"
     return "core" if layer_of(module) == "core" else None
@@ -227,7 +244,7 @@ def reader_of(module: str) -> str | None:
 
 def foreign_section_reads() -> list[str]:
     problems = []
-    for package in ("stream_rl", "producers", "consumers"):
+    for package in ("stream_rl", "producers", "consumers", "evaluator"):
         for path in sorted((REPO_ROOT / package).rglob("*.py")):
             reader = reader_of(module_name(path))
             if reader is None:

@@ -11,7 +11,7 @@ import pytest
 from consumers.scorer.config import ScorerConfig
 from consumers.trainer.config import TrainerConfig
 from producers.config import ProducerConfig
-from producers.evaluator.config import EvalConfig
+from evaluator.config import EvalConfig
 from stream_rl.cli.config import agreements, load_config
 from stream_rl.config.shared import Agreements, SharedConfig, checkpoint_root
 
@@ -34,7 +34,7 @@ def test_agreements_follow_the_sections_they_come_from():
 def _entry_points():
     from consumers.scorer.scorer import run_scorer
     from consumers.trainer.trainer import Trainer, run_trainer
-    from producers.evaluator.role import evaluate_once, run_evaluator
+    from evaluator.role import evaluate_once, run_evaluator
     from producers.role import run_producer
 
     return [(run_producer, [SharedConfig, ProducerConfig]), (run_scorer, [SharedConfig, ScorerConfig]),

@@ -16,7 +16,7 @@ from support.waiting import wait_for
 
 from consumers.trainer.engines import MODEL_FILE
 from producers.engines.hf import HFEngine
-from producers.evaluator.role import EvaluatorDeps, EvaluatorStats, run_evaluator
+from evaluator.role import EvaluatorDeps, EvaluatorStats, run_evaluator
 from stream_rl.evaluation.ledger import read_rows
 from stream_rl.storage.checkpoint import read_tensors
 from stream_rl.transport.client import Transport

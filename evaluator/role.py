@@ -1,4 +1,4 @@
-"""``stream-rl evaluate``: the evaluator role, a thin loop around the evaluation step (:mod:`producers.evaluator.step`).
+"""``stream-rl evaluate``: the evaluator role, a thin loop around the evaluation step (:mod:`evaluator.step`).
 
 Consumes: weights manifests/payloads through :class:`~stream_rl.weights.receiver.WeightsReceiver` (group-less,
 from the first manifest: the evaluator's progress is the evals topic, not a committed offset), the held-out sets
@@ -35,8 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from producers.config import ProducerConfig
-from producers.evaluator.config import EvalConfig
-from producers.evaluator.step import evaluate, load_sets, set_options, tokenize_sets
+from evaluator.config import EvalConfig
+from evaluator.step import evaluate, load_sets, set_options, tokenize_sets
 from schemas import Evaluation
 from stream_rl.config.shared import SharedConfig
 from stream_rl.telemetry.role import RoleTelemetry

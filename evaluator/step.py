@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from producers.engines.base import SEED_MODULUS, GenerationEngine, Sampling
-from producers.evaluator.config import EvalConfig
+from evaluator.config import EvalConfig
 from stream_rl.evaluation.metrics import DEFAULT_SOURCE, PromptOutcome, set_metrics
 from stream_rl.evaluation.scoring import EvalRewardError, Extract, Reward
 from stream_rl.prompts import PromptRow, read_prompt_file

@@ -1,10 +1,10 @@
 """Configuration of the held-out evaluator (``cfg.eval``; the root config holds ``eval: EvalConfig | None``).
 
 Consumes: nothing (a pydantic section, validated when the root config is loaded).
-Produces: :class:`EvalConfig`, read by :func:`producers.evaluator.role.run_evaluator` and ``stream-rl evaluate``.
+Produces: :class:`EvalConfig`, read by :func:`evaluator.role.run_evaluator` and ``stream-rl evaluate``.
 Guarantees: every field has a description and bounds; ``k`` above ``n`` and a malformed reward function are
 refused at load time naming the field (an empty ``sets``, when the evaluator starts:
-:func:`producers.evaluator.step.load_sets`); no heavy import (torch) happens here. The policy engine itself is
+:func:`evaluator.step.load_sets`); no heavy import (torch) happens here. The policy engine itself is
 built from ``producer`` (engine, model_dir, device, dtype): the evaluator is part of the producers role.
 """
 

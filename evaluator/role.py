@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from producers.config import ProducerConfig
 from evaluator.config import EvalConfig
-from evaluator.step import evaluate, load_sets, set_options, tokenize_sets
+from evaluator.step import evaluate_sets, load_sets, set_options, tokenize_sets
 from schemas import Evaluation
 from stream_rl.config.shared import SharedConfig
 from stream_rl.telemetry.role import RoleTelemetry
@@ -168,7 +168,7 @@ class _Loop:
             self.done.add(0)
             return
         start = time.monotonic()
-        metrics = evaluate(self.engine, sets, token_ids, self.ecfg, reward, extract)
+        metrics = evaluate_sets(self.engine, sets, token_ids, self.ecfg, reward, extract)
         msg = Evaluation(version=version, step=step, sets=[s.name for s in sets], metrics=metrics,
                          evaluator_id=self.evaluator_id, elapsed_s=time.monotonic() - start)
         self.ledger.record(msg, skipped)
@@ -202,7 +202,7 @@ def evaluate_once(shared: SharedConfig, ecfg: EvalConfig | None, engine_cfg: Pro
     engine = build_engine(engine_cfg) if own else engine
     try:
         start = time.monotonic()
-        metrics = evaluate(engine, sets, tokenize_sets(sets, engine, ecfg.max_new_tokens), ecfg, reward, extract)
+        metrics = evaluate_sets(engine, sets, tokenize_sets(sets, engine, ecfg.max_new_tokens), ecfg, reward, extract)
     finally:
         if own:
             engine.close()

@@ -95,8 +95,8 @@ def batch_seed(seed: int, set_name: str, batch: int) -> int:
     return int.from_bytes(digest[:8], "little") % SEED_MODULUS
 
 
-def evaluate(engine: GenerationEngine, sets: Sequence[EvalSet], token_ids: Sequence[Sequence[list[int]]],
-             ecfg: EvalConfig, reward: Reward, extract: Extract | None) -> dict[str, float]:
+def evaluate_sets(engine: GenerationEngine, sets: Sequence[EvalSet], token_ids: Sequence[Sequence[list[int]]],
+                  ecfg: EvalConfig, reward: Reward, extract: Extract | None) -> dict[str, float]:
     """The metrics of the engine's current weights on every set (see the module docstring)."""
     metrics: dict[str, float] = {}
     for s, ids in zip(sets, token_ids):

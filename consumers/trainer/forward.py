@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from consumers.trainer.engines import TrainEngine
 
 
-def evaluate(engine: TrainEngine, batch: RolloutBatch, *,
-             entropy: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
+def response_logprobs(engine: TrainEngine, batch: RolloutBatch, *,
+                      entropy: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Logprobs ``[B, T]`` of the response tokens under softmax(logits / T_b), optional entropy and values."""
     logits, values = engine.forward(batch)  # [B, T, V] in the engine's dtype, [B, T] | None
     temperature = batch.temperatures.to(logits.device)  # [B]
@@ -60,7 +60,7 @@ def proximal_pass(engine: TrainEngine, batch: RolloutBatch, micro_batch_size: in
     values = zeros() if engine.module.value_head is not None else None
     rows = torch.arange(batch.size, device=batch.device)
     for idx, real in micro_batches(ranks, batch, rows, micro_batch_size, max_tokens, engine.module.packing):
-        lp, en, v = evaluate(engine, batch.select(idx), entropy=True)  # a ghost keeps the ranks in lockstep
+        lp, en, v = response_logprobs(engine, batch.select(idx), entropy=True)  # a ghost keeps the ranks in lockstep
         if real:
             assert en is not None  # entropy=True
             logp[idx], ent[idx] = lp.float(), en.float()

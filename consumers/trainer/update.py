@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from consumers.trainer.config import TrainerConfig
-from consumers.trainer.forward import evaluate
+from consumers.trainer.forward import response_logprobs
 from consumers.trainer.micro import micro_batches
 from consumers.trainer.targets import BatchTargets
 from consumers.trainer.tensors import RolloutBatch
@@ -83,7 +83,7 @@ def micro_loss(engine: TrainEngine, sub: RolloutBatch, tg: BatchTargets, idx: Te
                kl_coef: float, normaliser: Tensor, spec: alg.LossSpec,
                record: ForwardRecord | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """One micro batch's share of the minibatch loss (policy + KL-in-loss + value), over ``normaliser``."""
-    logp, ent, values = evaluate(engine, sub, entropy=record is not None)
+    logp, ent, values = response_logprobs(engine, sub, entropy=record is not None)
     mask = sub.response_mask
     prox = tg.prox_logp[idx] if tg.prox_logp is not None else logp.detach()  # [b, T]
     if record is not None:

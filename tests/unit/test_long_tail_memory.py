@@ -12,7 +12,7 @@ from support.trainer import assert_same_gradients, random_batch, tiny_policy, tr
 
 from consumers.trainer.activations import checkpointed_layers, enable_checkpointing
 from consumers.trainer.engines import TorchEngine, TrainModule
-from consumers.trainer.forward import evaluate
+from consumers.trainer.forward import response_logprobs
 from consumers.trainer.train_step import TrainState, train_step
 from stream_rl.cli.config import load_config
 from stream_rl.config.base import ConfigError
@@ -26,7 +26,7 @@ def _forward_backward(batch, checkpointing: bool, packing: bool):
                          gradient_checkpointing=checkpointing)
     engine = TorchEngine(module, trainer_cfg(share_prompts=False, packing=packing))
     torch.nn.init.normal_(module.value_head.weight, generator=torch.Generator().manual_seed(1))
-    logp, _, values = evaluate(engine, batch)
+    logp, _, values = response_logprobs(engine, batch)
     mask = batch.response_mask
     ((logp * mask).sum() + (values * mask).sum()).backward()
     return logp.detach(), values.detach(), {n: p.grad.clone() for n, p in module.named_parameters()

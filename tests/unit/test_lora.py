@@ -205,7 +205,7 @@ def test_lora_gives_the_padded_logprobs_and_adapter_gradients_on_either_forward_
     logprobs and the same gradient on every adapter (float32 sums in another order: within 1e-5)."""
     from support.trainer import assert_same_gradients
 
-    from consumers.trainer.forward import evaluate
+    from consumers.trainer.forward import response_logprobs
 
     items = [s for p in range(3) for s in random_group(tiny_policy(seed=0), p, group_size=3,
                                                          rng=np.random.default_rng(4), rewards=[1, 0, 0])]
@@ -217,7 +217,7 @@ def test_lora_gives_the_padded_logprobs_and_adapter_gradients_on_either_forward_
         for name, param in module.named_parameters():  # B = 0 at init: give the adapters a value to differ by
             if "lora_B" in name:
                 torch.nn.init.normal_(param, std=0.05, generator=torch.Generator().manual_seed(len(name)))
-        logp, _, _ = evaluate(TorchEngine(module, cfg), batch)
+        logp, _, _ = response_logprobs(TorchEngine(module, cfg), batch)
         (logp * batch.response_mask).sum().backward()
         return logp.detach(), {n: p.grad for n, p in module.named_parameters() if p.grad is not None}
 

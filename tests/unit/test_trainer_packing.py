@@ -11,7 +11,7 @@ import torch
 from support.trainer import assert_same_gradients, random_batch, scored, tiny_policy, trainer_cfg
 
 from consumers.trainer.engines import TorchEngine, TrainModule
-from consumers.trainer.forward import evaluate
+from consumers.trainer.forward import response_logprobs
 from consumers.trainer.packing import block_causal_mask, check_policy, first_fit, pack, row_width, unpack
 from consumers.trainer.tensors import build_batch
 from consumers.trainer.train_step import TrainState, train_step
@@ -88,7 +88,7 @@ def _outputs(batch, packing: bool, value_head: bool, attention: str = "sdpa"):
     engine = TorchEngine(TrainModule(policy, value_head=value_head, packing=packing), trainer_cfg())
     if value_head:
         torch.nn.init.normal_(engine.module.value_head.weight, generator=torch.Generator().manual_seed(1))
-    logp, ent, values = evaluate(engine, batch, entropy=True)
+    logp, ent, values = response_logprobs(engine, batch, entropy=True)
     mask = batch.response_mask
     loss = (logp * mask).sum() + ((values * mask).sum() if value_head else 0.0)
     loss.backward()

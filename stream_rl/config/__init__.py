@@ -1,8 +1,9 @@
-"""Configuration machinery and the core's sections: one pydantic model per role, loaded from a file, then the
-environment, then CLI flags.
+"""Configuration machinery and the core's sections, loaded from defaults, then a file, then the environment, then
+CLI flags. The roles' own sections live in their packages (``producers/config.py``, ...).
 
 - :mod:`~stream_rl.config.base`: :class:`Section` (every section's base), :class:`ConfigError`, error rendering.
 - :mod:`~stream_rl.config.sections`: Kafka, topics, tracing and local-broker sections.
+- :mod:`~stream_rl.config.data`: the ``[data]`` section (reading prompt files, rendering conversational prompts).
 - :mod:`~stream_rl.config.shared`: :class:`SharedConfig`, the sections every role reads; :class:`Agreements` and
   :func:`checkpoint_root`, what two roles must agree on, declared once.
 - :mod:`~stream_rl.config.loading`: defaults < file < environment < flags, for any root model.

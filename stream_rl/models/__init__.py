@@ -1,7 +1,8 @@
-"""Models: strict local loading of policy, reference and reward models, atomic saves, broadcast state dicts, and
-the device and dtype settings as torch objects.
+"""Models: strict local loading of policy, reference and reward models, atomic saves, broadcast state dicts, the
+device and dtype settings as torch objects, and LoRA adapters (their wire tensors and the merge).
 
-See `stream_rl.models.loading` for what is checked and guaranteed, `stream_rl.models.devices` for devices.
+See `stream_rl.models.loading` for what is checked and guaranteed, `stream_rl.models.devices` for devices,
+`stream_rl.models.lora` for adapters.
 """
 
 from stream_rl.models.devices import resolve_device, torch_dtype

@@ -4,7 +4,9 @@
 - :mod:`~stream_rl.planner.memory`: one pure function per memory formula, in bytes.
 - :mod:`~stream_rl.planner.inputs`: :class:`PlanInputs`, the validated question.
 - :mod:`~stream_rl.planner.plan`: :class:`PlanInputs` -> :func:`make_plan` -> :class:`Plan` (with the trainer's
-  :class:`TrainerLaunch`), and the table renderer.
+  :class:`TrainerLaunch`).
+- :mod:`~stream_rl.planner.layout`: the ``stream-rl run`` GPU layout a plan proposes (``run.gpus``).
+- :mod:`~stream_rl.planner.render` and :mod:`~stream_rl.planner.units`: the plan as text, figures with units.
 
 Pure Python: importing the planner imports neither torch nor transformers.
 """

@@ -10,9 +10,12 @@ Produces: a :class:`PromptReport` (problems by line, dropped rows by reason, sta
 Guarantees: the whole file is checked before anything is published, and nothing is published when it has an
 error; deduplication keeps first occurrences; shuffling is seeded per epoch; no report or error quotes prompt text.
 
-Modules: :mod:`~stream_rl.prompts.sources` (formats), :mod:`~stream_rl.prompts.schema` (one record),
-:mod:`~stream_rl.prompts.clean` (filters, dedup, stats), :mod:`~stream_rl.prompts.check` (a whole file),
-:mod:`~stream_rl.prompts.reward_fit` (the file against the reward that scores it),
+Modules: :mod:`~stream_rl.prompts.sources` (formats), :mod:`~stream_rl.prompts.layouts` (which columns hold
+what), :mod:`~stream_rl.prompts.schema` (one record), :mod:`~stream_rl.prompts.tools` (tool calls and tools),
+:mod:`~stream_rl.prompts.options` (the loader's options), :mod:`~stream_rl.prompts.templates` and
+:mod:`~stream_rl.prompts.render` (chat templates), :mod:`~stream_rl.prompts.clean` (filters, dedup, stats),
+:mod:`~stream_rl.prompts.check` (a whole file), :mod:`~stream_rl.prompts.reward_fit` (the file against the reward
+that scores it), :mod:`~stream_rl.prompts.show` (the first prompts as the producer reads them),
 :mod:`~stream_rl.prompts.publish` (records and the topic).
 """
 

@@ -1,7 +1,9 @@
-"""Versioned weight broadcast: the trainer publishes policy versions, producers follow and fetch them.
+"""Versioned weight broadcast: the trainer publishes policy versions, the producers and the evaluator follow and fetch
+them.
 
 Consumes/produces: see :mod:`stream_rl.weights.publisher` (trainer side), :mod:`stream_rl.weights.receiver`
-(producer side), :mod:`stream_rl.weights.payload` (pure serialization and checks) and docs/weights.md.
+(follower side), :mod:`stream_rl.weights.payload` (pure serialization and checks), :mod:`stream_rl.weights.delta`
+(versions sent as what changed), :mod:`stream_rl.weights.config` (``cfg.weights``) and docs/weights.md.
 Guarantees: importing this package loads neither torch, kafka nor pydantic; every name below (the root config
 embeds :class:`WeightsConfig`) is imported on first use, so the pure payload module runs where only torch and
 safetensors exist (the GPU script).

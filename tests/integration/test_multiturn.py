@@ -266,7 +266,7 @@ def test_with_process_isolation_an_environment_that_kills_its_process_fails_its_
     """producer.env_isolation = "process" in the producer loop: the environment exits the process it runs in on the
     bad prompt; that prompt's group is played again, then dead-lettered, naming the exit; the good group is
     published and the producer goes on."""
-    from support.producers import collect, send_prompts, start_generator, stop_generator
+    from support.producers import collect, send_prompts, start_producer, stop_producer
     from support.topics import read_values
     from support.waiting import wait_for
 
@@ -281,11 +281,11 @@ def test_with_process_isolation_an_environment_that_kills_its_process_fails_its_
                           max_turns=2, env_isolation="process")
     send_prompts(transport, [episode_prompt(), Prompt(prompt_id="not-addition", epoch=0, text="1=", answer=None,
                                                       group_size=2)])
-    thread, stop, stats, out = start_generator(cfg, pcfg, engine)
+    thread, stop, stats, out = start_producer(cfg, pcfg, engine)
     rollouts = [c.value for c in collect(transport, transport.names.rollouts, want=2)]
     wait_for(lambda: stats.prompts + stats.rejected_prompts == 2,
              'stats.prompts + stats.rejected_prompts == 2', 60.0, watch=[out])
-    stop_generator(thread, stop, out)
+    stop_producer(thread, stop, out)
     assert sorted(r.rollout_id for r in rollouts) == ["add-12-34:0:0", "add-12-34:0:1"]
     died = ("environment failed: EnvironmentDied: environment CrashesOnNonAddition reset: its process died "
             "(exit code 7)")

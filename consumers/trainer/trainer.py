@@ -14,7 +14,7 @@ batch was trained at; a step that applied no update has ``rollout_ids: []``, ``s
 the reason); ``run_dir/requeued.jsonl`` (:mod:`~consumers.trainer.history`); checkpoints in
 ``trainer.checkpoint_dir`` (default ``run_dir/checkpoints``), with ``trainer.keep_best`` the best evaluated
 version in its ``best/`` (:mod:`~consumers.trainer.keep_best`); with ``telemetry.trackers``, each metrics row (and
-the rows of ``run_dir/evals.jsonl``) to the experiment trackers, queued, never blocking a step
+the evaluations on the run's evals topic) to the experiment trackers, queued, never blocking a step
 (:mod:`stream_rl.telemetry.trackers.fanout`).
 
 One iteration::
@@ -186,7 +186,8 @@ class Trainer:
         self.telemetry.attach(self.source, self.sink)
         self.telemetry.set_ready(model_loaded=True, version=self.state.version)
         # experiment trackers (telemetry.trackers): a resumed run continues its tracker runs after the checkpoint
-        self.trackers = Trackers.open(cfg, (ckpt.step if ckpt else 0) if resume else None)
+        self.trackers = Trackers.open(cfg, (ckpt.step if ckpt else 0) if resume else None,
+                                      self.transport)  # + the evaluations on the evals topic
         self.best = KeepBest.open(tcfg, agreements, self.transport, self.root, self.engine,
                                   ranks)  # trainer.keep_best (keep_best.py)
         if ckpt is None:

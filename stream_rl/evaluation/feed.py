@@ -1,4 +1,5 @@
-"""The trainer's reader of the run's evals topic: the evaluations ``trainer.keep_best`` judges, from the broker.
+"""The trainer's reader of the run's evals topic: the evaluations ``trainer.keep_best`` judges and the experiment
+trackers log (each holds its own feed), from the broker.
 
 Consumes: the evals topic ``{prefix}.{run}.evals`` (:class:`~schemas.Evaluation` records keyed by ``str(version)``,
 published by the evaluator's :class:`~stream_rl.evaluation.ledger.Ledger`), through a group-less
@@ -13,7 +14,8 @@ Guarantees:
 - A record that is not a valid ``Evaluation`` (undecodable bytes, another kind, an empty value, a batch the client
   cannot read) is skipped with a warning naming its partition, offset and reason; it never raises.
 - Nothing is committed (no group): a restarted trainer reads the whole topic again, as it read the whole file
-  before (:class:`~stream_rl.evaluation.best.BestKeeper` is restart-safe on a re-read).
+  before (:class:`~stream_rl.evaluation.best.BestKeeper` is restart-safe on a re-read; each tracker skips the
+  versions its state file says it logged).
 - After the backlog, a call never waits: it hands out what the client has fetched so far (possibly nothing).
 - Within one call rows come in version order (the topic may have several partitions), and a version handed out
   before is not handed out again (the evaluator evaluates a version once; a second record is a retried send).
@@ -85,7 +87,7 @@ class EvalsFeed:
         records = self.reader.poll(0.0) if self._following else self._backlog()
         batch = evaluation_rows(records, self.seen)
         for where, reason in batch.skipped:
-            log.warning("keep_best: skipping evals record %s: %s", where, reason)
+            log.warning("skipping evals record %s: %s", where, reason)
         return batch.rows
 
     def _backlog(self) -> list:

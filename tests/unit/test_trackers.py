@@ -1,8 +1,8 @@
 """Experiment trackers without a broker and without another process: the pure rules, the config check, TensorBoard
-and MLflow (file store) written through the real fan-out and read back with their own readers, an unreachable
-MLflow server, secrets and sample redaction, and the lazy imports (read from the source). W&B starts a service
-process, the kill -9 resume and the import check of a fresh interpreter start processes: those are in
-tests/integration/test_trackers_resume.py."""
+and MLflow (file store) written through the real fan-out and read back with their own readers (evaluations from
+the evals topic on the in-process bus), an unreachable MLflow server, secrets and sample redaction, and the lazy
+imports (read from the source). W&B starts a service process, the kill -9 resume and the import check of a fresh
+interpreter start processes: those are in tests/integration/test_trackers_resume.py."""
 
 from __future__ import annotations
 
@@ -20,12 +20,15 @@ from support.paths import REPO_ROOT
 from support.trackers import READERS, every_file_bytes, mlflow_client, mlflow_run_id, tensorboard_texts
 
 from consumers.trainer.history import append_line
+from schemas import Evaluation
 from stream_rl.cli.config import load_config
 from stream_rl.config.base import ConfigError
+from stream_rl.evaluation.ledger import Ledger, ensure_evals_topic
 from stream_rl.telemetry.trackers import missing_packages
 from stream_rl.telemetry.trackers.base import (STEP_KEY, evaluation_metrics, first_step, hyperparams, sample_rows,
                                                scalars)
 from stream_rl.telemetry.trackers.fanout import Trackers
+from stream_rl.transport.client import Transport
 
 LIBRARIES = ("tensorboard", "wandb", "mlflow")
 
@@ -154,26 +157,37 @@ def test_restarted_tracker_object_continues_the_run_once_per_step(tmp_path, name
         assert value == pytest.approx(expected, rel=1e-6), step
 
 
-def test_evaluations_at_their_step_once_per_version(tmp_path):
-    cfg = config(tmp_path, ["tensorboard", "mlflow"])
-    evals = Path(cfg.run_dir) / "evals.jsonl"
-    trackers = write_and_log(cfg, [1, 2])
-    append_line(evals, {"version": 1, "step": 2, "eval/held/accuracy": 0.25, "eval/held/pass@8": 0.5})
-    trackers.log_step(row(3))
-    with open(evals, "a") as fh:  # the evaluator's next row, torn: it waits for its newline
-        fh.write(json.dumps({"version": 2, "step": 4, "eval/held/accuracy": 0.75})[:-3])
+def evaluation(version: int, step: int, metrics: dict[str, float]) -> Evaluation:
+    return Evaluation(version=version, step=step, sets=["held"], metrics=metrics, evaluator_id="evaluator-test")
+
+
+def test_evaluations_from_the_topic_at_their_step_once_per_version(make_config, tmp_path):
+    """The evaluator's ledger publishes on the evals topic (its evals.jsonl is on its own disk); the trainer's run
+    dir holds a decoy evals.jsonl no tracker may read. One evaluation is on the topic before the trackers open (the
+    backlog), one arrives between steps; a restart reads the whole topic again and logs only the new one."""
+    cfg = make_config(**{"telemetry.trackers": ["tensorboard", "mlflow"], "telemetry.tracker_retry_s": 0.05})
+    evaluator = Transport(cfg, "evaluator")
+    ledger = Ledger(evaluator.sink(), ensure_evals_topic(evaluator), tmp_path / "evaluator-disk")
+    Path(cfg.run_dir).mkdir(parents=True)
+    append_line(Path(cfg.run_dir) / "evals.jsonl", {"version": 9, "step": 8, "metrics": {"held/accuracy": 0.0}})
+    ledger.record(evaluation(1, 2, {"held/accuracy": 0.25, "held/pass@8": 0.5}))
+    trainer = Transport(cfg, "trainer")
+    trackers = Trackers.open(cfg, None, trainer)
+    for s in (1, 2, 3):
+        append_line(Path(cfg.run_dir) / "metrics.jsonl", row(s))
+        trackers.log_step(row(s))
+    ledger.record(evaluation(2, 4, {"held/accuracy": 0.75}))
+    append_line(Path(cfg.run_dir) / "metrics.jsonl", row(4))
     trackers.log_step(row(4))
     trackers.close()
-    restarted = Trackers.open(cfg, resume_step=4)  # reads evals.jsonl from the start again: version 1 is not re-logged
-    with open(evals, "a") as fh:
-        fh.write('75}\n')
-    restarted.follow_evaluations()
-    append_line(evals, {"version": 3, "step": 6, "sets": ["held"], "metrics": {"held/accuracy": 1.0}})  # evaluator's
+    restarted = Trackers.open(cfg, 4, trainer)  # the topic from its start again: versions 1, 2 are not re-logged
+    ledger.record(evaluation(3, 6, {"held/accuracy": 1.0}))
     restarted.follow_evaluations()
     restarted.close()
+    ledger.sink.close()
     for name in ("tensorboard", "mlflow"):
         got = READERS[name](tmp_path / "run" / "trackers")
-        assert got["eval/held/accuracy"] == {2: [0.25], 4: [0.75], 6: [1.0]}, name
+        assert got["eval/held/accuracy"] == {2: [0.25], 4: [0.75], 6: [1.0]}, name  # not the decoy's step 8
         pass_at_8 = "eval/held/pass_at_8" if name == "mlflow" else "eval/held/pass@8"  # MLflow refuses "@"
         assert got[pass_at_8] == {2: [0.5]}, name
 

@@ -3,7 +3,8 @@
 Consumes: a trainer ``metrics.jsonl`` row, the resolved config as a JSON-ready dict (``model_dump(mode="json")``:
 ``SecretStr`` values are already ``"**********"``), scored rollouts for sample tables.
 Produces: :class:`Tracker` (the interface), :class:`Opened` (what opening a tracker run found),
-:func:`scalars` (the finite numbers of a row), :func:`hyperparams` (a flat ``{"a.b": "value"}`` map), :func:`evaluation_metrics` (those of an ``evals.jsonl`` row),
+:func:`scalars` (the finite numbers of a row), :func:`hyperparams` (a flat ``{"a.b": "value"}`` map),
+:func:`evaluation_metrics` (those of an evaluation's row),
 :func:`sample_rows` (a table, content redacted unless asked) and :func:`first_step` (the exactly-once rule).
 Guarantees: the helpers are pure; a sample text is shown only with ``show_content``, otherwise it becomes
 ``"<redacted: N chars>"`` (the format of ``stream-rl replay``).
@@ -97,9 +98,9 @@ def scalars(row: Mapping[str, Any]) -> dict[str, float]:
 
 
 def evaluation_metrics(row: Mapping[str, Any]) -> dict[str, float]:
-    """The metrics of an ``evals.jsonl`` row: its ``eval/...`` keys, and its ``metrics`` map (the evaluator's
-    ``{"<set>/<metric>": value}``) with ``eval/`` put in front: ``{"metrics": {"held/acc": 1}}`` ->
-    ``{"eval/held/acc": 1.0}``; finite numbers only."""
+    """The metrics of an evaluation's row (:func:`stream_rl.evaluation.ledger.row_of`): its ``eval/...`` keys, and
+    its ``metrics`` map (the evaluator's ``{"<set>/<metric>": value}``) with ``eval/`` put in front:
+    ``{"metrics": {"held/acc": 1}}`` -> ``{"eval/held/acc": 1.0}``; finite numbers only."""
     found = {k: v for k, v in row.items() if k.startswith("eval/")}
     nested = row.get("metrics")
     if isinstance(nested, Mapping):

@@ -1,16 +1,21 @@
 """What the trainer holds: one :class:`~stream_rl.telemetry.trackers.worker.TrackerWorker` per configured tracker.
 
 Consumes: the root config (``telemetry.*``, ``topics.run``, ``run_dir``), the checkpoint's step on a resume (the
-trainer's ``metrics.jsonl`` is already truncated to it), then from the trainer's thread each step's
-``metrics.jsonl`` row, its scored rollouts, and the rows the evaluator appends to ``run_dir/evals.jsonl``
-(``{"version", "step", "metrics": {"<set>/<metric>": value}}``, or ``"eval/<set>/<metric>"`` keys at the top).
+trainer's ``metrics.jsonl`` is already truncated to it), the trainer's transport (its run's evals topic, followed by
+an :class:`~stream_rl.evaluation.feed.EvalsFeed`: the evaluations the evaluator publishes, as rows ``{"version",
+"step", "metrics": {"<set>/<metric>": value}}``), then from the trainer's thread each step's ``metrics.jsonl`` row
+and its scored rollouts.
 Produces: the calls of every worker: hyper-parameters (the resolved config, ``SecretStr`` values masked by
 pydantic as ``**********``), each row's finite scalars plus ``trainer/step``, evaluations at their step, sample
 tables every ``telemetry.log_samples`` steps.
-Guarantees: no call blocks (bounded queues, background threads); with ``telemetry.trackers`` empty nothing is
-started and every call returns at once; :meth:`Trackers.log_evaluation` is the stable API for evaluations
-(``step``: the trainer step of the evaluated version; ``metrics``: ``eval/<set>/<metric>`` names; ``version``:
-the key that makes it exactly-once across restarts).
+Guarantees: no call blocks (bounded queues, background threads; the evals topic's backlog is read once, at open,
+and logged with the first step, as a later evaluation is logged after the step it arrived in; after the backlog
+each step only takes what the client has already fetched); with ``telemetry.trackers`` empty nothing
+is started, no reader is opened and every call returns at once; roles talk only through topics: nothing here reads
+the evaluator's ``evals.jsonl``, so the trainer and the evaluator need not share a disk;
+:meth:`Trackers.log_evaluation` is the stable API for evaluations (``step``: the trainer step of the evaluated
+version; ``metrics``: ``eval/<set>/<metric>`` names; ``version``: the key that makes it exactly-once across
+restarts, as the feed hands the whole topic over again at each start).
 """
 
 from __future__ import annotations
@@ -21,29 +26,30 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from stream_rl.runtime.appended import AppendedLines
+from stream_rl.evaluation.feed import EvalsFeed
 from stream_rl.telemetry.trackers import backend
 from stream_rl.telemetry.trackers.base import STEP_KEY, evaluation_metrics, hyperparams, sample_rows, scalars
 from stream_rl.telemetry.trackers.worker import TrackerWorker
 
 log = logging.getLogger(__name__)
-EVALS_FILE = "evals.jsonl"
 
 
 class Trackers:
-    """The fan-out (see the module docstring). ``Trackers.open(cfg, resume_step)`` or ``Trackers([])``."""
+    """The fan-out (see the module docstring). ``Trackers.open(cfg, resume_step, transport)`` or ``Trackers([])``."""
 
     def __init__(self, workers: list[TrackerWorker], *, samples_every: int = 0, sample_rows_max: int = 8,
-                 show_content: bool = False, evals_path: Path | None = None):
+                 show_content: bool = False, evals: EvalsFeed | None = None):
         self.workers = workers
         self.samples_every, self.sample_rows_max, self.show_content = samples_every, sample_rows_max, show_content
-        self.evals_path = evals_path
-        self._evals = AppendedLines(evals_path) if evals_path is not None else None
+        self.evals = evals
+        self.backlog = evals.new_rows() if evals is not None else []  # the feed's first call: read, not logged yet
 
     @classmethod
-    def open(cls, cfg, resume_step: int | None) -> Trackers:
+    def open(cls, cfg, resume_step: int | None, transport=None) -> Trackers:
         """The trackers of ``cfg.telemetry.trackers``; ``resume_step``: the checkpoint's step on a resume (0 when
-        resuming without a checkpoint), None on a fresh start (new tracker runs)."""
+        resuming without a checkpoint), None on a fresh start (new tracker runs); ``transport``: the run whose
+        evals topic is followed (None: evaluations come only through :meth:`log_evaluation`). The topic's
+        backlog is read here, before the first step."""
         tcfg = cfg.telemetry
         if not tcfg.trackers:
             return cls([])
@@ -58,11 +64,12 @@ class Trackers:
                    for name in tcfg.trackers]
         log.info("trackers %s under %s", ", ".join(tcfg.trackers), directory)
         return cls(workers, samples_every=tcfg.log_samples, sample_rows_max=tcfg.log_sample_rows,
-                   show_content=tcfg.log_sample_content, evals_path=run_dir / EVALS_FILE)
+                   show_content=tcfg.log_sample_content,
+                   evals=EvalsFeed.open(transport) if transport is not None else None)
 
     def log_step(self, row: Mapping[str, Any], scored: Iterable[Any] = ()) -> None:
-        """One ``metrics.jsonl`` row (and, every ``log_samples`` steps, a table of ``scored``); then the new
-        rows of ``evals.jsonl``."""
+        """One ``metrics.jsonl`` row (and, every ``log_samples`` steps, a table of ``scored``); then the
+        evaluations published since the last call."""
         if not self.workers:
             return
         step = int(row["step"])
@@ -82,23 +89,24 @@ class Trackers:
             w.submit("evaluation", int(step), values, version)
 
     def follow_evaluations(self) -> None:
-        """Log the whole lines appended to ``evals.jsonl`` since the last call (a torn last line waits)."""
-        if self._evals is None:
+        """Log the evaluations the evals feed handed over since the last call (the first call: also the backlog
+        read at open); only what the client has already fetched: it never waits for the evaluator."""
+        if self.evals is None:
             return
-        for line in self._evals.new_lines():
-            try:
-                row = json.loads(line)
-                step, version = int(row["step"]), int(row["version"])
-            except (ValueError, KeyError, TypeError):
-                log.warning("evals.jsonl: a line without a step and version is not logged to the trackers")
-                continue
-            self.log_evaluation(step, evaluation_metrics(row), version)
+        rows, self.backlog = self.backlog + self.evals.new_rows(), []
+        for row in rows:  # valid Evaluations only, each version once, in version order
+            self.log_evaluation(row["step"], evaluation_metrics(row), row["version"])
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Give each tracker up to ``timeout_s`` to log what is queued, then close it."""
+        """Log the evaluations already fetched, give each tracker up to ``timeout_s`` to log what is queued, then
+        close it and the evals feed."""
+        self.follow_evaluations()
         for w in self.workers:
             w.close(timeout_s)
         self.workers = []
+        if self.evals is not None:
+            self.evals.close()
+            self.evals = None
 
 
 def history_rows(path: Path) -> list[tuple[int, dict[str, float]]]:

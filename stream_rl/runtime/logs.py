@@ -17,6 +17,10 @@ Guarantees:
   receiving network data closing socket": a read that raced the client's own close (the socket is already gone,
   ``'NoneType' object has no attribute 'recv'``; seen once when `stream-rl rescore` closed its clients). Any other
   record, kafka's errors included, passes.
+- A kafka-python network record that carries a lost connection (an ``OSError``: reset, broken pipe, refused) as
+  its exception is kept as one line, the error's type and text appended, without the traceback: a broker that went
+  away is an operator's fact, not a program's fault (kafka-python logs it with ``log.exception``; seen when the
+  broker died during a read). Any other exception keeps its traceback.
 - Calling it again replaces the handler it installed (no duplicated lines); handlers installed by others stay.
 """
 
@@ -63,6 +67,10 @@ class KnownNoiseFilter(logging.Filter):
         for level, logger_name, pattern in _KNOWN_NOISE:
             if record.levelno == level and record.name == logger_name and pattern.match(record.getMessage()):
                 return False
+        error = record.exc_info[1] if record.exc_info else None
+        if record.name.startswith("kafka.net") and isinstance(error, OSError):  # a lost connection: one line
+            record.msg, record.args = f"{record.getMessage()}: {type(error).__name__}: {error}", None
+            record.exc_info, record.exc_text = None, None
         return True
 
 

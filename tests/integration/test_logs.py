@@ -103,6 +103,25 @@ def test_known_noise_filter_drops_exactly_the_known_messages(name, level, messag
     assert KnownNoiseFilter().filter(record) is kept
 
 
+def test_a_lost_connection_logged_with_its_traceback_by_kafka_is_one_line(role_log):
+    """kafka-python logs a read that failed because the broker went away with ``log.exception``; the role log keeps
+    it as one line naming the error (a teardown traceback was seen in a role's stderr when its broker died during a
+    read); an exception that is not a lost connection keeps its traceback."""
+    buffer = role_log(debug=False)
+    transport = logging.getLogger("kafka.net.transport")
+    for error in (ConnectionResetError(104, "Connection reset by peer"), ValueError("a bug")):
+        try:
+            raise error
+        except Exception:
+            transport.exception("%s: Error receiving network data closing socket", "<KafkaTCPTransport [node 1]>")
+    lines = buffer.getvalue().splitlines()
+    assert lines[0].split(" ", 2)[2] == ("ERROR kafka.net.transport: <KafkaTCPTransport [node 1]>: Error receiving "
+                                         "network data closing socket: ConnectionResetError: [Errno 104] Connection "
+                                         "reset by peer")
+    assert "Traceback" in buffer.getvalue().split("ValueError", 1)[0].split("closing socket", 2)[2]
+    assert buffer.getvalue().count("Traceback") == 1 and lines[-1] == "ValueError: a bug"
+
+
 def test_role_commands_use_role_logging(role_log):
     """The role commands (produce, score, train) configure logging through `setup_role_logging`."""
     from stream_rl.cli.roles_cmd import setup_logging

@@ -86,13 +86,12 @@ def test_the_step_hands_every_group_to_its_sink_once_as_the_rollouts_it_returns(
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_the_producer_publishes_each_rollout_once_streamed_or_not(stream, engine, tmp_path, run_name):
-    from stream_rl.cli.config import load_config
+    from support.memory_bus import memory_config
     from stream_rl.transport.client import Transport
     from support.producers import start_producer, stop_producer
     from support.waiting import wait_for
 
-    cfg = load_config(None, env={}, overrides={"kafka.bootstrap_servers": f"memory://{run_name}",
-                                               "topics.run": run_name, "run_dir": str(tmp_path / "run")})
+    cfg = memory_config(run_name, tmp_path / "run")
     transport = Transport(cfg, "test")
     transport.ensure_topics()
     send_prompts(transport, [prompt_record(i, group_size=3) for i in range(4)])
@@ -134,7 +133,7 @@ def test_a_stopped_loop_returns_the_ended_groups_unchanged_and_the_rest_empty(en
 
 def test_the_step_aborts_the_tail_and_the_producer_regenerates_it(engine, tmp_path, run_name):
     from producers.step import EarlyStop
-    from stream_rl.cli.config import load_config
+    from support.memory_bus import memory_config
     from stream_rl.transport.client import Transport
     from support.producers import start_producer, stop_producer
     from support.waiting import wait_for
@@ -150,8 +149,7 @@ def test_the_step_aborts_the_tail_and_the_producer_regenerates_it(engine, tmp_pa
     protected = produce_rollouts(prompts, engine, early_stop=EarlyStop(1.0, None, frozenset(result.aborted)), **kw)
     assert set(result.aborted) <= {int(r.prompt_id[1:]) for r in protected.rollouts}  # protected: run to the end
 
-    cfg = load_config(None, env={}, overrides={"kafka.bootstrap_servers": f"memory://{run_name}",
-                                               "topics.run": run_name, "run_dir": str(tmp_path / "run")})
+    cfg = memory_config(run_name, tmp_path / "run")
     transport = Transport(cfg, "test")
     transport.ensure_topics()
     send_prompts(transport, prompts)

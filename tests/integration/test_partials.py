@@ -107,7 +107,7 @@ def test_a_crash_between_the_partials_flush_and_the_prompts_commit_loses_nothing
 
     from producers import role as producer_role
     from producers.config import ProducerConfig
-    from stream_rl.cli.config import load_config
+    from support.memory_bus import memory_config
     from stream_rl.transport.client import Transport
     from support.producers import send_prompts, start_producer
     from support.topics import caught_up, read_records
@@ -124,8 +124,7 @@ def test_a_crash_between_the_partials_flush_and_the_prompts_commit_loses_nothing
     crashed: list[str] = []
     monkeypatch.setattr(producer_role.failpoints, "hit", hit)
     engine = HFEngine.from_dir(model_dir)
-    cfg = load_config(None, env={}, overrides={"kafka.bootstrap_servers": f"memory://{run_name}",
-                                               "topics.run": run_name, "run_dir": str(tmp_path / "run")})
+    cfg = memory_config(run_name, tmp_path / "run")
     transport = Transport(cfg, "test")
     transport.ensure_topics()
     send_prompts(transport, [prompt_record(i, group_size=3) for i in range(6)])

@@ -40,16 +40,15 @@ def make_config(tmp_path, run_name):
     """The unit tier's ``make_config``: the same overrides as the integration one (tests/conftest.py), on a fresh
     in-process bus (``memory://<run name>``, :mod:`stream_rl.transport.memory`) instead of the broker; the bus is
     forgotten at the end."""
-    from stream_rl.cli.config import load_config
+    from support.memory_bus import memory_config
+
     from stream_rl.transport import memory
 
     def _make(**overrides):
-        base = {"kafka.bootstrap_servers": f"memory://{run_name}", "topics.run": run_name,
-                "run_dir": str(tmp_path / "run")}
-        base.update(overrides)
-        if memory.memory_name(base["kafka.bootstrap_servers"]) is None:
+        if memory.memory_name(overrides.get("kafka.bootstrap_servers", f"memory://{run_name}")) is None:
             pytest.fail(TIER, pytrace=False)
-        return load_config(None, env={}, overrides=base)
+        run_dir = overrides.pop("run_dir", tmp_path / "run")
+        return memory_config(run_name, run_dir, **overrides)
 
     yield _make
     memory.reset(run_name)

@@ -38,11 +38,10 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture
 def cfg(tmp_path, run_name, model_dir):
-    from stream_rl.cli.config import load_config
+    from support.memory_bus import memory_config
 
     prompts = write_prompts(tmp_path / "heldout.jsonl", count=4)
-    yield load_config(None, env={}, overrides={
-        "kafka.bootstrap_servers": f"memory://{run_name}", "topics.run": run_name, "run_dir": str(tmp_path / "run"),
+    yield memory_config(run_name, tmp_path / "run", **{
         "producer.model_dir": str(model_dir), "weights.mode": "inline", "weights.chunk_size": 200_000,
         "eval": eval_section(prompts)})
     memory.reset(run_name)

@@ -28,12 +28,10 @@ from stream_rl.transport.client import Transport
 @pytest.fixture
 def bus_transport(tmp_path, run_name):
     """``transport(partitions)``: a Transport on a fresh in-process bus with the run's topics created."""
-    from stream_rl.cli.config import load_config
+    from support.memory_bus import memory_config
 
     def make(partitions: dict[str, int]) -> Transport:
-        cfg = load_config(None, env={}, overrides={
-            "kafka.bootstrap_servers": f"memory://{run_name}", "topics.run": run_name,
-            "run_dir": str(tmp_path / "run"), "topics.partitions": partitions})
+        cfg = memory_config(run_name, tmp_path / "run", **{"topics.partitions": partitions})
         t = Transport(cfg, "unit")
         t.ensure_topics()
         return t

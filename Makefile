@@ -14,7 +14,8 @@ RUN_ARGS ?= -c configs/demo.toml
 run: install
 	$(PY) -m stream_rl.cli.main run $(RUN_ARGS)
 
-# The type checker ([tool.mypy] in pyproject.toml: the wire, the loss math, the trainer) runs first, in seconds.
+# The type checker ([tool.mypy] in pyproject.toml: the wire, the loss math, the trainer and eight core packages) runs
+# first, in seconds.
 # vLLM's CPU worker pins torch's thread count for the whole process once an engine exists, so its tests run in a
 # pytest process of their own, after the rest. All three always run (a failure of one does not hide the others);
 # the target fails when any did, and says which.

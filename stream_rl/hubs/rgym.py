@@ -38,6 +38,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import parse_qsl
 
 from stream_rl.hubs import HubMissing
@@ -61,7 +62,7 @@ def parse_spec(source: object) -> tuple[str, int, int, dict]:
     name, _, query = body.partition("?")
     if not name:
         raise SpecError(f"{source}: no dataset name (write reasoning-gym:NAME?size=N&seed=S)")
-    config = {key: _value(value) for key, value in parse_qsl(query, keep_blank_values=True)}
+    config: dict[str, Any] = {key: _value(value) for key, value in parse_qsl(query, keep_blank_values=True)}
     try:
         size, seed = int(config.pop("size", 100)), int(config.pop("seed", 0))
     except (TypeError, ValueError):

@@ -36,6 +36,7 @@ import asyncio
 import concurrent.futures
 import functools
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import parse_qsl
 
 from stream_rl.hubs import HubMissing
@@ -165,7 +166,7 @@ def _tasks(taskset: str, size: int) -> list:
     except (ImportError, TypeError, ValueError, AttributeError) as exc:
         raise SpecError(f"verifiers cannot load taskset {taskset!r}: {type(exc).__name__}: "
                         f"{str(exc)[:300]}") from None
-    tasks = []
+    tasks: list[Any] = []
     for task in loaded:
         if len(tasks) == size:
             break

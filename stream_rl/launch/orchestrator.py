@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,7 +87,7 @@ class Supervisor:
         self.children.append(child)
         return child
 
-    def check(self, expected_done: set[str] = frozenset()) -> Child | None:
+    def check(self, expected_done: AbstractSet[str] = frozenset()) -> Child | None:
         """The first child that exited (its role in ``expected_done`` and code 0 is fine: returns it)."""
         for child in self.children:
             code = child.proc.poll()

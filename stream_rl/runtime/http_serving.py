@@ -175,7 +175,7 @@ class BoundedHandler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         self.deadline_s: float = self.server.connection_timeout_s
-        self.timeout = self.deadline_s  # each read and write too (StreamRequestHandler sets it on the socket)
+        self.timeout = self.deadline_s  # type: ignore[misc]  # per connection: StreamRequestHandler.setup() puts it on the socket
         super().setup()
         self.late = threading.Event()  # set when the request (line, headers, body) did not arrive in time
         self._reading = WATCHDOG.watch(self.connection, time.monotonic() + self.deadline_s, self.late)

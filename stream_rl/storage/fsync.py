@@ -20,7 +20,7 @@ def fsync_path(path: str | os.PathLike) -> None:
 
 def fsync_tree(root: str | os.PathLike) -> None:
     """fsync every file and directory under ``root``, so a following rename publishes durable content."""
-    for dirpath, _, filenames in os.walk(root):
+    for dirpath, _, filenames in os.walk(Path(root)):
         for filename in filenames:
             fsync_path(os.path.join(dirpath, filename))
         fsync_path(Path(dirpath))

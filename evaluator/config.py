@@ -20,7 +20,7 @@ from schemas import ID_PATTERN
 from stream_rl.config.base import Section
 from stream_rl.evaluation.scoring import check_reward_fn
 from stream_rl.rewards.names import DEFAULT_REWARD_FN
-from stream_rl.rewards.settings import RewardsConfig
+from stream_rl.rewards.settings import RewardsConfig, routes_replace_reward_fn
 
 if TYPE_CHECKING:
     from stream_rl.rewards.routing import RewardRoutes
@@ -94,12 +94,7 @@ class EvalConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _rewards_replace_reward_fn(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("rewards") is not None:
-            if data.get("reward_fn") is not None:
-                raise ValueError("set eval.rewards or eval.reward_fn, not both (routes replace the single reward "
-                                 "function: route it as eval.rewards.default = [{fn = ..., weight = 1.0}])")
-            data = {**data, "reward_fn": None}
-        return data
+        return routes_replace_reward_fn(data, "eval")
 
     def reward_routes(self) -> RewardRoutes:
         """What scores a response: ``rewards``' routes, else ``reward_fn`` as the one default route."""

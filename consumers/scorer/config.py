@@ -33,7 +33,8 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from schemas.ids import ID_PATTERN
 from stream_rl.config.base import DEVICE_PATTERN, Section
 from stream_rl.rewards.names import DEFAULT_REWARD_FN  # declared once, in the rewards' registry
-from stream_rl.rewards.settings import CALL_PREFIX, CallPolicy, JudgeSettings, RewardsConfig, check_backoff
+from stream_rl.rewards.settings import (CALL_PREFIX, CallPolicy, JudgeSettings, RewardsConfig, check_backoff,
+                                        routes_replace_reward_fn)
 
 
 class JudgeConfig(Section, JudgeSettings):
@@ -130,12 +131,7 @@ class ScorerConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _rewards_replace_reward_fn(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("rewards") is not None:
-            if data.get("reward_fn") is not None:
-                raise ValueError("set scorer.rewards or scorer.reward_fn, not both (routes replace the single "
-                                 "reward function: route it as scorer.rewards.default = [{fn = ..., weight = 1.0}])")
-            data = {**data, "reward_fn": None}
-        return data
+        return routes_replace_reward_fn(data, "scorer")
 
     @model_validator(mode="after")
     def _some_reward_source(self) -> ScorerConfig:

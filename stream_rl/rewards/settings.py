@@ -166,5 +166,18 @@ class RewardsConfig(Section):
 
         return RewardRoutes(by=self.by, routes={v: terms(items) for v, items in self.routes.items()},
                             default=None if self.default is None else terms(self.default), where=where)
+def routes_replace_reward_fn(data: Any, section: str) -> Any:
+    """A section's raw values (``scorer``, ``eval``) with ``reward_fn`` None when ``rewards`` (routes) is set:
+    routes replace the single reward function; setting both is a ValueError naming ``<section>.rewards`` and
+    ``<section>.reward_fn`` (the section's ``mode="before"`` validator calls this)."""
+    if isinstance(data, dict) and data.get("rewards") is not None:
+        if data.get("reward_fn") is not None:
+            raise ValueError(f"set {section}.rewards or {section}.reward_fn, not both (routes replace the single "
+                             f"reward function: route it as {section}.rewards.default = [{{fn = ..., weight = "
+                             f"1.0}}])")
+        data = {**data, "reward_fn": None}
+    return data
+
+
 __all__ = ["CALL_PREFIX", "DEFAULT_PATTERN", "TEMPLATE_FIELDS", "CallPolicy", "JudgeSettings", "RewardTermConfig",
-           "RewardsConfig", "check_backoff", "check_template"]
+           "RewardsConfig", "check_backoff", "check_template", "routes_replace_reward_fn"]

@@ -23,12 +23,12 @@ import pytest
 import torch
 from support.chat import TOOLS_TEMPLATE
 from support.chat_model import build_chat_model_dir
+from support.gateway import end_episode, start_gateway
 from support.producers import collect
 from support.topics import read_records
 from support.waiting import wait_for
 
 from producers.gateway.episodes import chain_breaks
-from producers.gateway.role import GatewayDeps, run_gateway
 
 pytestmark = pytest.mark.broker
 torch.set_num_threads(1)
@@ -61,34 +61,14 @@ def start(make_config, policy):
         cfg = make_config(**{"producer.model_dir": str(model), "producer.max_new_tokens": 6,
                              "producer.follow_weights": False, "data.chat_template": str(template),
                              "gateway.port": 0, "gateway.sweep_interval_s": 0.2, **overrides})
-        ready, stop, out = threading.Event(), threading.Event(), {}
-
-        def target():
-            try:
-                run_gateway(cfg, cfg.gateway, cfg.producer, stop,
-                            deps=GatewayDeps(engine=engine, on_ready=lambda s: (out.update(url=s.url), ready.set())))
-            except BaseException as exc:  # surfaced below
-                out["error"] = exc
-                ready.set()
-
-        thread = threading.Thread(target=target, daemon=True)
-        thread.start()
-        assert ready.wait(60) and "error" not in out, out.get("error")
-        running.append((thread, stop, out))
-        return out["url"], cfg, stop, thread
+        gateway = start_gateway(cfg, engine)
+        running.append(gateway)
+        return gateway.url, cfg, gateway.stop, gateway.thread
 
     yield _start
-    for thread, stop, out in running:
-        stop.set()
-        thread.join(30)
-        assert "error" not in out, out["error"]
-
-
-def _end(url: str, episode: str, body: dict) -> dict:
-    request = urllib.request.Request(f"{url}/episodes/{episode}/end", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        return json.loads(answer.read())
+    for gateway in running:
+        gateway.finish()
+        assert gateway.error is None, gateway.error
 
 
 def _agent(url: str, episode: str, reward: float) -> None:
@@ -105,7 +85,7 @@ def _agent(url: str, episode: str, reward: float) -> None:
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": "5"})
         else:
             messages.append({"role": "user", "content": "The calculator says 5."})
-    assert _end(url, episode, {"reward": reward})["state"] == "published"
+    assert end_episode(url, episode, {"reward": reward})["state"] == "published"
 
 
 def _calls(transport, topic: str) -> dict[str, list]:
@@ -235,7 +215,7 @@ def test_a_restarted_gateway_loses_no_recorded_call(start):
     client = openai.OpenAI(base_url=url, api_key="survivor", max_retries=0)
     messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "sure?"}]
     client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
-    assert _end(url, "survivor", {})["state"] == "published"  # no reward: the scorer's reward functions score it
+    assert end_episode(url, "survivor", {})["state"] == "published"  # no reward: the scorer's reward functions score it
     transport = Transport(cfg, "test")
     calls = _calls(transport, transport.names.name("gateway"))["survivor"]
     assert [c.call_index for c in calls] == [0, 1]

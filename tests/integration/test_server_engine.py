@@ -5,7 +5,8 @@ Checked: behaviour logprobs equal the hf engine's scoring of the same tokens und
 seed gives the same samples on either server; a new version reaches both servers and each reports it per request;
 an update while requests are in flight stamps each token with the version that produced it; a server added to the
 URL file mid-run is brought to the current version and gets work; servers that are wrong are refused at start,
-naming producer.server.urls; the agents' gateway answers from a server and records the tokens it sampled. (A server killed mid-run: tests/integration/test_server_run.py.)
+naming producer.server.urls; the agents' gateway answers from a server and records the tokens it sampled. (A
+server killed mid-run: tests/integration/test_server_run.py.)
 """
 
 from __future__ import annotations
@@ -282,37 +283,22 @@ def test_the_gateway_answers_an_agent_from_the_servers_and_records_the_tokens_th
     unmodified openai client's completion is sampled by a ``vllm serve``; the recorded call's behaviour logprobs are
     the hf engine's scoring of the recorded tokens (within 1e-4), stamped with the engine's version; the ended
     episode is published as a rollout of those tokens."""
-    import threading
-    import urllib.request
-
     import openai
+    from support.gateway import end_episode, start_gateway
     from support.producers import collect, reference_model
     from support.topics import read_records
 
     from producers.engines.hf import score_tokens
     from producers.engines.server import ServerEngine
-    from producers.gateway.role import GatewayDeps, run_gateway
     from schemas import GatewayCall, decode
     from stream_rl.transport.client import Transport
 
     engine = ServerEngine(model_dir, ServerSettings(urls=servers[:1], weights_dir=tmp_path / "w"))
     cfg = make_config(**{"producer.model_dir": str(model_dir), "producer.max_new_tokens": 8,
                          "producer.follow_weights": False, "gateway.port": 0})
-    ready, stop, out = threading.Event(), threading.Event(), {}
-
-    def serve():
-        try:
-            run_gateway(cfg, cfg.gateway, cfg.producer, stop,
-                        deps=GatewayDeps(engine=engine, on_ready=lambda s: (out.update(url=s.url), ready.set())))
-        except BaseException as exc:  # surfaced below
-            out["error"] = exc
-            ready.set()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
+    gateway = start_gateway(cfg, engine)
     try:
-        assert ready.wait(60) and "error" not in out, out.get("error")
-        client = openai.OpenAI(base_url=out["url"], api_key="fleet-agent", max_retries=0)
+        client = openai.OpenAI(base_url=gateway.url, api_key="fleet-agent", max_retries=0)
         answer = client.completions.create(model="policy", prompt="12+34=", max_tokens=6, temperature=0.8)
         assert answer.usage.completion_tokens >= 1
         transport = Transport(cfg, "test")
@@ -324,14 +310,10 @@ def test_the_gateway_answers_an_agent_from_the_servers_and_records_the_tokens_th
         assert np.abs(np.asarray(hf) - call.behavior_logprobs).max() < 1e-4
         assert call.token_policy_versions.tolist() == [engine.version] * len(response)
         assert engine.fleet()[0]["requests"] >= 1  # the server sampled it
-        request = urllib.request.Request(f"{out['url']}/episodes/fleet-agent/end", data=b'{"reward": 1.0}',
-                                         headers={"Content-Type": "application/json"}, method="POST")
-        with urllib.request.urlopen(request, timeout=30) as ended:
-            assert b'"published"' in ended.read()
+        assert end_episode(gateway.url, "fleet-agent", {"reward": 1.0})["state"] == "published"
         (rollout,) = [c.value for c in collect(transport, transport.names.rollouts, want=1, timeout_s=30)]
         assert rollout.response_token_ids.tolist() == response and rollout.prompt_token_ids.tolist() == prompt
     finally:
-        stop.set()
-        thread.join(30)
+        gateway.finish()
         engine.close()
-    assert "error" not in out, out["error"]
+    assert gateway.error is None, gateway.error

@@ -224,8 +224,9 @@ def test_multiturn_is_refused_with_token_level_estimators():
 
 # -- the producer loop on the real broker ----------------------------------------------------------------------------
 
-@pytest.mark.broker
-def test_the_producer_loop_plays_episodes_and_dead_letters_a_prompt_its_environment_fails_on(make_config, engine):
+def _producer_loop_on_a_good_and_a_bad_prompt(make_config, engine, environment: str, wait_s: float, **settings):
+    """The producer loop on the real broker with ``environment``, fed the addition prompt and one that is not
+    (``"1="``) until both are handled: ``(transport, rollouts, dead letters, stats)``."""
     from support.producers import collect, send_prompts, start_producer, stop_producer
     from support.topics import read_values
     from support.waiting import wait_for
@@ -237,22 +238,27 @@ def test_the_producer_loop_plays_episodes_and_dead_letters_a_prompt_its_environm
     transport = Transport(cfg, "test")
     transport.ensure_topics()
     pcfg = ProducerConfig(follow_weights=False, prompts_per_batch=4, max_new_tokens=14, poll_timeout_s=0.5,
-                          temperature=TEMPERATURE, environment="stream_rl.demo.retry:RetryAddition", max_turns=2)
-    good = episode_prompt()
-    bad = Prompt(prompt_id="not-addition", epoch=0, text="1=", answer=None, group_size=2)  # reset raises
-    send_prompts(transport, [good, bad])
+                          temperature=TEMPERATURE, environment=environment, max_turns=2, **settings)
+    bad = Prompt(prompt_id="not-addition", epoch=0, text="1=", answer=None, group_size=2)
+    send_prompts(transport, [episode_prompt(), bad])
     thread, stop, stats, out = start_producer(cfg, pcfg, engine)
     rollouts = [c.value for c in collect(transport, transport.names.rollouts, want=2)]
     wait_for(lambda: stats.prompts + stats.rejected_prompts == 2,
-             'stats.prompts + stats.rejected_prompts == 2', 30.0, watch=[out])
+             'stats.prompts + stats.rejected_prompts == 2', wait_s, watch=[out])
     stop_producer(thread, stop, out)
+    return transport, rollouts, read_values(transport, transport.names.dlq, "dead_letter"), stats
+
+
+@pytest.mark.broker
+def test_the_producer_loop_plays_episodes_and_dead_letters_a_prompt_its_environment_fails_on(make_config, engine):
+    transport, rollouts, letters, stats = _producer_loop_on_a_good_and_a_bad_prompt(  # the bad one: reset raises
+        make_config, engine, "stream_rl.demo.retry:RetryAddition", 30.0)
     assert sorted(r.rollout_id for r in rollouts) == ["add-12-34:0:0", "add-12-34:0:1"]
     for r in rollouts:
         roles = [t["role"] for t in r.turns]
         assert roles in (["policy"], ["policy", "env", "policy"])  # a hint after a wrong answer, at most 2 tries
         if len(roles) == 3:
             assert r.response_text.split("\n")[1] == "6=" and int(r.policy_mask.sum()) < r.response_length
-    letters = read_values(transport, transport.names.dlq, "dead_letter")
     failed = "environment failed: ValueError: not an addition prompt: '1='"
     assert [(d.error_type, d.reason) for d in letters] == [  # the refilled play's episodes, then the prompt
         ("EnvironmentFailed", f"{failed}; its group is played again (refill 1 of 1)"), ("PromptRejected", failed)]
@@ -266,30 +272,11 @@ def test_with_process_isolation_an_environment_that_kills_its_process_fails_its_
     """producer.env_isolation = "process" in the producer loop: the environment exits the process it runs in on the
     bad prompt; that prompt's group is played again, then dead-lettered, naming the exit; the good group is
     published and the producer goes on."""
-    from support.producers import collect, send_prompts, start_producer, stop_producer
-    from support.topics import read_values
-    from support.waiting import wait_for
-
-    from producers.config import ProducerConfig
-    from stream_rl.transport.client import Transport
-
-    cfg = make_config()
-    transport = Transport(cfg, "test")
-    transport.ensure_topics()
-    pcfg = ProducerConfig(follow_weights=False, prompts_per_batch=4, max_new_tokens=14, poll_timeout_s=0.5,
-                          temperature=TEMPERATURE, environment="support.hostile_envs:CrashesOnNonAddition",
-                          max_turns=2, env_isolation="process")
-    send_prompts(transport, [episode_prompt(), Prompt(prompt_id="not-addition", epoch=0, text="1=", answer=None,
-                                                      group_size=2)])
-    thread, stop, stats, out = start_producer(cfg, pcfg, engine)
-    rollouts = [c.value for c in collect(transport, transport.names.rollouts, want=2)]
-    wait_for(lambda: stats.prompts + stats.rejected_prompts == 2,
-             'stats.prompts + stats.rejected_prompts == 2', 60.0, watch=[out])
-    stop_producer(thread, stop, out)
+    _, rollouts, letters, stats = _producer_loop_on_a_good_and_a_bad_prompt(
+        make_config, engine, "support.hostile_envs:CrashesOnNonAddition", 60.0, env_isolation="process")
     assert sorted(r.rollout_id for r in rollouts) == ["add-12-34:0:0", "add-12-34:0:1"]
     died = ("environment failed: EnvironmentDied: environment CrashesOnNonAddition reset: its process died "
             "(exit code 7)")
-    letters = read_values(transport, transport.names.dlq, "dead_letter")
     assert [(d.error_type, d.reason) for d in letters] == [
         ("EnvironmentFailed", f"{died}; its group is played again (refill 1 of 1)"), ("PromptRejected", died)]
     assert stats.rejected_prompts == 1

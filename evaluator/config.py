@@ -96,7 +96,7 @@ class EvalConfig(Section):
     def _rewards_replace_reward_fn(cls, data: Any) -> Any:
         return routes_replace_reward_fn(data, "eval")
 
-    def reward_routes(self) -> RewardRoutes:
+    def scoring_routes(self) -> RewardRoutes:
         """What scores a response: ``rewards``' routes, else ``reward_fn`` as the one default route."""
         from stream_rl.evaluation.scoring import single_route
 

@@ -86,7 +86,7 @@ def run_evaluator(shared: SharedConfig, ecfg: EvalConfig | None, engine_cfg: Pro
         raise ValueError("stream-rl evaluate needs an [eval] section (eval.sets at least)")
     stop_event = stop_event or threading.Event()
     stats = deps.stats if deps.stats is not None else EvaluatorStats()
-    reward = load_reward(ecfg.reward_routes())
+    reward = load_reward(ecfg.scoring_routes())
     extract = load_extractor(ecfg.extractor)
     sets = load_sets(ecfg, set_options(shared.data, engine_cfg.model_dir))
     transport = Transport(shared, "evaluator")
@@ -195,7 +195,7 @@ def evaluate_once(shared: SharedConfig, ecfg: EvalConfig | None, engine_cfg: Pro
 
     if ecfg is None:
         raise ValueError("stream-rl evaluate needs an [eval] section (eval.sets at least)")
-    reward = load_reward(ecfg.reward_routes())
+    reward = load_reward(ecfg.scoring_routes())
     extract = load_extractor(ecfg.extractor)
     sets = load_sets(ecfg, set_options(shared.data, engine_cfg.model_dir))
     own = engine is None

@@ -31,7 +31,7 @@ def test_metrics_match_an_independent_recomputation_from_the_engine_samples(mode
     ecfg = _cfg(write_prompts(tmp_path / "p.jsonl", count=6))
     sets = load_sets(ecfg)
     ids = tokenize_sets(sets, engine, ecfg.max_new_tokens)
-    got = evaluate_sets(engine, sets, ids, ecfg, load_reward(ecfg.reward_routes()), None)
+    got = evaluate_sets(engine, sets, ids, ecfg, load_reward(ecfg.scoring_routes()), None)
     rewards, greedy, lengths, stops = [], [], [], 0
     for b, start in enumerate(range(0, 6, 4)):  # batches of 4: [0..3], [4, 5]
         batch, seed = ids[0][start:start + 4], batch_seed(0, "heldout", b)
@@ -64,7 +64,7 @@ def test_same_weights_same_metrics_other_weights_other_samples(model_dir, tmp_pa
     ecfg = _cfg(write_prompts(tmp_path / "p.jsonl", count=8))
     sets = load_sets(ecfg)
     ids = tokenize_sets(sets, engine, ecfg.max_new_tokens)
-    reward = load_reward(ecfg.reward_routes())
+    reward = load_reward(ecfg.scoring_routes())
     first = evaluate_sets(engine, sets, ids, ecfg, reward, None)
     assert evaluate_sets(engine, sets, ids, ecfg, reward, None) == first
     engine.load_weights(perturbed_state_dict(model_dir, scale=2.0, seed=5), 1)
@@ -78,14 +78,14 @@ def test_metrics_per_data_source_and_maj_with_an_extractor(model_dir, tmp_path):
     ecfg = _cfg(write_prompts(tmp_path / "p.jsonl", count=6, sources=("a", "b")), extractor="last_number")
     sets = load_sets(ecfg)
     ids = tokenize_sets(sets, engine, 4)
-    got = evaluate_sets(engine, sets, ids, ecfg, load_reward(ecfg.reward_routes()), load_extractor("last_number"))
+    got = evaluate_sets(engine, sets, ids, ecfg, load_reward(ecfg.scoring_routes()), load_extractor("last_number"))
     assert got["heldout/a/prompts"] == 3.0 and got["heldout/b/prompts"] == 3.0
     assert got["heldout/pass@1"] == pytest.approx((got["heldout/a/pass@1"] + got["heldout/b/pass@1"]) / 2)
     # routed by data source in the scorer's shape: source b gets a broken function, the default keeps even_length
     rcfg = _cfg(ecfg.sets["heldout"], extractor="last_number", reward_fn=None,
                 rewards={"routes": {"b": [{"fn": "support.evaluation:text_reward"}]},
                          "default": [{"fn": "support.evaluation:even_length"}]})
-    routed = evaluate_sets(engine, sets, ids, rcfg, load_reward(rcfg.reward_routes()), load_extractor("last_number"))
+    routed = evaluate_sets(engine, sets, ids, rcfg, load_reward(rcfg.scoring_routes()), load_extractor("last_number"))
     assert routed["heldout/reward_errors"] == 3 * (4 + 1)
     assert routed["heldout/a/mean@4"] == got["heldout/a/mean@4"] and routed["heldout/b/mean@4"] == 0.0
 
@@ -94,7 +94,7 @@ def test_a_failing_reward_counts_as_zero_and_is_reported(model_dir, tmp_path):
     engine = HFEngine.from_dir(model_dir)
     ecfg = _cfg(write_prompts(tmp_path / "p.jsonl", count=2), reward_fn="support.evaluation:text_reward")
     sets = load_sets(ecfg)
-    got = evaluate_sets(engine, sets, tokenize_sets(sets, engine, 4), ecfg, load_reward(ecfg.reward_routes()), None)
+    got = evaluate_sets(engine, sets, tokenize_sets(sets, engine, 4), ecfg, load_reward(ecfg.scoring_routes()), None)
     assert got["heldout/reward_errors"] == 2 * (4 + 1)  # a str, not a number: every response, greedy too
     assert got["heldout/mean@4"] == 0.0
 
@@ -133,8 +133,8 @@ def test_eval_routes_rewards_in_the_scorers_one_shape_and_refuses_the_old_one(tm
 
     table = {"by": "source", "routes": {"math": [{"fn": "math_boxed", "weight": 2.0}, {"fn": "gsm8k"}]}}
     cfg = load_config(None, env={}, overrides={"scorer.rewards": table, "eval.rewards": table})
-    assert cfg.eval.reward_routes() == cfg.scorer.rewards.to_routes()
-    assert cfg.eval.reward_fn is None and cfg.eval.reward_routes().where == "eval.rewards"
+    assert cfg.eval.scoring_routes() == cfg.scorer.rewards.to_routes()
+    assert cfg.eval.reward_fn is None and cfg.eval.scoring_routes().where == "eval.rewards"
     path = write_prompts(tmp_path / "p.jsonl", count=2)
     with pytest.raises(ValidationError, match=r"eval\.reward_routes was replaced by eval\.rewards"):
         EvalConfig(sets={"heldout": path}, reward_routes={"math": "math_boxed"})
@@ -142,6 +142,6 @@ def test_eval_routes_rewards_in_the_scorers_one_shape_and_refuses_the_old_one(tm
         _cfg(path, rewards=table)
     with pytest.raises(ValidationError, match=r"eval needs a reward: set eval\.reward_fn or eval\.rewards"):
         _cfg(path, reward_fn=None)
-    reward = load_reward(_cfg(path, reward_fn=None, rewards=table).reward_routes())
+    reward = load_reward(_cfg(path, reward_fn=None, rewards=table).scoring_routes())
     with pytest.raises(EvalRewardError, match=r"no reward route for source='poetry' \(eval\.rewards\.by = 'source'"):
         reward("1+1=", "2", "2", {"source": "poetry"}, 1)

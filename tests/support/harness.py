@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -88,7 +89,9 @@ def gated_addition_reward(prompt: str, response: str, answer: str | None, metada
     gate = os.environ.get(GATE_ENV)
     if gate and Path(gate).exists():
         held = Path(f"{gate}.held")
-        tmp = held.with_suffix(".tmp")
+        # one temporary file per thread: the scorer's reward calls run concurrently, and two threads sharing one
+        # would let the second truncate the file the first just renamed into place (the held prompt read as '')
+        tmp = held.with_name(f"{held.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(prompt)
         tmp.replace(held)
         os.kill(os.getpid(), signal.SIGSTOP)

@@ -213,7 +213,9 @@ class ProducerConfig(Section):
         None, description="multi-turn rollouts: 'package.module:Class' of an environment (reset(prompt), "
         "step(policy_text) -> Observation; one instance per rollout) or 'package.module:function' of a tool "
         "(fn(policy_text) -> reply, None ends); its replies are inserted as environment tokens with no loss "
-        "(producers.multiturn). None: single-turn")
+        "(producers.multiturn); 'openenv:package.module:EnvClass', an OpenEnv environment class run in the "
+        "producer; 'openenv+http://HOST:PORT', a running OpenEnv server, one WebSocket session per rollout "
+        "(producers.openenv_remote). None: single-turn")
     max_turns: int = Field(
         4, ge=1, le=64, description="multi-turn: policy turns per rollout at most (max_new_tokens bounds all turns "
                                     "together)")

@@ -4,8 +4,9 @@ Consumes: ``producer.environment``, a ``"package.module:Name"`` reference to eit
 - a class whose instances have ``reset(prompt)`` and ``step(policy_text) -> Observation`` (one instance per
   rollout, so state never leaks between the samples of a group), or
 - a tool function ``fn(policy_text) -> str | None``: its reply is the next observation, ``None`` ends the episode,
-or a hub's environment by name: ``"openenv:package.module:EnvClass"`` (an OpenEnv environment,
-:mod:`producers.hub_envs`).
+or a hub's environment by name: ``"openenv:package.module:EnvClass"`` (an OpenEnv environment class,
+:mod:`producers.hub_envs`), or ``"openenv+http://HOST:PORT"`` (a running OpenEnv server, one session per rollout,
+:mod:`producers.openenv_remote`).
 
 Produces: an :class:`EnvironmentFactory` (:func:`load_environment`) that makes one fresh :class:`Guarded`
 environment per rollout, calls it under ``producer.env_timeout_s`` and counts its episodes in
@@ -34,6 +35,9 @@ from typing import Any, Protocol
 
 from schemas import Prompt
 from stream_rl.runtime import references
+
+
+REMOTE_PREFIX = "openenv+"  # producer.environment = "openenv+http://HOST:PORT" (producers.openenv_remote)
 
 
 class EnvironmentLoadError(ValueError):
@@ -131,11 +135,13 @@ class Guarded:
         return self.env
 
     def close(self) -> None:
-        """The episode is over: end an isolated environment's process (``producer.env_isolation = "process"``);
-        an in-process environment is left to the garbage collector, as before."""
+        """The episode is over: end an isolated environment's process (``producer.env_isolation = "process"``) or
+        a served environment's session (:mod:`producers.openenv_remote`); an in-process environment is left to the
+        garbage collector, as before."""
         from producers.env_process import ProcessEnvironment
+        from producers.openenv_remote import RemoteOpenEnvEpisode
 
-        if isinstance(self.env, ProcessEnvironment):
+        if isinstance(self.env, (ProcessEnvironment, RemoteOpenEnvEpisode)):
             self.env.close()
 
     def _call(self, call: Callable[[], Any], what: str) -> Any:
@@ -198,6 +204,15 @@ def load_environment(reference: str, deadline_s: float | None = None, refills: i
     ``"thread"``, each instance in this process; ``"process"``, each instance in a child process of its own
     (:mod:`producers.env_process`: an environment that exits, crashes or hangs without giving back the GIL fails
     only its episode). The reference is checked here, in this process, either way."""
+    if reference.startswith(REMOTE_PREFIX):  # a served OpenEnv environment: its code runs in its server
+        if isolation != "thread":
+            raise EnvironmentLoadError(f"producer.env_isolation = {isolation!r} with a served environment "
+                                       f"(producer.environment '{REMOTE_PREFIX}...'): its code already runs in its "
+                                       f"server; use 'thread'")
+        from producers.openenv_remote import remote_factory
+
+        served, name = remote_factory(reference.removeprefix(REMOTE_PREFIX), deadline_s)
+        return EnvironmentFactory(served, name, deadline_s, refills)
     make, name = _factory(reference), reference.rsplit(":", 1)[-1]
     if isolation == "process":
         from producers.env_process import ProcessEnvironment

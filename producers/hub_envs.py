@@ -63,8 +63,7 @@ class OpenEnvEpisode:
     def reset(self, prompt: Prompt) -> None:
         self.env = self.cls()
         episode = f"{prompt.prompt_id}/{prompt.epoch}"
-        seed = int.from_bytes(hashlib.sha256(episode.encode()).digest()[:4], "little")
-        kwargs = {"seed": seed, "episode_id": episode}
+        kwargs = {"seed": episode_seed(episode), "episode_id": episode}
         accepted = inspect.signature(self.env.reset).parameters
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
             kwargs = {k: v for k, v in kwargs.items() if k in accepted}
@@ -101,10 +100,21 @@ def _action_type(cls: type, reference: str) -> tuple[type, str]:
     return action, text
 
 
+def episode_seed(episode: str) -> int:
+    """The seed an episode's environment is reset with: the first 4 bytes of sha256(``"<prompt_id>/<epoch>"``),
+    little-endian (the same prompt and epoch give the same game in every run)."""
+    return int.from_bytes(hashlib.sha256(episode.encode()).digest()[:4], "little")
+
+
 def _text(obs: Any) -> str:
-    """The observation's first ``str`` field, else its other fields as compact JSON (bounded)."""
-    values = {name: getattr(obs, name) for name in getattr(type(obs), "model_fields", {})
-              if name not in ("done", "reward", "metadata")}
+    """The reply of an observation object: :func:`observation_text` of its fields."""
+    return observation_text({name: getattr(obs, name) for name in getattr(type(obs), "model_fields", {})
+                             if name not in ("done", "reward", "metadata")})
+
+
+def observation_text(values: dict[str, Any]) -> str:
+    """The first ``str`` among an observation's fields (done, reward and metadata removed by the caller), else all of
+    them as compact JSON, at most ``MAX_JSON_CHARS`` characters."""
     text = next((v for v in values.values() if isinstance(v, str)), None)
     if text is not None:
         return text

@@ -5,6 +5,7 @@ were scored by it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -102,16 +103,34 @@ def test_a_verifiers_taskset_trains_through_stream_rl_run_scored_by_its_own_rewa
     assert any(s.reward >= 0.5 for s in scored)  # the tiny policy's turns are short
 
 
+@pytest.mark.parametrize("where", ["in-process", "served"])
 def test_an_openenv_environment_trains_through_stream_rl_run_rewarded_by_its_rubric(
-        broker, tmp_path, run_name, policy, make_config):
+        broker, tmp_path, run_name, policy, make_config, where):
+    """The same OpenEnv class, imported by the producer or served by openenv-core's own server over WebSocket
+    (``producer.environment = "openenv+http://..."``, producers.openenv_remote)."""
     pytest.importorskip("openenv.core", reason="the envs extra is not installed: pip install -e '.[envs]'")
+    from support.openenv_server import served
+
+    with contextlib.ExitStack() as stack:
+        reference = "openenv:support.openenv_guess:GuessDigit"
+        if where == "served":
+            url, _ = stack.enter_context(served("GuessDigit"))
+            reference = f"openenv+{url}"
+        _openenv_run(tmp_path, broker, run_name, policy, reference)
+    _assert_rubric_rewarded(make_config)
+
+
+def _openenv_run(tmp_path, broker, run_name, policy, reference: str) -> None:
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt_id": f"g{i}", "text": "Guess a digit:"}) + "\n"
                                for i in range(4)))
     _run(tmp_path, broker, run_name, policy, str(prompts), path=TESTS_DIR,
-         producer='environment = "openenv:support.openenv_guess:GuessDigit"\nmax_turns = 2\nenv_timeout_s = 10',
+         producer=f'environment = "{reference}"\nmax_turns = 2\nenv_timeout_s = 10',
          scorer='reward_fn = "stream_rl.rewards.given:episode_reward"\non_reward_error = "zero"',
          sets=("producer.max_new_tokens=48",))
+
+
+def _assert_rubric_rewarded(make_config) -> None:
     scored = _scored(make_config)
     assert len(scored) >= STEPS * 2 * 2
     stepped = [s for s in scored if "episode_reward" in s.rollout.metadata]  # the others ended in turn 1 (scored 0)

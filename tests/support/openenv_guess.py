@@ -29,6 +29,8 @@ class GuessRubric(Rubric):
 
 
 class GuessDigit(Environment[GuessAction, GuessObservation, State]):
+    SUPPORTS_CONCURRENT_SESSIONS = True  # each session is an instance of its own (served over /ws)
+
     def __init__(self):
         super().__init__(rubric=GuessRubric())
         self._state, self.secret = State(step_count=0), 7
@@ -66,6 +68,11 @@ class Crashing(GuessDigit):
 class Flooding(GuessDigit):
     def step(self, action, timeout_s=None, **kwargs):
         return GuessObservation(feedback="x" * 5_000_000, reward=0.5)
+
+
+class HugeFlood(GuessDigit):  # over the 16 MiB a served environment's message may take
+    def step(self, action, timeout_s=None, **kwargs):
+        return GuessObservation(feedback="x" * 20_000_000, reward=0.5)
 
 
 class NotAnEnv:

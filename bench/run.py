@@ -93,6 +93,10 @@ NAMED_ONLY: tuple[BenchSpec, ...] = (
               "responses), completed by resumption from their durable prefixes (`producer.partial_max_lag`) and by "
               "regeneration from scratch: the share of their tokens the prefixes keep, the tokens and the time each "
               "completion takes; medians over rounds."),
+    BenchSpec("trlslow", 17, "Slow rewards against TRL", "bench.trl_slow",
+              "TRL's `GRPOTrainer` against `stream-rl run` on the demo with a reward service whose every call takes "
+              "0.1, 0.3, 1 or 3 s (one call per batch): time from the first to the last step and reward gain, each "
+              "system through its own path for such a reward (stream-rl: `scorer.batches_in_flight`)."),
     BenchSpec("servers", 15, "Inference servers", "bench.servers",
               "Generation through `producer.engine = \"server\"` on 1 and on 2 `vllm serve` processes of the demo "
               "policy sharing this machine's cores (sampled tokens/s, interleaved rounds, medians of 3), and the time "

@@ -48,6 +48,7 @@ import yaml
 
 from bench import demo_runs as dr
 from bench.common import BenchContext
+from bench.delayed_reward import DELAY_ENV, DELAYED_REWARD
 from bench.trl_reading import headline, plot, reading, table  # noqa: F401  (the report, kept apart)
 from bench.trl_worker import stage_medians
 
@@ -66,6 +67,8 @@ class Workload:
     steps: int
     untrained: bool  # the demo architecture freshly initialised instead of the demo's warm-started policy
     what: str
+    reward_delay_s: float = 0.0  # a slow reward service: every reward call waits this long (bench.delayed_reward)
+    stream_sets: tuple[tuple[str, Any], ...] = ()  # stream-rl's own means for this workload (--set KEY=VALUE)
 
 
 def workloads(ctx: BenchContext) -> list[Workload]:
@@ -94,7 +97,7 @@ def untrained_policy(ctx: BenchContext, demo: Path) -> Path:
 
 
 def deadline_s(w: Workload) -> float:
-    return 180.0 + w.steps * (4.0 if w.max_new_tokens <= 8 else 20.0)
+    return 180.0 + w.steps * ((4.0 if w.max_new_tokens <= 8 else 20.0) + 1.5 * w.reward_delay_s)
 
 
 @dataclass
@@ -154,7 +157,7 @@ def run_trl(ctx: BenchContext, demo: Path, w: Workload) -> Trace:
     out = ctx.workdir / f"trl-{w.name}-{uuid.uuid4().hex[:8]}.jsonl"
     cmd = [sys.executable, "-m", "bench.trl_worker", "--demo-dir", str(demo), "--out", str(out), "--steps",
            str(w.steps), "--max-new-tokens", str(w.max_new_tokens), "--threads", str(TRL_THREADS), "--seed", "0",
-           "--policy-dir", str(policy_dir(ctx, demo, w))]
+           "--policy-dir", str(policy_dir(ctx, demo, w)), "--reward-delay-s", str(w.reward_delay_s)]
     wall = _run(cmd, _env(TRL_THREADS), out.with_suffix(".log"), deadline_s(w))
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
     steps = [r for r in rows if "step" in r]
@@ -174,6 +177,9 @@ def stream_command(ctx: BenchContext, demo: Path, w: Workload, run: str, run_dir
     if w.untrained:
         policy = policy_dir(ctx, demo, w)
         sets.update({"producer.model_dir": policy, "trainer.model_dir": policy})
+    if w.reward_delay_s:
+        sets["scorer.reward_fn"] = DELAYED_REWARD
+    sets.update(dict(w.stream_sets))
     cmd = [sys.executable, "-m", "stream_rl.cli.main", "run", "-c", str(dr.DEMO_TOML)]
     for key, value in sets.items():
         cmd += ["--set", f"{key}={value}"]
@@ -184,7 +190,8 @@ def run_stream(ctx: BenchContext, demo: Path, w: Workload) -> Trace:
     run = f"bench-trl-{w.name}-{uuid.uuid4().hex[:8]}"
     run_dir = ctx.workdir / run
     log = ctx.workdir / f"{run}.log"
-    wall = _run(stream_command(ctx, demo, w, run, run_dir), _env(None), log, deadline_s(w) + 120)
+    env = {**_env(None), DELAY_ENV: str(w.reward_delay_s)}  # read by the scorer's reward (bench.delayed_reward)
+    wall = _run(stream_command(ctx, demo, w, run, run_dir), env, log, deadline_s(w) + 120)
     metrics = run_dir / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.is_file() else []
     _check_steps(len(rows), w, log, run_dir)

@@ -85,6 +85,18 @@ def counted(reward: Callable[..., list[float]], counts: list[int]) -> Callable[.
     return wrapper
 
 
+def delayed(reward: Callable[..., list[float]], delay_s: float) -> Callable[..., list[float]]:
+    """``reward`` behind a slow service: each call (TRL makes one per generation batch, 256 completions here) waits
+    ``delay_s`` first, as :func:`bench.delayed_reward.delayed_addition` does on stream-rl's side."""
+
+    @functools.wraps(reward)
+    def wrapper(*args, **kwargs):
+        time.sleep(delay_s)
+        return reward(*args, **kwargs)
+
+    return wrapper
+
+
 def demo_rows(demo_dir: Path) -> list[dict[str, str]]:
     """The demo's training prompts in file order, as TRL dataset rows ``{"prompt", "answer", "prompt_id"}``."""
     rows = [json.loads(line) for line in (demo_dir / "prompts.jsonl").read_text().splitlines() if line.strip()]
@@ -156,7 +168,8 @@ def build_trainer(args: argparse.Namespace, scratch: Path, out, stages: StageTim
     model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(policy)
     counts: list[int] = []
-    trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=[counted(trl_reward, counts)],
+    reward = delayed(trl_reward, args.reward_delay_s) if args.reward_delay_s else trl_reward
+    trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=[counted(reward, counts)],
                           args=grpo_config(scratch, args.steps, args.max_new_tokens, args.seed),
                           train_dataset=Dataset.from_list(demo_rows(args.demo_dir)))
     for callback in (PrinterCallback, ProgressCallback):
@@ -195,6 +208,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--policy-dir", type=Path, default=None, help="another policy (default: DEMO_DIR/policy)")
+    parser.add_argument("--reward-delay-s", type=float, default=0.0,
+                        help="a slow reward service: every reward call waits this long first (bench.delayed_reward)")
     return parser.parse_args(list(argv))
 
 

@@ -36,6 +36,7 @@ def test_gains_are_per_round_then_median_and_the_ratio_is_none_when_trl_gained_n
 
 def test_the_report_states_the_goal_and_whether_it_was_met():
     result = {"figures": trl_slow.figures(SAMPLES, ["d1000ms"]), "gains": trl_slow.gains(SAMPLES, ["d1000ms"]),
+              "samples": SAMPLES,
               "params": {"delays_s": [1.0], "steps": 180, "stream_means": dict(trl_slow.STREAM_MEANS),
                          "stages": {}}}
     assert trl_slow.headline(result) == ("reward call 1 s: stream-rl 0.38× TRL's time at 0.91× its reward gain "
@@ -43,8 +44,11 @@ def test_the_report_states_the_goal_and_whether_it_was_met():
     assert "is met in this run" in trl_slow.reading(result)
     header, rows = trl_slow.table(result)
     assert rows == [["1 s", "110.0", "42.0", "**0.38×**", "+0.220", "+0.200", "0.91×"]] and len(header) == 7
+    assert "vary between rounds" in trl_slow.reading(result)  # the hand-made rounds differ
     result["gains"]["d1000ms.gain_ratio"] = 0.5
     assert "is not met in this run" in trl_slow.reading(result)
+    same = {k: [v[0], v[0]] for k, v in SAMPLES.items()}
+    assert "identical in every round" in trl_slow.reading({**result, "samples": same})
 
 
 def test_both_sides_wait_once_per_call_then_score_with_the_demo_verifier(monkeypatch):

@@ -39,7 +39,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -246,20 +246,14 @@ def run(ctx: BenchContext) -> dict[str, Any]:
     rewards: dict[str, list[float]] = {}
     stages: dict[str, list[float]] = {}
     curves: dict[str, dict[str, list[dict[str, list[float]]]]] = {w.name: {s: [] for s in SYSTEMS} for w in loads}
-    runners, reference = {"trl": run_trl, "stream": run_stream}, False
-    for round_no in range(ctx.rounds):
-        order = SYSTEMS if round_no % 2 == 0 else SYSTEMS[::-1]
-        for w in loads:
-            for system in order:
-                trace = runners[system](ctx, demo, w)
-                prefix = f"{w.name}.{system}"
-                _collect(samples, prefix, trace.timings())
-                _collect(samples if not w.untrained else rewards, prefix, trace.reward_ends())
-                _collect(stages, prefix, trace.stages)
-                curves[w.name][system].append({"t": trace.times, "reward": trace.rewards})
-                reference = reference or trace.reference
-                ctx.log(f"  round {round_no + 1}/{ctx.rounds}: {w.name} {system} done "
-                        f"({trace.times[-1]:.1f} s first to last step)")
+    reference = False
+    for w, system, trace in traces(ctx, demo, loads):
+        prefix = f"{w.name}.{system}"
+        collect(samples, prefix, trace.timings())
+        collect(samples if not w.untrained else rewards, prefix, trace.reward_ends())
+        collect(stages, prefix, trace.stages)
+        curves[w.name][system].append({"t": trace.times, "reward": trace.rewards})
+        reference = reference or trace.reference
     params = _params(ctx, loads, stages)
     params["rewards"] = {name: float(statistics.median(v)) for name, v in rewards.items()}
     params["stream_reference_logprobs"] = reference
@@ -271,7 +265,22 @@ def run(ctx: BenchContext) -> dict[str, Any]:
     return result
 
 
-def _collect(into: dict[str, list[float]], prefix: str, values: Mapping[str, float]) -> None:
+def traces(ctx: BenchContext, demo: Path, loads: Sequence[Workload]) -> Iterator[tuple[Workload, str, Trace]]:
+    """Every run of the benchmark, in order: per round (``ctx.rounds``; TRL first in odd rounds, stream-rl first in
+    even ones), per workload, one run of each system; each logged when done."""
+    runners = {"trl": run_trl, "stream": run_stream}
+    for round_no in range(ctx.rounds):
+        order = SYSTEMS if round_no % 2 == 0 else SYSTEMS[::-1]
+        for w in loads:
+            for system in order:
+                trace = runners[system](ctx, demo, w)
+                ctx.log(f"  round {round_no + 1}/{ctx.rounds}: {w.name} {system} done "
+                        f"({trace.times[-1]:.1f} s first to last step)")
+                yield w, system, trace
+
+
+def collect(into: dict[str, list[float]], prefix: str, values: Mapping[str, float]) -> None:
+    """Append each of ``values`` to ``into["<prefix>.<name>"]`` (one sample per round)."""
     for name, value in values.items():
         into.setdefault(f"{prefix}.{name}", []).append(float(value))
 

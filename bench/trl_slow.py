@@ -47,20 +47,9 @@ def run(ctx: BenchContext) -> dict[str, Any]:
     loads = workloads(ctx)
     samples: dict[str, list[float]] = {}
     stages: dict[str, list[float]] = {}
-    runners = {"trl": peer.run_trl, "stream": peer.run_stream}
-    for round_no in range(ctx.rounds):
-        order = peer.SYSTEMS if round_no % 2 == 0 else peer.SYSTEMS[::-1]
-        for w in loads:
-            for system in order:
-                trace = runners[system](ctx, demo, w)
-                ends = trace.reward_ends()
-                values = {**trace.timings(), **ends}
-                for name, value in values.items():
-                    samples.setdefault(f"{w.name}.{system}.{name}", []).append(float(value))
-                for name, value in trace.stages.items():
-                    stages.setdefault(f"{w.name}.{system}.{name}", []).append(float(value))
-                ctx.log(f"  round {round_no + 1}/{ctx.rounds}: {w.name} {system} done "
-                        f"({trace.times[-1]:.1f} s first to last step)")
+    for w, system, trace in peer.traces(ctx, demo, loads):
+        peer.collect(samples, f"{w.name}.{system}", {**trace.timings(), **trace.reward_ends()})
+        peer.collect(stages, f"{w.name}.{system}", trace.stages)
     names = [w.name for w in loads]
     return {"figures": figures(samples, names), "samples": samples, "gains": gains(samples, names),
             "notes": [f"Workload {w.name}: {w.what}, {w.steps} optimizer steps of 256 rollouts." for w in loads],

@@ -21,8 +21,8 @@ Guarantees:
   naming ``producer.environment``, the URL (credentials masked) and what failed.
 - Every answer is bounded: a WebSocket message over 16 MiB, one that is not JSON, an error answer, or an answer that
   is not an observation fails the episode with :class:`RemoteEnvironmentError` (the server's message, at most 300
-  characters); a non-finite reward fails it as any environment's does. Its group is played again or dead-lettered
-  (:mod:`producers.multiturn`).
+  characters); a reward that is not a finite number fails it as any environment's does (``Observation``'s check).
+  Its group is played again or dead-lettered (:mod:`producers.multiturn`).
 - Each call waits at most ``producer.env_timeout_s`` for its answer (the socket's own deadline, under the same
   :class:`~producers.environment.Guarded` deadline as any environment); a server that dies mid-episode fails it
   with the socket's reason.
@@ -33,7 +33,6 @@ Guarantees:
 from __future__ import annotations
 
 import json
-import math
 import re
 import urllib.parse
 from collections.abc import Callable
@@ -93,15 +92,12 @@ class RemoteOpenEnvEpisode:
         reward = data.get("reward")
         if isinstance(reward, bool):
             reward = float(reward)
-        if reward is not None and not (isinstance(reward, (int, float)) and math.isfinite(reward)):
-            raise RemoteEnvironmentError(f"OpenEnv server {self.name} answered a reward that is not a finite "
-                                         f"number: {str(reward)[:_REASON_CHARS]!r}")
         observation = data.get("observation")
         if not isinstance(observation, dict):
             raise RemoteEnvironmentError(f"OpenEnv server {self.name} answered an observation that is not an object")
         values = {k: v for k, v in observation.items() if k not in ("done", "reward", "metadata")}
         return Observation(observation_text(values), done=bool(data.get("done", False)), reward=reward,
-                           tags={"env": self.name})
+                           tags={"env": self.name})  # a reward that is not a finite number: ValueError, as in-process
 
     def close(self) -> None:
         """End the session: a ``close`` message, then the socket (best effort: the play is over either way)."""
@@ -172,7 +168,7 @@ def _get(url: str, shown: str) -> Any:
 def _get_json(url: str, shown: str) -> Any:
     answer = _get(url, shown)
     if answer.status != 200:
-        raise EnvironmentLoadError(f"{shown}: {url.rsplit('/', 1)[-1]} answered HTTP {answer.status}, not 200")
+        raise EnvironmentLoadError(f"{shown}: /{url.rsplit('/', 1)[-1]} answered HTTP {answer.status}, not 200")
     try:
         return loads_json(answer.body)
     except ValueError as exc:

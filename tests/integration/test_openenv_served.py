@@ -122,11 +122,8 @@ def _ws_server(answer):
     def handler(ws):
         try:
             for raw in ws:
-                message = json.loads(raw)
-                if message["type"] == "close" and answer(message) is None:
-                    continue  # a server that neither answers nor closes
-                out = answer(message)
-                if out is not None:
+                out = answer(json.loads(raw))
+                if out is not None:  # None: say nothing (to "close": a server that neither answers nor closes)
                     ws.send(out)
         except Exception:
             pass
@@ -144,23 +141,27 @@ OBSERVATION = json.dumps({"type": "observation", "data": {"observation": {"feedb
                                                           "done": False}})
 
 
-@pytest.mark.parametrize("step_answer, reason", [
-    ("not json {", "not JSON"),
-    (json.dumps({"type": "state", "data": {}}), "with 'state', not an observation"),
-    (json.dumps({"type": "error", "data": {"message": "x" * 5000}}), "refused step: x{300}$"),
-    (json.dumps({"type": "observation", "data": {"observation": "flat", "done": False}}), "not an object"),
-    ('{"type": "observation", "data": {"observation": {}, "reward": NaN}}', "not a finite number"),
-    (json.dumps({"type": "observation", "data": {"observation": {}, "reward": "1"}}), "not a finite number"),
-    ("[" * 100_000 + "]" * 100_000, "not JSON"),
+NOT_FINITE = (ValueError, "Observation.reward must be a finite number or None")  # the in-process environments' check
+
+
+@pytest.mark.parametrize("step_answer, error", [
+    ("not json {", (RemoteEnvironmentError, "not JSON")),
+    (json.dumps({"type": "state", "data": {}}), (RemoteEnvironmentError, "with 'state', not an observation")),
+    (json.dumps({"type": "error", "data": {"message": "x" * 5000}}), (RemoteEnvironmentError, "refused step: x{300}$")),
+    (json.dumps({"type": "observation", "data": {"observation": "flat", "done": False}}),
+     (RemoteEnvironmentError, "not an object")),
+    ('{"type": "observation", "data": {"observation": {}, "reward": NaN}}', NOT_FINITE),
+    (json.dumps({"type": "observation", "data": {"observation": {}, "reward": "1"}}), NOT_FINITE),
+    ("[" * 100_000 + "]" * 100_000, (RemoteEnvironmentError, "not JSON")),
 ])
-def test_an_answer_that_is_not_an_observation_fails_the_episode_with_the_reason(step_answer, reason):
+def test_an_answer_that_is_not_an_observation_fails_the_episode_with_the_reason(step_answer, error):
     def answer(message):
         return OBSERVATION if message["type"] == "reset" else (None if message["type"] == "close" else step_answer)
 
     with _ws_server(answer) as ws_url:
         env = RemoteOpenEnvEpisode(ws_url, "guess", "Hostile", 5.0)
         env.reset(_prompt(0))
-        with pytest.raises(RemoteEnvironmentError, match=reason):
+        with pytest.raises(error[0], match=error[1]):
             env.step("3")
         started = time.monotonic()
         env.close()  # this server never closes on "close": ours waits at most its bound
@@ -202,7 +203,8 @@ def _scripted(routes: dict):
 ])
 def test_a_url_that_is_not_an_openenv_server_is_refused_at_start_naming_the_setting(routes, reason):
     with serving(_scripted(routes)) as url:
-        with pytest.raises(EnvironmentLoadError, match=f"producer.environment 'openenv\\+http://127.0.0.1:\\d+/?'.*{reason}"):
+        shown = r"producer.environment 'openenv\+http://127.0.0.1:\d+/?'"
+        with pytest.raises(EnvironmentLoadError, match=f"{shown}.*{reason}"):
             load_environment(f"openenv+{url}", 10.0)
 
 

@@ -166,6 +166,8 @@ class RewardsConfig(Section):
 
         return RewardRoutes(by=self.by, routes={v: terms(items) for v, items in self.routes.items()},
                             default=None if self.default is None else terms(self.default), where=where)
+
+
 def routes_replace_reward_fn(data: Any, section: str) -> Any:
     """A section's raw values (``scorer``, ``eval``) with ``reward_fn`` None when ``rewards`` (routes) is set:
     routes replace the single reward function; setting both is a ValueError naming ``<section>.rewards`` and

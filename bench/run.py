@@ -97,6 +97,17 @@ NAMED_ONLY: tuple[BenchSpec, ...] = (
               "TRL's `GRPOTrainer` against `stream-rl run` on the demo with a reward service whose every call takes "
               "0.1, 0.3, 1 or 3 s (one call per batch): time from the first to the last step and reward gain, each "
               "system through its own path for such a reward (stream-rl: `scorer.batches_in_flight`)."),
+    BenchSpec("trlfront", 18, "Staleness frontier against TRL", "bench.trl_frontier",
+              "TRL's `GRPOTrainer` against `stream-rl run` on the plain demo at `producer.versions_ahead` 2 (the "
+              "demo's), 1 and 0 and with the off-policy correction off, one seed per round: time against reward "
+              "gain, held-out accuracy, and the time each takes to reach TRL's final training reward and held-out "
+              "accuracy."),
+    BenchSpec("trltail", 19, "Long tails against TRL", "bench.trl_tail",
+              "TRL's `GRPOTrainer` against `stream-rl run` on a workload whose response lengths are heavy-tailed "
+              "(most answers 2-4 tokens, about one in ten ten times longer; the demo's policy fine-tuned to pad "
+              "some answers, `bench/tail_policy.py`), same budget and reward on both sides, one seed per round: "
+              "time from the first to the last step and reward gain, stream-rl with its defaults and with "
+              "`trainer.packing`."),
     BenchSpec("servers", 15, "Inference servers", "bench.servers",
               "Generation through `producer.engine = \"server\"` on 1 and on 2 `vllm serve` processes of the demo "
               "policy sharing this machine's cores (sampled tokens/s, interleaved rounds, medians of 3), and the time "

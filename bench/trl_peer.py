@@ -40,13 +40,14 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from bench import demo_runs as dr
+from bench import snapshots as snaps
 from bench.common import BenchContext
 from bench.delayed_reward import DELAY_ENV, DELAYED_REWARD
 from bench.trl_reading import headline, plot, reading, table  # noqa: F401  (the report, kept apart)
@@ -69,6 +70,10 @@ class Workload:
     what: str
     reward_delay_s: float = 0.0  # a slow reward service: every reward call waits this long (bench.delayed_reward)
     stream_sets: tuple[tuple[str, Any], ...] = ()  # stream-rl's own means for this workload (--set KEY=VALUE)
+    seed: int = 0  # both systems' sampling (and TRL's data) seed; stream-rl's producer.seed and trainer.seed
+    snapshot_every: int = 0  # keep the policy after every this many steps (Trace.snapshots); 0: none
+    policy: Path | None = None  # another policy than the demo's (both systems); None: untrained or the demo's
+    trl_reward: str = "demo"  # bench.trl_worker --reward: the TRL side's reward (stream-rl's: in stream_sets)
 
 
 def workloads(ctx: BenchContext) -> list[Workload]:
@@ -81,6 +86,8 @@ def workloads(ctx: BenchContext) -> list[Workload]:
 
 
 def policy_dir(ctx: BenchContext, demo: Path, w: Workload) -> Path:
+    if w.policy is not None:
+        return w.policy
     return untrained_policy(ctx, demo) if w.untrained else demo / "policy"
 
 
@@ -110,6 +117,7 @@ class Trace:
     samples: list[int]
     stages: dict[str, float]  # per-step medians of the system's own stage timers
     reference: bool = False  # stream-rl's scorer computed reference-model log-probs (its resolved config says so)
+    snapshots: dict[int, Path] = field(default_factory=dict)  # step -> the policy's weights after it (safetensors)
 
     def timings(self) -> dict[str, float]:
         span = self.times[-1]
@@ -156,14 +164,19 @@ def _env(threads: int | None) -> dict[str, str]:
 def run_trl(ctx: BenchContext, demo: Path, w: Workload) -> Trace:
     out = ctx.workdir / f"trl-{w.name}-{uuid.uuid4().hex[:8]}.jsonl"
     cmd = [sys.executable, "-m", "bench.trl_worker", "--demo-dir", str(demo), "--out", str(out), "--steps",
-           str(w.steps), "--max-new-tokens", str(w.max_new_tokens), "--threads", str(TRL_THREADS), "--seed", "0",
-           "--policy-dir", str(policy_dir(ctx, demo, w)), "--reward-delay-s", str(w.reward_delay_s)]
+           str(w.steps), "--max-new-tokens", str(w.max_new_tokens), "--threads", str(TRL_THREADS), "--seed",
+           str(w.seed), "--policy-dir", str(policy_dir(ctx, demo, w)), "--reward-delay-s", str(w.reward_delay_s),
+           "--reward", w.trl_reward]
+    saved = out.with_suffix(".snapshots")
+    if w.snapshot_every:
+        cmd += ["--save-every", str(w.snapshot_every), "--save-dir", str(saved)]
     wall = _run(cmd, _env(TRL_THREADS), out.with_suffix(".log"), deadline_s(w))
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
     steps = [r for r in rows if "step" in r]
     _check_steps(len(steps), w, out.with_suffix(".log"))
     return Trace(wall, _since_first([r["t"] for r in steps]), [r["reward_mean"] for r in steps],
-                 [int(r["samples"]) for r in steps], stage_medians(steps))
+                 [int(r["samples"]) for r in steps], stage_medians(steps),
+                 snapshots=snaps.snapshots(saved, w.steps, w.snapshot_every))
 
 
 def stream_command(ctx: BenchContext, demo: Path, w: Workload, run: str, run_dir: Path) -> list[str]:
@@ -174,11 +187,13 @@ def stream_command(ctx: BenchContext, demo: Path, w: Workload, run: str, run_dir
     sets = {"broker.state_dir": run_dir / "broker", "topics.run": run, "run_dir": run_dir, "run.demo_dir": demo,
             "trainer.max_steps": w.steps, "producer.max_new_tokens": w.max_new_tokens,
             "run.max_wall_s": deadline_s(w), "eval": "null"}  # TRL evaluates nothing: neither does this run
-    if w.untrained:
+    if w.untrained or w.policy is not None:
         policy = policy_dir(ctx, demo, w)
         sets.update({"producer.model_dir": policy, "trainer.model_dir": policy})
     if w.reward_delay_s:
         sets["scorer.reward_fn"] = DELAYED_REWARD
+    if w.seed:
+        sets.update({"producer.seed": w.seed, "trainer.seed": w.seed})
     sets.update(dict(w.stream_sets))
     cmd = [sys.executable, "-m", "stream_rl.cli.main", "run", "-c", str(dr.DEMO_TOML)]
     for key, value in sets.items():
@@ -191,7 +206,8 @@ def run_stream(ctx: BenchContext, demo: Path, w: Workload) -> Trace:
     run_dir = ctx.workdir / run
     log = ctx.workdir / f"{run}.log"
     env = {**_env(None), DELAY_ENV: str(w.reward_delay_s)}  # read by the scorer's reward (bench.delayed_reward)
-    wall = _run(stream_command(ctx, demo, w, run, run_dir), env, log, deadline_s(w) + 120)
+    with snaps.keeping(run_dir / "weights", run_dir / "snapshots", w.steps, w.snapshot_every) as kept:
+        wall = _run(stream_command(ctx, demo, w, run, run_dir), env, log, deadline_s(w) + 120)
     metrics = run_dir / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.is_file() else []
     _check_steps(len(rows), w, log, run_dir)
@@ -199,7 +215,8 @@ def run_stream(ctx: BenchContext, demo: Path, w: Workload) -> Trace:
     resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
     return Trace(wall, _since_first([r["time"] for r in rows]), [r["reward/mean"] for r in rows],
                  [int(r["batch/sequences"]) for r in rows], stages,
-                 reference=resolved["scorer"].get("reference_model_dir") is not None)
+                 reference=resolved["scorer"].get("reference_model_dir") is not None,
+                 snapshots=snaps.snapshots(kept, w.steps, w.snapshot_every))
 
 
 STREAM_STAGES = {  # stage -> the trainer row's key (per step), from the telemetry the roles already export
@@ -231,15 +248,16 @@ def _since_first(times: Sequence[float]) -> list[float]:
     return [float(t) - float(times[0]) for t in times]
 
 
-def _require_trl() -> None:
+def require_trl(benchmark: str) -> None:
+    """RuntimeError naming ``benchmark`` (e.g. ``"9 (trl)"``) and the install command when TRL is missing."""
     try:
         import trl  # noqa: F401
     except ImportError as exc:
-        raise RuntimeError(f"benchmark 9 (trl) needs TRL: pip install -e '.[trl]' ({exc})") from exc
+        raise RuntimeError(f"benchmark {benchmark} needs TRL: pip install -e '.[trl]' ({exc})") from exc
 
 
 def run(ctx: BenchContext) -> dict[str, Any]:
-    _require_trl()
+    require_trl("9 (trl)")
     demo = dr.demo_dir(ctx)
     loads = workloads(ctx)
     samples: dict[str, list[float]] = {}

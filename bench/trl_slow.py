@@ -42,7 +42,7 @@ def workloads(ctx: BenchContext) -> list[peer.Workload]:
 
 
 def run(ctx: BenchContext) -> dict[str, Any]:
-    peer._require_trl()
+    peer.require_trl("17 (trlslow)")
     demo = dr.demo_dir(ctx)
     loads = workloads(ctx)
     samples: dict[str, list[float]] = {}

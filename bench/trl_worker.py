@@ -2,7 +2,7 @@
 (:mod:`bench.trl_peer`) runs against ``stream-rl run``.
 
 ``python -m bench.trl_worker --demo-dir D --out F.jsonl --steps N --max-new-tokens K [--threads 2] [--seed 0]
-[--policy-dir P]``
+[--policy-dir P] [--reward-delay-s S] [--reward demo|tail] [--save-every K --save-dir S]``
 
 Consumes: a built demo (``D/policy``: LlamaForCausalLM + character tokenizer, or the policy in ``P``;
 ``D/prompts.jsonl``: rows ``{"prompt_id", "text", "answer"}``) and ``trl`` (the optional extra:
@@ -11,7 +11,9 @@ Produces: ``F.jsonl``, one line per optimizer step ``{"step", "t", "reward_mean"
 "step_time"}`` (``t``: ``time.time()`` at the step's end; ``profile``: seconds per TRL profiling timer in that step,
 e.g. ``GRPOTrainer.transformers.generate``; ``step_time``: TRL's own timer around ``training_step``, i.e.
 generation, scoring, forward and backward, without the optimizer step), then one final line ``{"final": true,
-"setup_s", "train_s", "total_s", "steps", "threads", "versions"}``.
+"setup_s", "train_s", "total_s", "steps", "threads", "versions"}``. With ``--save-every K``, the policy's weights
+after every K-th optimizer step as ``S/v{step:08d}.safetensors`` (the name stream-rl's weights store gives a
+version; benchmark 18 evaluates them on held-out prompts after the run).
 
 Settings, chosen to match ``configs/demo.toml`` (see :data:`MATCHED`): 32 prompts x 8 generations = 256
 completions per optimizer step (one generation batch, one update: ``per_device_train_batch_size=256``,
@@ -42,6 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import snapshots
 from stream_rl.demo.task import addition_reward
 
 GROUP_SIZE = 8
@@ -73,6 +76,14 @@ def trl_reward(prompts: Sequence[str], completions: Sequence[str], answer: Seque
     TRL passes the dataset's other columns (here ``answer`` and ``prompt_id``) and its own keyword arguments
     (``completion_ids``, ``trainer_state``, ...), which the verifier does not use."""
     return [addition_reward(p, c, a, {}) for p, c, a in zip(prompts, completions, answer, strict=True)]
+
+
+def trl_tail_reward(prompts: Sequence[str], completions: Sequence[str], answer: Sequence[str],
+                    **_: Any) -> list[float]:
+    """Benchmark 19's reward as a TRL reward function: :func:`bench.tail_policy.tail_reward` per completion."""
+    from bench.tail_policy import tail_reward
+
+    return [tail_reward(p, c, a, {}) for p, c, a in zip(prompts, completions, answer, strict=True)]
 
 
 def counted(reward: Callable[..., list[float]], counts: list[int]) -> Callable[..., list[float]]:
@@ -133,8 +144,10 @@ class StageTimes:
         return taken
 
 
-def step_logger(out, stages: StageTimes, counts: list[int]):
-    """A TrainerCallback writing one row per optimizer step to ``out`` (an open text file)."""
+def step_logger(out, stages: StageTimes, counts: list[int], save_every: int = 0, save_dir: Path | None = None):
+    """A TrainerCallback writing one row per optimizer step to ``out`` (an open text file), and, when
+    ``save_every`` > 0, the model's weights after every ``save_every``-th step to ``save_dir`` (after the step's
+    end time is taken: the save, milliseconds for the demo's policy, falls in the next step's interval)."""
     from transformers import TrainerCallback
 
     class StepLog(TrainerCallback):
@@ -145,6 +158,8 @@ def step_logger(out, stages: StageTimes, counts: list[int]):
             self.ended = {"step": state.global_step, "t": time.time(), "profile": stages.take(),
                           "samples": sum(counts)}
             counts.clear()
+            if save_every and save_dir is not None and state.global_step % save_every == 0:
+                save_snapshot(kwargs["model"], save_dir / snapshots.name(state.global_step))
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if self.ended is None or not logs or "reward" not in logs:
@@ -155,6 +170,16 @@ def step_logger(out, stages: StageTimes, counts: list[int]):
             self.ended = None
 
     return StepLog()
+
+
+def save_snapshot(model, path: Path) -> None:
+    """The model's state dict as a safetensors file at ``path``, written whole then renamed into place."""
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_file({name: t.detach().cpu().contiguous() for name, t in model.state_dict().items()}, str(tmp))
+    tmp.replace(path)
 
 
 def build_trainer(args: argparse.Namespace, scratch: Path, out, stages: StageTimes):
@@ -168,13 +193,14 @@ def build_trainer(args: argparse.Namespace, scratch: Path, out, stages: StageTim
     model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(policy)
     counts: list[int] = []
-    reward = delayed(trl_reward, args.reward_delay_s) if args.reward_delay_s else trl_reward
+    base = {"demo": trl_reward, "tail": trl_tail_reward}[args.reward]
+    reward = delayed(base, args.reward_delay_s) if args.reward_delay_s else base
     trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=[counted(reward, counts)],
                           args=grpo_config(scratch, args.steps, args.max_new_tokens, args.seed),
                           train_dataset=Dataset.from_list(demo_rows(args.demo_dir)))
     for callback in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(callback)
-    trainer.add_callback(step_logger(out, stages, counts))
+    trainer.add_callback(step_logger(out, stages, counts, args.save_every, args.save_dir))
     return trainer
 
 
@@ -210,7 +236,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--policy-dir", type=Path, default=None, help="another policy (default: DEMO_DIR/policy)")
     parser.add_argument("--reward-delay-s", type=float, default=0.0,
                         help="a slow reward service: every reward call waits this long first (bench.delayed_reward)")
-    return parser.parse_args(list(argv))
+    parser.add_argument("--reward", choices=("demo", "tail"), default="demo",
+                        help="demo: the demo's verifier; tail: benchmark 19's (bench.tail_policy.tail_reward)")
+    parser.add_argument("--save-every", type=int, default=0,
+                        help="save the policy's weights after every K-th optimizer step (0: never)")
+    parser.add_argument("--save-dir", type=Path, default=None,
+                        help="where --save-every writes: v{step:08d}.safetensors")
+    args = parser.parse_args(list(argv))
+    if args.save_every < 0 or (args.save_every and args.save_dir is None):
+        parser.error("--save-every must be >= 0 and needs --save-dir")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -51,6 +51,29 @@ def test_tiny_trl_peer_produces_every_figure_and_its_section(broker, demo_build,
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
+@pytest.mark.broker
+@pytest.mark.timeout(900)  # tiny: three process launches (TRL, two stream-rl settings) of two steps each
+def test_tiny_staleness_frontier_scores_every_snapshot_and_renders(broker, demo_build, tmp_path, monkeypatch):
+    pytest.importorskip("trl", reason="benchmark 18 needs the optional extra: pip install -e '.[trl]' (not in CI)")
+    from bench import demo_runs, trl_frontier
+
+    monkeypatch.setenv(demo_runs.DEMO_DIR_ENV, str(demo_build[0]))
+    json_path, md_path = tmp_path / "results.json", tmp_path / "benchmarks.md"
+    assert bench_run.main(["trlfront", "--tiny", "--bootstrap", broker.bootstrap, "--json", str(json_path),
+                           "--out", str(md_path)]) == 0
+    result = json.loads(json_path.read_text())["benchmarks"]["trlfront"]
+    assert set(result["figures"]) == {f"{n}.{k}" for n in ("trl", "va2", "va0") for k in ("span_s", "span_ratio")}
+    assert all(math.isfinite(v) and v > 0 for v in result["figures"].values())
+    for name in ("trl", "va2", "va0"):  # the warm start, then the policy after each of the two steps
+        (curve,) = result["heldout_curves"][name]
+        assert curve["step"] == [0, 1, 2] and all(0.0 <= a <= 1.0 for a in curve["heldout"])
+    starts = {result["heldout_curves"][n][0]["heldout"][0] for n in ("trl", "va2", "va0")}
+    assert len(starts) == 1  # one warm start, scored once
+    doc = md_path.read_text()
+    assert "## 18. Staleness frontier against TRL" in doc and trl_frontier.headline(result) in doc
+
+
 def test_trl_reward_is_the_demo_verifier_on_each_completion():
     prompts = ["12+34=", "12+34=", "12+34=", "99+10=", "99+10=", "50+50="]
     completions = ["46", "47", "46 ", "109", "1090", ""]
@@ -77,3 +100,4 @@ def test_trl_runs_only_when_named_and_enters_the_report_once_measured():
     specs = bench_run.report_specs({"benchmarks": {"trl": {}}})
     assert [s.name for s in specs].count("trl") == 1
     assert [s.number for s in specs] == sorted(s.number for s in specs)  # sections in benchmark order
+    assert "trlfront" not in [s.name for s in bench_run.select([])]  # benchmark 18 needs TRL too

@@ -131,7 +131,7 @@ def up(cfg: BrokerConfig) -> BrokerState:
 
 def _store_up(cfg: BrokerConfig, state_dir: Path) -> object_store.StoreState:
     try:
-        return object_store.up(state_dir, cfg.store_binary, cfg.startup_timeout_s)
+        return object_store.up(state_dir, cfg.store_binary, cfg.startup_timeout_s, cfg.store_min_free_gib)
     except object_store.StoreError as exc:
         raise BrokerError(f"durable storage: {exc}") from exc
 

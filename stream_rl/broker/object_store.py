@@ -10,6 +10,8 @@ Guarantees:
   so a broker left running after the store died finds it where it was); telemetry to the outside is off;
 - ``up`` returns only once every component reports ready and the S3 port accepts connections, else it stops the
   process it started and raises :class:`StoreError` with the log's tail; ``up`` on a live recorded store reuses it;
+- ``up`` refuses to start a store on a filesystem too full for it (:func:`space_problem`): below 1 % free SeaweedFS
+  marks every volume read-only, and the broker's writes then time out with nothing naming the disk;
 - ``down`` signals exactly the recorded PID after checking that it still runs ``weed mini`` on the recorded port;
 - the data directory is kept across restarts: what tansu wrote before a kill -9 is there after ``up``.
 """
@@ -20,6 +22,7 @@ import json
 import os
 import random
 import secrets
+import shutil
 import socket
 import subprocess
 import time
@@ -36,6 +39,8 @@ LOG_FILE = "store.log"
 READY_LINE = b"All enabled components are running"
 COMPONENTS = ("s3", "master", "volume", "filer", "admin")  # each listens on http and http + 10000 (gRPC)
 GRPC_OFFSET = 10000  # weed's own convention; its admin worker dials admin.port + 10000 whatever is configured
+READ_ONLY_BELOW = 0.01  # weed's volume -minFreeSpace default (1 %): below it every volume turns read-only
+GIB = 1 << 30
 
 
 class StoreError(RuntimeError):
@@ -146,14 +151,31 @@ def _command(binary: Path, data_dir: Path, ports: dict[str, int]) -> list[str]:
     return cmd
 
 
-def up(state_dir: Path, binary: Path | None = None, timeout_s: float = 60.0) -> StoreState:
-    """Start the store (or reuse the live recorded one) and wait until it reports ready."""
+def space_problem(free: int, total: int, min_free_gib: float, where: Path) -> str | None:
+    """Why a store on a filesystem with ``free`` of ``total`` bytes would fail, or None: it needs more than
+    :data:`READ_ONLY_BELOW` of the filesystem free (weed's read-only line) plus ``min_free_gib`` GiB of room."""
+    need = READ_ONLY_BELOW * total + min_free_gib * GIB
+    if free > need:
+        return None
+    return (f"only {free / GIB:.1f} GiB free on the filesystem of {where} ({total / GIB:.1f} GiB): the object store "
+            f"needs more than {need / GIB:.1f} GiB (1 % of it, below which SeaweedFS makes every volume read-only and "
+            f"the broker's writes time out, plus broker.store_min_free_gib = {min_free_gib:g}); free space there, "
+            f"point broker.state_dir at another filesystem, or set broker.storage = \"memory\"")
+
+
+def up(state_dir: Path, binary: Path | None = None, timeout_s: float = 60.0, min_free_gib: float = 1.0) -> StoreState:
+    """Start the store (or reuse the live recorded one) and wait until it reports ready; StoreError first when its
+    filesystem has no room for it (:func:`space_problem`)."""
     current = read_state(state_dir)
     if current is not None and running(current):
         return current
     exe = weed_binary(binary)
     data_dir = (state_dir / "store").resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
+    usage = shutil.disk_usage(data_dir)
+    problem = space_problem(usage.free, usage.total, min_free_gib, data_dir)
+    if problem:
+        raise StoreError(problem)
     creds = credentials(state_dir)
     ports = choose_ports(current.ports if current else None)
     log_path = state_dir / LOG_FILE

@@ -74,6 +74,27 @@ def test_tiny_staleness_frontier_scores_every_snapshot_and_renders(broker, demo_
     assert "## 18. Staleness frontier against TRL" in doc and trl_frontier.headline(result) in doc
 
 
+@pytest.mark.slow
+@pytest.mark.broker
+@pytest.mark.timeout(900)  # tiny: the long-tail policy (5 fine-tune steps) and three launches of two steps each
+def test_tiny_long_tail_benchmark_runs_both_sides_on_the_tail_policy_and_renders(broker, demo_build, tmp_path,
+                                                                               monkeypatch):
+    pytest.importorskip("trl", reason="benchmark 19 needs the optional extra: pip install -e '.[trl]' (not in CI)")
+    from bench import demo_runs, trl_tail
+
+    monkeypatch.setenv(demo_runs.DEMO_DIR_ENV, str(demo_build[0]))
+    json_path, md_path = tmp_path / "results.json", tmp_path / "benchmarks.md"
+    assert bench_run.main(["trltail", "--tiny", "--bootstrap", broker.bootstrap, "--json", str(json_path),
+                           "--out", str(md_path)]) == 0
+    result = json.loads(json_path.read_text())["benchmarks"]["trltail"]
+    assert set(result["figures"]) == {f"{n}.{k}" for n in ("trl", "demo", "packed") for k in ("span_s", "span_ratio")}
+    assert all(math.isfinite(v) and v > 0 for v in result["figures"].values())
+    assert {"packed.update_s", "trl.generate_s"} <= set(result["params"]["stages"])
+    assert set(result["params"]["lengths"]) >= {"mean", "p99", "long_share"}
+    doc = md_path.read_text()
+    assert "## 19. Long tails against TRL" in doc and trl_tail.headline(result) in doc
+
+
 def test_trl_reward_is_the_demo_verifier_on_each_completion():
     prompts = ["12+34=", "12+34=", "12+34=", "99+10=", "99+10=", "50+50="]
     completions = ["46", "47", "46 ", "109", "1090", ""]
@@ -100,4 +121,4 @@ def test_trl_runs_only_when_named_and_enters_the_report_once_measured():
     specs = bench_run.report_specs({"benchmarks": {"trl": {}}})
     assert [s.name for s in specs].count("trl") == 1
     assert [s.number for s in specs] == sorted(s.number for s in specs)  # sections in benchmark order
-    assert "trlfront" not in [s.name for s in bench_run.select([])]  # benchmark 18 needs TRL too
+    assert not {"trlfront", "trltail"} & {s.name for s in bench_run.select([])}  # benchmarks 18, 19 need TRL too

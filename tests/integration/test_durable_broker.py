@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -129,3 +130,32 @@ def test_missing_store_binary_is_one_clear_error(tmp_path):
     with pytest.raises(broker_mod.BrokerError, match="durable storage: weed binary not found at .*no-weed"):
         broker_mod.up(cfg)
     assert broker_mod.read_state(cfg.state_dir) is None
+
+
+def test_a_filesystem_without_room_for_the_store_is_refused_at_start_naming_it(tmp_path):
+    """Below 1 % free SeaweedFS turns every volume read-only and the broker's writes time out naming nothing; the
+    store now refuses to start instead, naming the free space, the path and the setting (here: more room asked
+    than any disk has, through the real CLI)."""
+    import subprocess
+    import sys
+
+    state_dir = tmp_path / "full"
+    run = subprocess.run([sys.executable, "-m", "stream_rl.cli.main", "broker", "up", "--state-dir", str(state_dir),
+                          "--set", "broker.store_min_free_gib=1000000"], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith("broker up failed: durable storage: only ") and "GiB free on the filesystem of " in line
+    assert str((state_dir / "store").resolve()) in line and "broker.store_min_free_gib = 1e+06" in line
+    assert 'broker.storage = "memory"' in line
+    assert broker_mod.read_state(state_dir) is None and object_store.read_state(state_dir) is None
+
+
+def test_the_room_the_store_needs_is_one_percent_of_the_filesystem_plus_the_setting():
+    gib = object_store.GIB
+    where = Path("/data")
+    assert object_store.space_problem(2 * gib + 1, 100 * gib, 1.0, where) is None  # needs more than 1 + 1 GiB
+    problem = object_store.space_problem(2 * gib, 100 * gib, 1.0, where)
+    assert problem is not None and problem.startswith("only 2.0 GiB free on the filesystem of /data (100.0 GiB)")
+    assert "needs more than 2.0 GiB" in problem
+    assert object_store.space_problem(int(10.5 * gib), 1000 * gib, 0.0, where) is None  # 1 % of 1000 GiB: 10
+    assert object_store.space_problem(10 * gib, 1000 * gib, 0.0, where) is not None

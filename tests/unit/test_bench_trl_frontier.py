@@ -102,6 +102,11 @@ def test_the_report_states_the_goal_the_levels_and_the_choice():
     text = tf.reading(result)
     assert "TRL's final training reward 0.400" in text and "met by no setting in this run" in text
     assert "soonest is `va0`; the demo's default is `va2`" in text
+    assert "At step 5 the held-out accuracy was TRL 0.425, va2 0.425, va0 0.500 (medians over seeds)." in text
+    assert "the cause is not known" not in text  # va2 was not behind TRL at step 5
+    for curve in result["heldout_curves"]["va2"] + result["heldout_curves"]["va0"]:
+        curve["heldout"][1] = 0.3
+    assert "lock-step `va0` (rollouts never stale) included" in tf.early(result, ["va2", "va0"])
 
 
 def test_snapshots_are_every_kth_step_and_a_missing_one_is_named(tmp_path):

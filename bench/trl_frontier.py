@@ -83,7 +83,7 @@ def one_run(ctx: BenchContext, demo: Path, rows: list[dict], name: str, seed: in
     trace = peer.run_trl(ctx, demo, w) if name == "trl" else peer.run_stream(ctx, demo, w)
     heldout = {step: heldout_accuracy(demo, path, rows) for step, path in trace.snapshots.items()}
     for folder in {path.parent for path in trace.snapshots.values()}:
-        shutil.rmtree(folder, ignore_errors=True)  # a stream-rl run keeps every version: ~4 MB each
+        shutil.rmtree(folder, ignore_errors=True)  # the snapshots only: ~4 MB each (stream-rl: links out of its store)
     ctx.log(f"  round {seed + 1}/{ctx.rounds}: {name} done ({trace.times[-1]:.1f} s first to last step, held-out "
             f"{heldout.get(w.steps, 0.0):.3f})")
     return {"times": trace.times, "rewards": trace.rewards, "span_s": trace.times[-1], "heldout": heldout}

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from producers.environment import REMOTE_PREFIX as PREFIX
-from producers.environment import EnvironmentLoadError, Observation
+from producers.environment import EnvironmentLoadError, EnvironmentTimeout, Observation
 from producers.hub_envs import episode_seed, observation_text
 from schemas import Prompt
 from stream_rl.rewards.http import HttpRewardError, exchange, loads_json, safe_url
@@ -126,6 +126,9 @@ class RemoteOpenEnvEpisode:
             pass
         try:
             raw = self.socket.recv(timeout=self.timeout_s)
+        except TimeoutError:  # no answer within the episode's deadline: the same error whichever clock fires first
+            raise EnvironmentTimeout(f"environment {self.name} {message['type']} timed out after {self.timeout_s:g} s "
+                                     f"(producer.env_timeout_s)") from None
         except ConnectionClosed as exc:
             raise RemoteEnvironmentError(f"OpenEnv server {self.name} closed the session at {message['type']}: "
                                          f"{exc}") from None

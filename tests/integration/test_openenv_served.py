@@ -98,6 +98,20 @@ def test_an_environment_that_raises_floods_or_hangs_in_its_server_fails_only_its
         assert time.monotonic() - started < 8
 
 
+def test_a_hung_answer_past_the_sessions_own_deadline_is_the_environment_timeout_not_a_socket_error():
+    """The session's socket waits as long as the episode's deadline: when its clock fires first (a loaded machine),
+    the episode still fails with the deadline's error, not the socket library's TimeoutError (CI saw that race)."""
+    from producers.openenv_remote import remote_factory
+
+    with served("Hung") as (url, _):
+        factory, _name = remote_factory(url, 0.5)
+        episode = factory()  # the bare session, without the Guarded thread and its clock
+        episode.reset(_prompt(0))
+        with pytest.raises(EnvironmentTimeout, match=r"step timed out after 0.5 s \(producer.env_timeout_s\)"):
+            episode.step("3")
+        episode.close()
+
+
 def test_a_server_killed_mid_episode_fails_that_episode_and_the_next_one_is_refused_with_the_reason():
     with served("GuessDigit") as (url, proc):
         factory = load_environment(f"openenv+{url}", 10.0)

@@ -132,16 +132,33 @@ def test_a_version_reaches_every_server_and_each_reports_it(engine, model_dir, s
     assert engine.version == 1 and [s["version"] for s in engine.fleet()] == [1, 1]
 
 
-def test_an_update_while_requests_run_stamps_each_token_with_its_version(engine, model_dir):
-    """The hook loads version 1 on its first call, while the servers are decoding: tokens carry the version each
-    server held when it computed them (non-decreasing within a sample), both versions occur."""
+def _generated_tokens(url: str) -> float:
+    """The server's ``vllm:generation_tokens_total`` counter (its Prometheus ``/metrics``), summed over labels."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:generation_tokens_total"))
+
+
+def test_an_update_while_requests_run_stamps_each_token_with_its_version(engine, model_dir, servers):
+    """The hook loads version 1 on its first call, once every server has decoded tokens of this generation (its
+    own counter says so; a hook that fired before one server had begun let that server run on version 1 only and
+    the other finish on version 0, on a loaded machine): tokens carry the version each server held when it
+    computed them (non-decreasing within a sample), both versions occur, and a sample spans the update."""
     from support.producers import perturbed_state_dict
 
     weights, calls = perturbed_state_dict(model_dir), []
+    before = {url: _generated_tokens(url) for url in servers}
 
     def hook() -> None:
         calls.append(engine.version)
         if len(calls) == 1:
+            deadline = time.monotonic() + 60
+            while not all(_generated_tokens(url) > before[url] for url in servers):
+                assert time.monotonic() < deadline, "a server decoded nothing of this generation in 60 s"
+                time.sleep(0.01)
             engine.load_weights(weights, 1)
 
     engine.set_weights_hook(hook, every=1)

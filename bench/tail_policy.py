@@ -49,12 +49,6 @@ def tail_targets(rows: list[dict], responses: list[str], draw) -> list[dict]:
     return targets
 
 
-def _rows(path: Path) -> list[dict]:
-    import json
-
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def build(demo: Path, dest: Path, *, steps: int = 300, samples: int = 4096, seed: int = 0) -> Path:
     """Fine-tune the demo's policy into the long-tail policy (module docstring), save it to ``dest`` (once: an
     existing ``dest/config.json`` is reused) and return ``dest``."""
@@ -62,12 +56,13 @@ def build(demo: Path, dest: Path, *, steps: int = 300, samples: int = 4096, seed
         return dest
     import torch
 
+    from bench.inproc import read_rows
     from stream_rl.demo.sft import encode_examples, generate_responses, sft_loss
     from stream_rl.models.loading import load_policy, save_model
 
     torch.manual_seed(seed)
     model, tokenizer = load_policy(demo / "policy")
-    rows = _rows(demo / "prompts.jsonl")[:samples]
+    rows = read_rows(demo / "prompts.jsonl")[:samples]
     with torch.no_grad():
         own = generate_responses(model, tokenizer, [r["text"] for r in rows], greedy=False)
     draw = torch.Generator().manual_seed(seed)
@@ -92,12 +87,13 @@ def lengths(policy: Path, demo: Path, *, prompts: int = 256, group: int = 8, see
     ``mean``, ``p50``, ``p90``, ``p99``, ``max``, ``long_share`` (responses over 10 tokens) and ``accuracy``."""
     import torch
 
+    from bench.inproc import read_rows
     from stream_rl.models.loading import load_policy
 
     torch.manual_seed(seed)
     model, tokenizer = load_policy(policy)
     model.eval()
-    rows = [r for r in _rows(demo / "prompts.jsonl")[:prompts] for _ in range(group)]
+    rows = [r for r in read_rows(demo / "prompts.jsonl")[:prompts] for _ in range(group)]
     batch = tokenizer([r["text"] for r in rows], padding=True, return_tensors="pt")
     with torch.no_grad():
         out = model.generate(**batch, max_new_tokens=MAX_NEW_TOKENS, do_sample=True, temperature=1.0, top_k=0,

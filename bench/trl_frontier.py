@@ -18,7 +18,6 @@ that reaches TRL's final held-out accuracy soonest, the measured basis of the de
 
 from __future__ import annotations
 
-import json
 import shutil
 import statistics
 from collections.abc import Mapping, Sequence
@@ -90,7 +89,9 @@ def one_run(ctx: BenchContext, demo: Path, rows: list[dict], name: str, seed: in
 
 
 def heldout_rows(demo: Path) -> list[dict]:
-    return [json.loads(line) for line in (demo / "eval_prompts.jsonl").read_text().splitlines() if line.strip()]
+    from bench.inproc import read_rows
+
+    return read_rows(demo / "eval_prompts.jsonl")
 
 
 def heldout_accuracy(demo: Path, weights: Path | None, rows: list[dict]) -> float:
@@ -143,10 +144,22 @@ def median_or_none(values: Sequence[float | None]) -> float | None:
     return None if mid == float("inf") else float(mid)
 
 
-def ends(rewards: Sequence[float]) -> tuple[float, float]:
-    """Mean reward of the first and of the last 10 % of steps (at least one each), as benchmark 9's."""
-    k = max(1, len(rewards) // 10)
-    return statistics.fmean(rewards[:k]), statistics.fmean(rewards[-k:])
+def spans_and_gains(samples: Mapping[str, Sequence[float]], names: Sequence[str],
+                    keys: Sequence[str] = ("gain", "reward_first", "reward_last")) -> tuple[dict[str, float],
+                                                                                     dict[str, float | None]]:
+    """From per-round ``samples`` (``"<system>.<key>"``, TRL's system named ``trl``): ``figures``, each system's
+    median ``span_s`` and ``span_ratio`` against TRL's; ``gains``, each system's median of each of ``keys`` and
+    ``gain_ratio`` (its median gain / TRL's, None when TRL gained nothing)."""
+    figures = {f"{n}.span_s": float(statistics.median(samples[f"{n}.span_s"])) for n in names}
+    gains: dict[str, float | None] = {}
+    for n in names:
+        figures[f"{n}.span_ratio"] = figures[f"{n}.span_s"] / figures["trl.span_s"]
+        for key in keys:
+            gains[f"{n}.{key}"] = float(statistics.median(samples[f"{n}.{key}"]))
+    trl = gains["trl.gain"]
+    for n in names:
+        gains[f"{n}.gain_ratio"] = gains[f"{n}.gain"] / trl if trl is not None and trl > 0 else None  # type: ignore
+    return figures, gains
 
 
 def summarise(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
@@ -155,36 +168,31 @@ def summarise(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]
     samples: dict[str, list[float]] = {}
     for name, per_system in runs.items():
         for r in per_system:
-            first, last = ends(r["rewards"])
+            first, last = peer.reward_ends(r["rewards"])
             last_step = max(r["heldout"])
             for key, value in (("span_s", r["span_s"]), ("reward_first", first), ("reward_last", last),
                                ("gain", last - first), ("heldout_final", r["heldout"][last_step])):
                 samples.setdefault(f"{name}.{key}", []).append(float(value))
     trl_last = statistics.median(samples["trl.reward_last"])
     trl_heldout = statistics.median(samples["trl.heldout_final"])
-    figures = {f"{n}.span_s": float(statistics.median(samples[f"{n}.span_s"])) for n in runs}
-    gains: dict[str, float | None] = {"levels.train_reward": trl_last, "levels.heldout": trl_heldout}
+    figures, gains = spans_and_gains(samples, list(runs), ("gain", "heldout_final", "reward_first", "reward_last"))
+    gains.update({"levels.train_reward": trl_last, "levels.heldout": trl_heldout})
     for name, per_system in runs.items():
-        figures[f"{name}.span_ratio"] = figures[f"{name}.span_s"] / figures["trl.span_s"]
-        for key in ("gain", "heldout_final", "reward_first", "reward_last"):
-            gains[f"{name}.{key}"] = float(statistics.median(samples[f"{name}.{key}"]))
         gains[f"{name}.reach_train_s"] = median_or_none([reach_train_s(r["times"], r["rewards"], trl_last)
                                                         for r in per_system])
         gains[f"{name}.reach_heldout_s"] = median_or_none([reach_heldout_s(r["times"], r["heldout"], trl_heldout)
                                                           for r in per_system])
-        trl_gain = gains["trl.gain"]
-        gains[f"{name}.gain_ratio"] = (gains[f"{name}.gain"] / trl_gain  # type: ignore[operator]
-                                       if trl_gain is not None and trl_gain > 0 else None)
     curves = {name: [{"step": sorted(r["heldout"]), "heldout": [r["heldout"][s] for s in sorted(r["heldout"])]}
                      for r in per_system] for name, per_system in runs.items()}
     return {"figures": figures, "gains": gains, "samples": samples, "heldout_curves": curves}
 
 
-def met(result: Mapping[str, Any], name: str) -> bool:
-    """Whether setting ``name`` met :data:`GOAL` in ``result``."""
+def met(result: Mapping[str, Any], name: str, goal: Mapping[str, float] = GOAL) -> bool:
+    """Whether setting ``name`` met ``goal`` (at least its ``gain_ratio``, at most its ``span_ratio``) in
+    ``result``."""
     ratio = result["gains"].get(f"{name}.gain_ratio")
-    return (ratio is not None and ratio >= GOAL["gain_ratio"]
-            and result["figures"][f"{name}.span_ratio"] <= GOAL["span_ratio"])
+    return (ratio is not None and ratio >= goal["gain_ratio"]
+            and result["figures"][f"{name}.span_ratio"] <= goal["span_ratio"])
 
 
 def best(result: Mapping[str, Any]) -> str | None:
@@ -239,7 +247,7 @@ def early(result: Mapping[str, Any], names: Sequence[str]) -> str:
     return text
 
 
-def _x(value: float | None) -> str:
+def ratio_text(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}×"
 
 
@@ -255,7 +263,7 @@ def table(result: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
         ratio = "–" if name == "trl" else f"**{f[f'{name}.span_ratio']:.2f}×**"
         rows.append([what, f"{f[f'{name}.span_s']:.1f}", ratio,
                      f"{g[f'{name}.reward_first']:.3f} → {g[f'{name}.reward_last']:.3f}",
-                     "–" if name == "trl" else _x(g[f"{name}.gain_ratio"]), f"{g[f'{name}.heldout_final']:.3f}",
+                     "–" if name == "trl" else ratio_text(g[f"{name}.gain_ratio"]), f"{g[f'{name}.heldout_final']:.3f}",
                      _s(g[f"{name}.reach_train_s"]), _s(g[f"{name}.reach_heldout_s"]),
                      "–" if name == "trl" else ("met" if met(result, name) else "not met")])
     return header, rows
@@ -266,7 +274,7 @@ def headline(result: Mapping[str, Any]) -> str:
     chosen = best(result)
     pick = (f"soonest to TRL's final held-out accuracy: `{chosen}` ({_s(g[f'{chosen}.reach_heldout_s'])} against "
             f"TRL's {_s(g['trl.reach_heldout_s'])})" if chosen else "no setting reached TRL's final levels")
-    return (f"demo defaults (va2): {f['va2.span_ratio']:.2f}× TRL's time at {_x(g['va2.gain_ratio'])} its reward "
+    return (f"demo defaults (va2): {f['va2.span_ratio']:.2f}× TRL's time at {ratio_text(g['va2.gain_ratio'])} its reward "
             f"gain; {pick}")
 
 
@@ -286,7 +294,7 @@ def reading(result: Mapping[str, Any]) -> str:
              f"{(0.24 / max(1, params['heldout_prompts'])) ** 0.5:.3f}, so settings a snapshot apart are tied."]
     for name in names:
         parts.append(f"**{name}** ({params['settings'][name]['what']}): {f[f'{name}.span_ratio']:.2f}× TRL's time, "
-                     f"{_x(g[f'{name}.gain_ratio'])} its reward gain, held-out {g[f'{name}.heldout_final']:.3f}; "
+                     f"{ratio_text(g[f'{name}.gain_ratio'])} its reward gain, held-out {g[f'{name}.heldout_final']:.3f}; "
                      f"TRL's final training reward {_after(g[f'{name}.reach_train_s'])} (TRL: "
                      f"{_after(g['trl.reach_train_s'])}), its final held-out accuracy "
                      f"{_after(g[f'{name}.reach_heldout_s'])} (TRL: {_after(g['trl.reach_heldout_s'])}).")
@@ -297,7 +305,7 @@ def reading(result: Mapping[str, Any]) -> str:
                  "`max_lag` below that only discards rollouts already paid for.")
     if "va2-off" in names:
         parts.append(f"Without the off-policy correction (`va2-off`) the same stale rollouts gave "
-                     f"{_x(g['va2-off.gain_ratio'])} TRL's reward gain and a held-out accuracy of "
+                     f"{ratio_text(g['va2-off.gain_ratio'])} TRL's reward gain and a held-out accuracy of "
                      f"{g['va2-off.heldout_final']:.3f} against {g['va2.heldout_final']:.3f} with it: keep it on "
                      f"whenever `versions_ahead` > 0.")
     hit = [n for n in names if met(result, n)]

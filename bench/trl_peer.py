@@ -124,9 +124,15 @@ class Trace:
         return {"span_s": span, "wall_s": self.wall_s, "samples_s": sum(self.samples[1:]) / span}
 
     def reward_ends(self) -> dict[str, float]:
-        """Mean reward of the first and of the last 10 % of steps (at least one step each)."""
-        k = max(1, len(self.rewards) // 10)
-        return {"reward_first": statistics.fmean(self.rewards[:k]), "reward_last": statistics.fmean(self.rewards[-k:])}
+        """Mean reward of the first and of the last 10 % of steps (:func:`reward_ends`)."""
+        first, last = reward_ends(self.rewards)
+        return {"reward_first": first, "reward_last": last}
+
+
+def reward_ends(rewards: Sequence[float]) -> tuple[float, float]:
+    """Mean reward of the first and of the last 10 % of steps (at least one step each)."""
+    k = max(1, len(rewards) // 10)
+    return statistics.fmean(rewards[:k]), statistics.fmean(rewards[-k:])
 
 
 def _run(cmd: list[str], env: Mapping[str, str], log: Path, timeout: float) -> float:

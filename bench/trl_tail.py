@@ -26,8 +26,10 @@ from bench import demo_runs as dr
 from bench import tail_policy
 from bench import trl_peer as peer
 from bench.common import BenchContext
-from bench.trl_frontier import ends
+from bench.trl_frontier import met as frontier_met
 from bench.trl_frontier import ordered as frontier_ordered
+from bench.trl_frontier import ratio_text as _x
+from bench.trl_frontier import spans_and_gains
 
 REWARD = (("scorer.reward_fn", tail_policy.TAIL_REWARD),)
 SETTINGS: tuple[tuple[str, str, tuple[tuple[str, Any], ...]], ...] = (
@@ -57,7 +59,7 @@ def run(ctx: BenchContext) -> dict[str, Any]:
         for name in names if round_no % 2 == 0 else names[::-1]:
             w = workload(ctx, policy, round_no, sets.get(name, ()))
             trace = peer.run_trl(ctx, demo, w) if name == "trl" else peer.run_stream(ctx, demo, w)
-            first, last = ends(trace.rewards)
+            first, last = peer.reward_ends(trace.rewards)
             peer.collect(samples, name, {"span_s": trace.times[-1], "reward_first": first, "reward_last": last,
                                          "gain": last - first})
             peer.collect(stages, name, trace.stages)
@@ -79,30 +81,15 @@ def summarise(samples: Mapping[str, Sequence[float]], names: Sequence[str]) -> t
                                                                                    dict[str, float | None]]:
     """``figures``: each system's median span and ``span_ratio`` against TRL's; ``gains``: each system's median
     gain, first and last reward, and ``gain_ratio`` (None when TRL gained nothing)."""
-    figures = {f"{n}.span_s": float(statistics.median(samples[f"{n}.span_s"])) for n in names}
-    gains: dict[str, float | None] = {}
-    for n in names:
-        figures[f"{n}.span_ratio"] = figures[f"{n}.span_s"] / figures["trl.span_s"]
-        for key in ("gain", "reward_first", "reward_last"):
-            gains[f"{n}.{key}"] = float(statistics.median(samples[f"{n}.{key}"]))
-    trl = gains["trl.gain"]
-    for n in names:
-        gains[f"{n}.gain_ratio"] = gains[f"{n}.gain"] / trl if trl is not None and trl > 0 else None  # type: ignore
-    return figures, gains
+    return spans_and_gains(samples, names)
 
 
 def met(result: Mapping[str, Any], name: str) -> bool:
-    ratio = result["gains"].get(f"{name}.gain_ratio")
-    return (ratio is not None and ratio >= GOAL["gain_ratio"]
-            and result["figures"][f"{name}.span_ratio"] <= GOAL["span_ratio"])
+    return frontier_met(result, name, GOAL)
 
 
 def ordered(result: Mapping[str, Any]) -> list[str]:
     return frontier_ordered(result, SETTINGS)
-
-
-def _x(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}×"
 
 
 def table(result: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:

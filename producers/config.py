@@ -187,12 +187,12 @@ class ProducerConfig(Section):
                                          "tail) are re-queued: their prompts are carried, uncommitted, into the "
                                          "next batch and regenerated from scratch, never dropped (with "
                                          "partial_max_lag: their prefixes are resumed instead); a prompt aborted "
-                                         "once runs to its end the next time; 0: off; hf and vllm engines, "
-                                         "single-turn only")
+                                         "once runs to its end the next time; 0: off; every engine (a server's "
+                                         "requests are aborted on it), single-turn only")
     abort_after_s: float | None = Field(
         None, gt=0.0, le=86_400.0, description="stop decoding a batch after this many seconds once at least one "
                                                "group is complete; the groups still running are re-queued as with "
-                                               "oversample; None: off; hf and vllm engines, single-turn only")
+                                               "oversample; None: off; every engine, single-turn only")
     partial_max_lag: int | None = Field(
         None, ge=0, le=1_000_000, description="durable partial rollouts: with oversample or abort_after_s, the "
         "prefixes of the cut groups (token ids, behaviour logprobs, per-token versions) are published to the "
@@ -272,9 +272,6 @@ class ProducerConfig(Section):
         if self.oversample == 0 and self.abort_after_s is None:
             return self
         named = "producer.oversample" if self.oversample else "producer.abort_after_s"
-        if self.engine not in ("hf", "vllm"):
-            raise ValueError(f"{named} needs producer.engine = 'hf' or 'vllm' (their decode loops stop the tail; the "
-                             f"server engine's requests run to their end)")
         if self.environment is not None:
             raise ValueError(f"{named} does not apply to multi-turn episodes (producer.environment): unset one")
         return self

@@ -26,8 +26,9 @@ Guarantees:
   (``StepResult.dropped``, which the producer dead-letters as ``StalePartial``; ``producer/partials_stale`` and a
   log line) and its prompt regenerated from scratch with ``attempt + 1``, so nothing is lost.
 - Resumption is plain continuation from token ids (``engine.generate`` with ``n = 1`` per cut sample), so any
-  engine resumes: hf, in-process vLLM and servers (tested on each). The hf and in-process vLLM engines cut (their
-  decode loops stop the tail: ``on_cut``); a server fleet's requests run to their end.
+  engine resumes: hf, in-process vLLM and servers (tested on each). Every engine cuts too: hf and in-process vLLM
+  stop their decode loops, the server engine aborts the tail's requests on their servers and reads the prefixes from
+  the aborted answers (:mod:`producers.engines.server_cut`); each hands the prefixes to ``on_cut``.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ Guarantees:
   hands it over from inside its decode loop), not when the batch's longest sample does; offsets are still
   committed only after the flush that follows the whole batch, so a crash regenerates the batch under the same
   rollout ids (duplicates are dropped by id downstream).
-- Long tails (``producer.oversample``, ``producer.abort_after_s``, hf and vllm engines): a batch may stop decoding
+- Long tails (``producer.oversample``, ``producer.abort_after_s``, every engine): a batch may stop decoding
   before its slowest groups end. Without ``producer.partial_max_lag`` their prompts are carried into the next batch
   (uncommitted, ahead of later offsets of their partition, so a crash regenerates them too) and regenerated from
   scratch, protected from a second abort: nothing is dropped, and no partial sample is ever published.

@@ -82,7 +82,7 @@ class StepResult:
 @dataclass(frozen=True)
 class EarlyStop:
     """When a generation may stop before its long tail ends (``producer.oversample``, ``producer.abort_after_s``;
-    engines that cut groups only: hf, in-process vLLM). ``protected``: indices into the step's input that must
+    engines that cut groups: hf, in-process vLLM, servers). ``protected``: indices into the step's input that must
     end (prompts aborted before: each prompt is aborted at most once in a row, so every prompt is generated
     eventually)."""
 
@@ -183,7 +183,7 @@ def produce_rollouts(prompts: Sequence[Prompt], engine: GenerationEngine, *, pro
     and wrap every sample as a :class:`Rollout`. With ``on_group`` every group's rollouts are handed to it once, as
     soon as the group is complete: from inside the decode loop when the engine streams groups
     (``engine.streams_groups``), else right after the generation of its group size. With ``early_stop`` (an
-    engine that cuts groups: hf, in-process vLLM; single-turn) the generation of each group size may stop before
+    engine that cuts groups: hf, in-process vLLM, servers; single-turn) the generation of each group size may stop before
     its tail ends (:func:`should_stop`); the groups cut there are listed in ``StepResult.aborted`` for the caller
     to re-queue (with ``EarlyStop.keep_partials`` their prefixes are in ``StepResult.partials``)."""
     started = clock()
@@ -299,7 +299,7 @@ def _file_groups(items, generated: list, groups: dict[int, list[Sample]], reject
 
 
 def _cuts(engine: GenerationEngine) -> bool:
-    """Whether ``engine`` can stop a generation before its long tail ends (``stop_when``: hf, in-process vLLM)."""
+    """Whether ``engine`` can stop a generation before its long tail ends (``stop_when``: hf, in-process vLLM, servers)."""
     return bool(getattr(engine, "cuts_groups", False))
 
 

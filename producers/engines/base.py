@@ -28,7 +28,7 @@ Guarantees every engine gives (``tests/integration/test_producers.py``, ``test_s
   the hook, which may replace the weights through ``load_weights`` (all or nothing); each token then records the
   version that produced it in ``Sample.token_versions``. Without a hook
   ``token_versions`` is None: every token comes from the version held when ``generate`` was called.
-- Long tails (engines with ``cuts_groups``: ``hf``, ``vllm``): ``generate(..., stop_when=..., on_cut=...)`` may
+- Long tails (engines with ``cuts_groups``: ``hf``, ``vllm``, ``server``): ``generate(..., stop_when=..., on_cut=...)`` may
   stop before every group has ended; the ended groups are those of a call without it, a cut group is returned
   empty and its prefixes (tokens, logprobs, versions so far; an ended sample whole) go to ``on_cut``. Resuming
   such a prefix is plain ``generate`` from prompt + prefix token ids (:mod:`producers.partials`), which every

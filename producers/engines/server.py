@@ -34,13 +34,11 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-import threading
 import time
-import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from producers.engines.base import (
     EngineError,
@@ -53,6 +51,8 @@ from producers.engines.base import (
     cut_at_stop,
     prompt_seed,
 )
+from producers.engines.server_answers import choices_of, parse_choice, request_body
+from producers.engines.server_cut import ABORT_EVERY_S, Cut, cut_prefix, is_cut
 from producers.engines.server_fleet import Fleet, read_urls_file
 from producers.engines.server_http import ServerDown, ServerRefused, call
 from producers.engines.server_probe import Fingerprint, ServerInfo, probe_server, push_version
@@ -64,60 +64,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 HOOK_PERIOD_S = 0.05  # with a weights hook: seconds per "decode step" while requests are in flight
-
-
-def request_body(ids: list[int], n: int, sampling: Sampling, max_new_tokens: int, seed: int) -> dict[str, Any]:
-    """The ``/inference/v1/generate`` body of one prompt: every control explicit, vLLM's meanings."""
-    params = {"n": n, "temperature": sampling.temperature, "top_k": max(sampling.top_k, 0), "top_p": sampling.top_p,
-              "min_p": sampling.min_p, "stop": list(sampling.stop), "stop_token_ids": list(sampling.stop_token_ids),
-              "include_stop_str_in_output": True, "max_tokens": max_new_tokens, "logprobs": 0, "seed": seed,
-              "detokenize": bool(sampling.stop), "repetition_penalty": 1.0, "presence_penalty": 0.0,
-              "frequency_penalty": 0.0, "ignore_eos": False}
-    return {"token_ids": list(ids), "sampling_params": params, "output_mode": "tokens",
-            "request_id": f"stream-rl-{uuid.uuid4().hex}"}
-
-
-def span_versions(spans: list[dict] | None, length: int, url: str) -> list[int]:
-    """Per-token versions [R] from vLLM's weight version spans (``[{"version", "start", "end"}]``)."""
-    if not spans:
-        raise EngineError(f"{url} answered without weight version spans")
-    versions: list[int] = []
-    for span in spans:
-        label = str(span.get("version"))
-        if not label.isdigit():
-            raise EngineError(f"{url} generated with weights labelled {label!r}, not a stream-rl version")
-        if int(span["start"]) != len(versions):
-            raise EngineError(f"{url}: weight version spans are not contiguous ({spans})")
-        versions += [int(label)] * (int(span["end"]) - int(span["start"]))
-    if len(versions) != length:
-        raise EngineError(f"{url}: weight version spans cover {len(versions)} tokens, the answer has {length}")
-    return versions
-
-
-def parse_choice(choice: dict, url: str) -> tuple[list[int], list[float], list[int], str]:
-    """Token ids, their logprobs, their versions and the finish reason of one answered sample."""
-    tokens = choice.get("token_ids")
-    content = (choice.get("logprobs") or {}).get("content")
-    if not isinstance(tokens, list) or not tokens:
-        raise EngineError(f"{url} answered a sample without token ids")
-    if not isinstance(content, list) or len(content) != len(tokens):
-        raise EngineError(f"{url} answered a sample without one logprob per token")
-    logprobs = []
-    for token, entry in zip(tokens, content, strict=True):
-        if entry.get("token_id") != token:
-            raise EngineError(f"{url}: the logprob entries do not follow the sampled tokens")
-        logprobs.append(float(entry["logprob"]))
-    versions = span_versions(choice.get("weight_versions"), len(tokens), url)
-    return [int(t) for t in tokens], logprobs, versions, str(choice.get("finish_reason"))
-
-
-def _choices(answer: object, url: str) -> list[dict]:
-    """The answer's choices in index order, or :class:`EngineError` naming what is missing."""
-    choices = answer.get("choices") if isinstance(answer, dict) else None
-    if not isinstance(choices, list) or not all(isinstance(c, dict) and isinstance(c.get("index"), int)
-                                                for c in choices):
-        raise EngineError(f"{url} answered a generation request without indexed choices: {str(answer)[:200]}")
-    return sorted(choices, key=lambda c: c["index"])
 
 
 class ServerEngine(GenerationEngine):
@@ -217,33 +163,72 @@ class ServerEngine(GenerationEngine):
         return "; ".join(f"{s['url']}: {s['last_error'] or 'not checked yet'}" for s in self._fleet.snapshot()
                          if not s["healthy"])
 
+    cuts_groups = True  # generate(..., stop_when=..., on_cut=...) aborts the tail (producers.engines.server_cut)
+
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: Sampling, max_new_tokens: int,
-                 seed: int) -> list[list[Sample]]:
+                 seed: int, stop_when: Callable[[list[bool]], bool] | None = None,
+                 on_cut: Callable[[int, list[Sample], list[bool]], None] | None = None) -> list[list[Sample]]:
+        """:meth:`GenerationEngine.generate`; with ``stop_when`` (``ended[b]``: prompt b's request has answered)
+        the requests still running once it says stop are aborted on their servers: such a cut group is returned
+        as an empty list and, with ``on_cut``, its prefixes go to ``on_cut(b, samples, running)`` when every sample
+        drew a token (else it is re-queued whole), as the in-process engines do (:mod:`server_cut`)."""
         check_generate_args(prompt_token_ids, n, sampling, max_new_tokens, self.max_model_len, self.vocab_size)
         self._maintain()
         stop_ids = frozenset({self._eos, *sampling.stop_token_ids})
+        cut = Cut(self.settings.request_timeout_s) if stop_when is not None else None
         futures = [self._pool.submit(self._run_request, request_body(ids, n, sampling, max_new_tokens,
-                                                                     prompt_seed(seed, i)))
+                                                                     prompt_seed(seed, i)), cut)
                    for i, ids in enumerate(prompt_token_ids)]
-        self._wait_all(futures)
-        return [self._samples(future.result(), n, stop_ids) for future in futures]
+        self._wait_all(futures, stop_when, cut)
+        if cut is None or not cut.is_set():
+            return [self._samples(future.result(), n, stop_ids) for future in futures]
+        groups: list[list[Sample]] = []
+        for b, future in enumerate(futures):
+            answer = future.result()
+            if answer is not None and not is_cut(answer[0]):
+                groups.append(self._samples(answer, n, stop_ids))  # it ended before the abort reached it
+                continue
+            groups.append([])
+            prefixes = None if answer is None else self._prefixes(answer, n, stop_ids)
+            if on_cut is not None and prefixes is not None:
+                on_cut(b, *prefixes)
+        return groups
 
-    def _wait_all(self, futures: list[Future]) -> None:
-        """Wait for every request, running the weights hook and the fleet's upkeep on this thread meanwhile."""
+    def _wait_all(self, futures: list[Future], stop_when: Callable[[list[bool]], bool] | None = None,
+                  cut: Cut | None = None) -> None:
+        """Wait for every request, running the weights hook and the fleet's upkeep on this thread meanwhile; with
+        ``stop_when``, cut the call (abort what runs) when it says stop, aborting again what the abort missed."""
         pending = set(futures)
         period = HOOK_PERIOD_S * self._hook_every if self._hook is not None else 0.5
+        if stop_when is not None:
+            period = min(period, HOOK_PERIOD_S)  # abort_after_s is checked at least every 0.05 s
+        next_abort = 0.0
         while pending:
             _, pending = wait(pending, timeout=period, return_when=FIRST_COMPLETED)
-            if pending:
-                if self._hook is not None:
-                    self._hook()  # may call load_weights: servers pause (keeping requests), load, resume
-                self._maintain()
+            if not pending:
+                break
+            if cut is not None and stop_when is not None:
+                if not cut.is_set():
+                    ended = [future.done() for future in futures]
+                    if stop_when(ended):
+                        cut.abort()
+                        next_abort = time.monotonic() + ABORT_EVERY_S
+                elif time.monotonic() >= next_abort and cut.outstanding():
+                    cut.abort()  # requests that reached their server after the last abort
+                    next_abort = time.monotonic() + ABORT_EVERY_S
+            if self._hook is not None:
+                self._hook()  # may call load_weights: servers pause (keeping requests), load, resume
+            self._maintain()
 
-    def _run_request(self, body: dict) -> tuple[list[dict], str]:
-        """Send ``body`` to the least-loaded healthy server, re-issuing it elsewhere when a server fails."""
+    def _run_request(self, body: dict, cut: Cut | None = None) -> tuple[list[dict], str] | None:
+        """Send ``body`` to the least-loaded healthy server, re-issuing it elsewhere when a server fails; None when
+        the call was cut before it was sent or before it could be re-issued (nothing of it is kept)."""
         deadline = time.monotonic() + self.settings.unavailable_s
         failed: set[str] = set()
+        request_id = body["request_id"]
         while True:
+            if cut is not None and cut.is_set():
+                return None
             url = self._fleet.acquire(self._version, frozenset(failed))
             if url is None:
                 if time.monotonic() > deadline:
@@ -251,13 +236,18 @@ class ServerEngine(GenerationEngine):
                                       f"(producer.server.unavailable_s): {self._down_reasons()}")
                 self._fleet.wait(0.2)
                 continue
+            if cut is not None and not cut.running_on(request_id, url):
+                self._fleet.release(url, ok=False)
+                return None
             try:
                 answer = call(url, "POST", "/inference/v1/generate", body, self.settings.request_timeout_s)
-                choices = _choices(answer, url)
-                if any(c.get("finish_reason") == "abort" for c in choices):
+                choices = choices_of(answer, url)
+                ours = cut is not None and cut.is_set() and is_cut(choices)  # aborted by this call's cut
+                if is_cut(choices) and not ours:
                     raise ServerDown(f"{url} aborted the request")
                 for choice in choices:
-                    parse_choice(choice, url)  # a malformed answer: this server is broken, not the request
+                    if not (ours and not choice.get("token_ids")):  # a cut sample may have drawn nothing yet
+                        parse_choice(choice, url)  # a malformed answer: this server is broken, not the request
             except (ServerDown, EngineError) as exc:
                 self._fleet.release(url, ok=False)
                 self._fleet.mark_down(url, str(exc))
@@ -268,6 +258,9 @@ class ServerEngine(GenerationEngine):
             except ServerRefused as exc:
                 self._fleet.release(url, ok=False)
                 raise EngineError(f"{url} refused a generation request: {exc}") from exc
+            finally:
+                if cut is not None:
+                    cut.done(request_id)
             self._fleet.release(url, tokens=sum(len(c.get("token_ids") or []) for c in choices))
             return choices, url
 
@@ -275,20 +268,41 @@ class ServerEngine(GenerationEngine):
         choices, url = answer
         if len(choices) != n:
             raise EngineError(f"{url} returned {len(choices)} samples for a prompt, expected {n}")
-        samples = []
-        for choice in choices:
-            tokens, logprobs, versions, finish = parse_choice(choice, url)
-            if self._hook is None and set(versions) != {self._version}:
-                raise EngineError(f"{url} generated with version(s) {sorted(set(versions))} while this producer "
-                                  f"holds {self._version}: is another producer driving it? (a server belongs to "
-                                  f"one producer)")
-            sample = cut_at_stop(tokens, logprobs, stop_ids, versions if self._hook is not None else None)
-            if finish not in ("stop", "length"):
-                raise EngineError(f"{url} finished a sample with {finish!r}")
-            if finish == "stop" and sample.finish_reason != "stop":  # a stop string
-                sample = Sample(sample.token_ids, sample.logprobs, "stop", sample.token_versions)
-            samples.append(sample)
-        return samples
+        return [self._ended(choice, url, stop_ids, keep_versions=self._hook is not None) for choice in choices]
+
+    def _ended(self, choice: dict, url: str, stop_ids: frozenset[int], keep_versions: bool) -> Sample:
+        """One sample that ended (stop or length), cut at its stop; ``keep_versions``: with per-token versions."""
+        tokens, logprobs, versions = self._tokens(choice, url)
+        sample = cut_at_stop(tokens, logprobs, stop_ids, versions if keep_versions else None)
+        finish = str(choice.get("finish_reason"))
+        if finish not in ("stop", "length"):
+            raise EngineError(f"{url} finished a sample with {finish!r}")
+        if finish == "stop" and sample.finish_reason != "stop":  # a stop string
+            sample = Sample(sample.token_ids, sample.logprobs, "stop", sample.token_versions)
+        return sample
+
+    def _tokens(self, choice: dict, url: str) -> tuple[list[int], list[float], list[int]]:
+        """A sample's tokens, logprobs and versions; without a weights hook every token must be of this version."""
+        tokens, logprobs, versions, _ = parse_choice(choice, url)
+        if self._hook is None and set(versions) != {self._version}:
+            raise EngineError(f"{url} generated with version(s) {sorted(set(versions))} while this producer "
+                              f"holds {self._version}: is another producer driving it? (a server belongs to "
+                              f"one producer)")
+        return tokens, logprobs, versions
+
+    def _prefixes(self, answer: tuple[list[dict], str], n: int, stop_ids: frozenset[int]
+                  ) -> tuple[list[Sample], list[bool]] | None:
+        """A cut group's samples for ``on_cut`` (a running one as drawn, an ended one whole) and which were
+        running; None when a sample drew no token (the group is re-queued whole)."""
+        choices, url = answer
+        if len(choices) != n:
+            raise EngineError(f"{url} returned {len(choices)} samples for a prompt, expected {n}")
+        if not all(choice.get("token_ids") for choice in choices):
+            return None
+        running = [choice.get("finish_reason") == "abort" for choice in choices]
+        samples = [cut_prefix(*self._tokens(choice, url)) if cut else self._ended(choice, url, stop_ids, True)
+                   for choice, cut in zip(choices, running, strict=True)]
+        return samples, running
 
     def set_weights_hook(self, hook: WeightsHook | None, every: int) -> None:
         if hook is not None and every < 1:

@@ -45,7 +45,7 @@ fields names both and where each value came from.
 | rule | why |
 |---|---|
 | `producer.versions_ahead <= trainer.max_lag` (when `producer.max_groups_per_version` is set: without that backpressure `versions_ahead` does nothing) | producers further ahead generate rollouts the trainer must drop as stale |
-| `producer.partial_max_lag <= trainer.max_lag`; `producer.partial_max_lag` needs `producer.oversample > 0` or `producer.abort_after_s`, and is refused with `producer.stop` (and so with the server engine or multi-turn, as the cut itself is) | resumed prefixes older than `max_lag` would be dropped by the trainer; nothing is cut without them; a stop string spanning the cut would be missed |
+| `producer.partial_max_lag <= trainer.max_lag`; `producer.partial_max_lag` needs `producer.oversample > 0` or `producer.abort_after_s`, and is refused with `producer.stop` (and so with multi-turn, as the cut itself is) | resumed prefixes older than `max_lag` would be dropped by the trainer; nothing is cut without them; a stop string spanning the cut would be missed |
 | `trainer.loss.max_len >= producer.max_new_tokens` when `trainer.loss.agg = "seq-mean-token-sum-norm"` | Dr. GRPO's constant normaliser must cover the longest response; `max_len` unset takes `producer.max_new_tokens` |
 | `trainer.kl.kind = "k1"` with `trainer.kl.placement = "loss"` is refused | k1 has zero expected gradient as a loss term (docs/algorithms.md) |
 | `trainer.kl.adaptive = true` needs `trainer.kl.coef > 0` | the controller is multiplicative: from 0 it never moves |

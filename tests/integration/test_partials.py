@@ -10,13 +10,15 @@
   committed; another producer, started once the trainer has published v1, adopts them through the group's
   rebalance (the producers' group reads the partials topic with the prompts) and resumes them; the trainer trains
   every group exactly once, each resumed rollout carrying its prefix (v0) and its continuation (v1 or newer),
-  and no group is regenerated from scratch.
+  and no group is regenerated from scratch. The drill runs twice: on the hf engine, and on a real ``vllm serve``
+  (the server engine aborts the tail's requests on the server and resumes the prefixes there).
 """
 
 from __future__ import annotations
 
 import signal
 from collections import Counter
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -158,12 +160,32 @@ N_PROMPTS, GROUP_SIZE, GROUPS_PER_STEP = 8, 2, 2
 STEPS = N_PROMPTS // GROUPS_PER_STEP
 
 
+def _engine_settings(engine: str, model_dir: Path, stack: ExitStack, logs: Path) -> dict:
+    """The drill's producer settings for ``engine``: hf cuts a batch once half its groups ended (stop ids 3-7: rows
+    end at very different steps); a ``vllm serve`` of the policy, started here, aborts the requests still running
+    once one group ended (eos only, 40 tokens: its groups end far apart, so the abort finds samples mid-way), and
+    its trainer steps on one group (a batch may leave only one complete)."""
+    if engine == "hf":
+        return {"producer.max_new_tokens": BUDGET, "producer.stop_token_ids": "[3, 4, 5, 6, 7]",
+                "producer.oversample": "1.0"}
+    from support.vllm_servers import started_servers, vllm_problem
+
+    if vllm_problem() is not None:
+        pytest.skip(str(vllm_problem()))
+    (server,) = stack.enter_context(started_servers(model_dir, 1, logs))
+    return {"producer.engine": "server", "producer.server.urls": f'["{server.url}"]', "producer.max_new_tokens": 40,
+            "producer.abort_after_s": "0.001", "trainer.groups_per_step": 1, "trainer.max_steps": N_PROMPTS}
+
+
 @pytest.mark.slow
 @pytest.mark.broker
-@pytest.mark.timeout(300)
-def test_a_producer_killed_with_partial_rollouts_outstanding_leaves_them_to_another(make_config, tmp_path,
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("engine", ["hf", "server"])
+def test_a_producer_killed_with_partial_rollouts_outstanding_leaves_them_to_another(engine, make_config, tmp_path,
                                                                                     monkeypatch):
-    from support.harness import Pipeline, demo_prompts, role_overrides, tiny_policy_dir, trained_ids
+    """The kill drill on the hf engine, and on a real ``vllm serve`` (issue 41: "a producer killed with partial
+    rollouts outstanding resumes them", on servers)."""
+    from support.harness import role_overrides, tiny_policy_dir
 
     from stream_rl.runtime import failpoints
 
@@ -171,11 +193,18 @@ def test_a_producer_killed_with_partial_rollouts_outstanding_leaves_them_to_anot
     monkeypatch.setenv(failpoints.ENV, str(root))  # the role processes inherit it
     failpoints.arm(root, "producer.after_partials")
     model_dir = tiny_policy_dir(tmp_path / "policy")
-    cfg = make_config(**role_overrides(model_dir, **{
-        "trainer.groups_per_step": GROUPS_PER_STEP, "trainer.max_steps": STEPS, "trainer.checkpoint_every": 2,
-        "trainer.max_lag": 8, "producer.prompts_per_batch": 4, "producer.max_new_tokens": BUDGET,
-        "producer.stop_token_ids": "[3, 4, 5, 6, 7]", "producer.oversample": "1.0",
-        "producer.partial_max_lag": 8}))
+    with ExitStack() as stack:
+        settings = _engine_settings(engine, model_dir, stack, tmp_path / "server-logs")
+        cfg = make_config(**role_overrides(model_dir, **{
+            "trainer.groups_per_step": GROUPS_PER_STEP, "trainer.max_steps": STEPS, "trainer.checkpoint_every": 2,
+            "trainer.max_lag": 8, "producer.prompts_per_batch": 4, "producer.partial_max_lag": 8, **settings}))
+        _drill(cfg, tmp_path)
+
+
+def _drill(cfg, tmp_path: Path) -> None:
+    """Kill the producer once it has partial groups outstanding, start another, check every group trains once."""
+    from support.harness import Pipeline, demo_prompts, trained_ids
+
     with Pipeline(cfg) as pipe:
         pipe.load(demo_prompts(tmp_path, N_PROMPTS, 1, GROUP_SIZE))
         kids = {role: pipe.start(role, 0) for role in ("train", "score", "produce")}
@@ -190,7 +219,7 @@ def test_a_producer_killed_with_partial_rollouts_outstanding_leaves_them_to_anot
         pipe.wait_until(lambda: len(pipe.metrics()) >= 1, "the trainer's first step (weights v1)", 120,
                         may_exit=[kids["train"]])  # the dead producer's complete groups fill it
         pipe.start("produce", 1)  # another producer of the group: it adopts the prompts and the partials
-        pipe.wait_until(lambda: pipe.finished(kids["train"]), f"the trainer to reach step {STEPS}", 240,
+        pipe.wait_until(lambda: pipe.finished(kids["train"]), "the trainer's last step", 240,
                         may_exit=[kids["train"]])
         lines = pipe.trained()
         rollouts = [m for _, _, m in pipe.read("rollouts", "rollout")]

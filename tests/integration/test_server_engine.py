@@ -91,6 +91,72 @@ def test_the_servers_resume_partial_groups_cut_by_the_hf_engine(engine, model_di
     assert errors and max(errors) < 1e-4
 
 
+LONG = Sampling(1.0)  # samples end at eos or 48 tokens, at very different lengths: groups end far apart
+TAIL_PROMPTS = [[1, 4, 13, 5, 14], [1, 9, 9, 13, 3, 12, 14], [1, 14], [1, 6, 13, 7, 14]] * 4
+
+
+def test_the_servers_cut_the_tail_and_hand_over_each_cut_groups_prefixes(engine):
+    """``stop_when`` on servers (issue 41.2): once one of 16 groups has ended, the requests still running are aborted
+    on their servers. The ended groups are the uncut call's (same seed); a cut group comes back empty and its
+    prefixes go to ``on_cut``: a running sample's tokens, logprobs and versions are the first tokens of the uncut
+    sample, an ended sample is the uncut one whole. The abort marks no server down. (Both calls' times are printed.)"""
+    started = time.perf_counter()
+    full = engine.generate(TAIL_PROMPTS, n=4, sampling=LONG, max_new_tokens=48, seed=5)
+    full_s, started = time.perf_counter() - started, time.perf_counter()
+    cuts: dict[int, tuple] = {}
+    groups = engine.generate(TAIL_PROMPTS, n=4, sampling=LONG, max_new_tokens=48, seed=5,
+                             stop_when=lambda ended: any(ended),
+                             on_cut=lambda b, samples, running: cuts.setdefault(b, (samples, running)))
+    cut_s = time.perf_counter() - started
+    ended = [b for b, group in enumerate(groups) if group]
+    assert ended and cuts, f"{len(ended)} groups ended, {len(cuts)} handed over as cut"
+    for b in ended:  # the ended groups are the uncut call's
+        assert [s.token_ids for s in groups[b]] == [s.token_ids for s in full[b]]
+    for b, (samples, running) in cuts.items():
+        assert not groups[b] and len(samples) == 4 and any(running)
+        for sample, was_running, whole in zip(samples, running, full[b], strict=True):
+            length = len(sample.token_ids)
+            assert sample.token_ids == whole.token_ids[:length] and sample.token_versions == [0] * length
+            assert np.abs(np.asarray(sample.logprobs) - np.asarray(whole.logprobs[:length])).max() < 1e-4
+            assert (length < len(whole.token_ids)) if was_running else (sample.token_ids == whole.token_ids)
+    assert all(server["healthy"] and server["outstanding"] == 0 for server in engine.fleet())
+    cut_tokens = sum(len(s.token_ids) for samples, _ in cuts.values() for s in samples)
+    print(f"\n{len(ended)} groups ended, {len(cuts)} cut with {cut_tokens} prefix tokens handed over, "
+          f"{16 - len(ended) - len(cuts)} cut before every sample drew a token; the cut call took {cut_s:.3f} s, "
+          f"the uncut one {full_s:.3f} s")
+
+
+def test_prefixes_cut_on_the_servers_resume_there_on_a_new_version(engine, model_dir):
+    """The producer's step on servers with ``abort_after_s`` (the batch stops once a group has ended) and durable
+    partials: cut groups become partial groups,
+    the servers load version 1, and each resumed rollout is its prefix (version 0, as cut) followed by a
+    continuation on version 1 whose behaviour logprobs are the new weights' given prompt + prefix (within 1e-4)."""
+    from support.producers import perturbed_state_dict, prompt_record, reference_model
+
+    from producers.engines.hf import score_tokens
+    from producers.partials import prefixes, resume_partials
+    from producers.step import EarlyStop, produce_rollouts
+
+    kw = {"producer_id": "p0", "sampling": LONG, "max_new_tokens": 40, "seed": 8}
+    cut = produce_rollouts([prompt_record(i, group_size=4) for i in range(16)], engine,
+                           early_stop=EarlyStop(abort_after_s=0.0, keep_partials=True), **kw)
+    assert cut.partials, "no group was cut"
+    weights = perturbed_state_dict(model_dir)
+    engine.load_weights(weights, 1)
+    resumed = {r.rollout_id: r for r in resume_partials(cut.partials, engine, max_lag=1, **kw).rollouts}
+    new, errors = reference_model(model_dir, weights), []
+    for partial in cut.partials:
+        for i, (prefix, was_cut) in enumerate(prefixes(partial)):
+            rollout, length = resumed[f"{partial.group_id}:{i}"], len(prefix.token_ids)
+            tokens = rollout.response_token_ids.tolist()
+            assert tokens[:length] == prefix.token_ids and len(tokens) <= 40
+            assert rollout.token_policy_versions.tolist() == [0] * length + [1] * (len(tokens) - length)
+            if was_cut:
+                want = score_tokens(new, partial.prompt_token_ids.tolist() + prefix.token_ids, tokens[length:], LONG)
+                errors.append(np.abs(np.asarray(want) - rollout.behavior_logprobs[length:]).max())
+    assert errors and max(errors) < 1e-4
+
+
 def test_one_seed_gives_the_same_samples_on_either_server(model_dir, servers, tmp_path):
     from support.producers import PROMPTS
 

@@ -39,11 +39,12 @@ def started_servers(model_dir: Path, count: int, logs: Path):
 
 class BrokenServer:
     """Answers ``GET /v1/models``, ``/version`` (``version``), ``/weight_info`` and ``POST /collective_rpc``
-    (``stream_rl_info`` as a right server of ``model_dir`` would) and ``POST /inference/v1/generate`` with
-    ``generate(body) -> (status, answer)``; ``rpc_status`` other than 200 answers every ``/collective_rpc`` with it."""
+    (``stream_rl_info`` as a right server of ``model_dir`` would), ``POST /inference/v1/generate`` with
+    ``generate(body) -> (status, answer)`` and ``POST /inference/v1/abort_requests`` with ``abort(body)`` (default:
+    200, nothing done); ``rpc_status`` other than 200 answers every ``/collective_rpc`` with it."""
 
     def __init__(self, model_dir: Path, generate: Callable[[dict], tuple[int, dict]], rpc_status: int = 200,
-                 version: str = "0.32.0"):
+                 version: str = "0.32.0", abort: Callable[[dict], tuple[int, dict]] | None = None):
         from producers.engines.server_worker import checkpoint_shapes, shapes_digest, values_digest
 
         info = {"shapes_digest": shapes_digest(checkpoint_shapes(model_dir)), "values_digest": values_digest(model_dir),
@@ -79,10 +80,13 @@ class BrokenServer:
                         self._answer(200, {"results": [info]})
                 elif self.path == "/inference/v1/generate":
                     self._answer(*outer.generate(body))
+                elif self.path == "/inference/v1/abort_requests":
+                    self._answer(*outer.abort(body))
                 else:
                     self._answer(200, {})
 
         self.generate, self.rpc_status, self.version = generate, rpc_status, version
+        self.abort = abort or (lambda body: (200, {}))
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

@@ -31,12 +31,11 @@ def test_protected_groups_always_run_to_their_end_and_a_finished_batch_is_not_st
     assert not should_stop([True, True, True], (), 1.0, 99.0, 1.0)  # all ended: the loop ends by itself
 
 
-def test_the_config_bounds_and_refuses_early_stop_without_the_hf_decode_loop():
+def test_the_config_bounds_early_stop_and_refuses_it_for_multi_turn_episodes():
     assert ProducerConfig(oversample=0.5).oversample == 0.5 and ProducerConfig().abort_after_s is None
     with pytest.raises(ValueError, match="oversample"):
         ProducerConfig(oversample=-0.1)
-    with pytest.raises(ValueError, match=r"producer.oversample needs producer.engine = 'hf' or 'vllm'"):
-        ProducerConfig(engine="server", oversample=0.25)
     assert ProducerConfig(engine="vllm", oversample=0.25).oversample == 0.25  # its stepped requests stop too
+    assert ProducerConfig(engine="server", abort_after_s=2.0).abort_after_s == 2.0  # its requests are aborted
     with pytest.raises(ValueError, match=r"producer.abort_after_s does not apply to multi-turn"):
         ProducerConfig(abort_after_s=3.0, environment="stream_rl.demo.retry:RetryAddition")

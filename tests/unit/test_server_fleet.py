@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from producers.engines.base import EngineError, Sampling
-from producers.engines.server import _choices, parse_choice, request_body, span_versions
+from producers.engines.server_answers import choices_of, parse_choice, request_body, span_versions
 from producers.engines.server_fleet import Fleet, fleet_metrics, read_urls_file
 from producers.engines.server_http import check_url
 
@@ -135,10 +135,10 @@ def test_a_malformed_answer_is_refused_naming_what_is_wrong(choice, message):
 
 
 def test_an_answer_without_indexed_choices_is_refused():
-    assert _choices({"choices": [{"index": 1, "a": 1}, {"index": 0}]}, "u") == [{"index": 0}, {"index": 1, "a": 1}]
+    assert choices_of({"choices": [{"index": 1, "a": 1}, {"index": 0}]}, "u") == [{"index": 0}, {"index": 1, "a": 1}]
     for answer in (None, [], {"choices": None}, {"choices": [{"token_ids": [1]}]}, {"error": "x"}):
         with pytest.raises(EngineError, match="without indexed choices"):
-            _choices(answer, "http://s:1")
+            choices_of(answer, "http://s:1")
 
 
 @pytest.mark.parametrize(("url", "problem"), [

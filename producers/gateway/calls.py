@@ -13,24 +13,26 @@ Guarantees:
   (greedy decoding has no behaviour logprobs to train with), malformed ``messages`` or ``tools`` (400, the
   message index named).
 - Messages are passed to the chat template as the agent sent them except for two normalisations the OpenAI
-  format needs: a ``null`` or list-of-parts ``content`` becomes its text, and a tool call's ``arguments`` JSON
-  string becomes the object templates expect (``tool_call.arguments | tojson``).
-- Tool calls are read from the sampled text in the Hermes / Qwen format (``<tool_call>{"name": ..., "arguments":
-  ...}</tool_call>``), the format of the templates that render ``tools``; text that is not such a block stays
-  the answer's ``content``.
+  format needs: a ``null`` or list-of-parts ``content`` becomes its text (an assistant message with tool calls
+  keeps a ``null`` content: templates such as DeepSeek's write its calls only then), and a tool call's
+  ``arguments`` JSON string becomes the object templates expect (``tool_call.arguments | tojson``; a template that
+  concatenates it as text gets the text back: :class:`stream_rl.prompts.render.ChatRenderer`), written after the
+  function's ``name`` whatever order the agent sent them in (the ``openai`` client sends ``arguments`` first, and
+  Mistral's template writes the whole function with ``tojson``).
+- Tool calls are read from the sampled text in the format of the chat template (``gateway.tool_format``: Hermes /
+  Qwen ``<tool_call>`` blocks, Mistral ``[TOOL_CALLS]``, DeepSeek's tool-call markers;
+  :mod:`producers.gateway.tool_formats`); text that is not a call stays the answer's ``content``.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 ROLES = ("system", "user", "assistant", "tool")
-_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 
 
 class RequestError(ValueError):
@@ -122,7 +124,8 @@ def _message(i: int, message: Any) -> dict[str, Any]:
     if not isinstance(message, dict) or message.get("role") not in ROLES:
         raise RequestError(f"{where} must be an object whose role is one of {', '.join(ROLES)}", param=where)
     out = dict(message)
-    out["content"] = _content(where, message.get("content"))
+    calls_only = message.get("content") is None and message.get("tool_calls") is not None
+    out["content"] = None if calls_only else _content(where, message.get("content"))
     if message.get("tool_calls") is not None:
         out["tool_calls"] = [_tool_call(f"{where}.tool_calls[{j}]", call)
                              for j, call in enumerate(_list(where + ".tool_calls", message["tool_calls"]))]
@@ -154,7 +157,10 @@ def _tool_call(where: str, call: Any) -> dict[str, Any]:
             arguments = json.loads(arguments or "{}")
         except ValueError:
             raise RequestError(f"{where}.function.arguments is not JSON", param=where) from None
-    return {**call, "function": {**function, "arguments": arguments}}
+    # name first, then arguments: the openai client sends them the other way round, and a template that writes the
+    # whole function with `tojson` (Mistral's) would write back a call the model never sampled
+    rest = {key: value for key, value in function.items() if key not in ("name", "arguments")}
+    return {**call, "function": {"name": function["name"], "arguments": arguments, **rest}}
 
 
 def _tools(tools: Any) -> list[dict[str, Any]] | None:
@@ -166,26 +172,20 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
     return list(tools)
 
 
-def parse_tool_calls(text: str, call_id: str) -> tuple[str, list[dict[str, Any]]]:
-    """(content, tool calls) of a sampled text: each well-formed ``<tool_call>`` block becomes an OpenAI tool call
-    (``arguments`` as JSON text), removed from the content."""
-    calls = []
-    for j, match in enumerate(_TOOL_CALL.finditer(text)):
-        try:
-            spec = json.loads(match.group(1))
-        except ValueError:
-            continue
-        if isinstance(spec, dict) and isinstance(spec.get("name"), str):
-            calls.append({"id": f"{call_id}-{j}", "type": "function",
-                          "function": {"name": spec["name"], "arguments": json.dumps(spec.get("arguments", {}))}})
-    content = _TOOL_CALL.sub("", text).strip() if calls else text
-    return content, calls
+def parse_tool_calls(text: str, call_id: str, fmt: str = "hermes", raw: str | None = None,
+                     specials: Sequence[str] = ()) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content, tool calls) of a sampled text in the tool-call format ``fmt``
+    (:mod:`producers.gateway.tool_formats`); ``raw`` is the text with its special tokens (default ``text``)."""
+    from producers.gateway.tool_formats import parse
+
+    return parse(fmt, text if raw is None else raw, text, call_id, specials)
 
 
 def chat_answer(call_id: str, model: str, text: str, finish_reason: str, usage: Mapping[str, int],
-                with_tools: bool) -> dict[str, Any]:
-    """The ``chat.completion`` object of one sampled text."""
-    content, tool_calls = parse_tool_calls(text, call_id) if with_tools else (text, [])
+                with_tools: bool, fmt: str = "hermes", raw: str | None = None,
+                specials: Sequence[str] = ()) -> dict[str, Any]:
+    """The ``chat.completion`` object of one sampled text (``raw``: with its special tokens, for ``fmt``)."""
+    content, tool_calls = parse_tool_calls(text, call_id, fmt, raw, specials) if with_tools else (text, [])
     message: dict[str, Any] = {"role": "assistant", "content": content if content or not tool_calls else None}
     if tool_calls:
         message["tool_calls"] = tool_calls

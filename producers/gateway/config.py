@@ -10,6 +10,8 @@ come from ``producer`` (engine, model_dir, temperature, max_new_tokens): the gat
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from stream_rl.config.base import CrossFieldError, Section
@@ -41,6 +43,10 @@ class GatewayConfig(Section):
     connection_timeout_s: float = Field(
         30.0, gt=0.0, le=3600.0, description="seconds a client has to send its whole request, and again to read "
         "the whole answer; a slower one is cut off (the time a call takes to generate is not counted)")
+    tool_format: Literal["auto", "hermes", "mistral"] = Field(
+        "auto", description="how tool calls are read from a sampled answer when the call sends tools: hermes "
+        "(<tool_call>{...}</tool_call>, Qwen2.5 and Hermes), mistral ([TOOL_CALLS][{...}], Mistral v0.3 and Nemo); "
+        "auto: the format the chat template writes (mistral when it writes [TOOL_CALLS], else hermes)")
     sweep_interval_s: float = Field(1.0, gt=0.0, le=3600.0,
                                     description="how often timed-out episodes are looked for")
     weights_check_s: float = Field(2.0, gt=0.0, le=3600.0,

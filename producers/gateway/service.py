@@ -66,6 +66,7 @@ class Gateway:
         self.sampling, self.budget, self.producer_id = sampling, budget, producer_id
         self.renderer, self.chat = renderer, chat  # stream_rl.prompts.render.ChatRenderer, producers.chat_turns
         self.book = Book(gcfg.group_size)
+        self.tool_format = tool_format_of(gcfg.tool_format, renderer, engine.tokenizer)
         self.lock = threading.Lock()
         self.calls = self.tokens = 0  # calls answered and tokens sampled since the process started
 
@@ -100,7 +101,10 @@ class Gateway:
         call_id = f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{episode_id}-{index}"
         if endpoint == "completion":
             return completion_answer(call_id, self.gcfg.model_name, text, sample.finish_reason, usage)
-        return chat_answer(call_id, self.gcfg.model_name, text, sample.finish_reason, usage, request.tools is not None)
+        tokenizer = self.engine.tokenizer
+        raw = tokenizer.decode(sample.token_ids, skip_special_tokens=False) if request.tools is not None else None
+        return chat_answer(call_id, self.gcfg.model_name, text, sample.finish_reason, usage, request.tools is not None,
+                           self.tool_format, raw, list(getattr(tokenizer, "all_special_tokens", [])))
 
     def _check_open(self, episode_id: str) -> int:
         state = self.book.state(episode_id)
@@ -267,3 +271,15 @@ def _read_end(body: Any) -> tuple[float | None, str | None, dict[str, str], str 
 def _seed(episode_id: str, index: int) -> int:
     digest = hashlib.sha256(f"{episode_id}|{index}".encode()).digest()
     return int.from_bytes(digest[:8], "little") % SEED_MODULUS
+
+
+def tool_format_of(setting: str, renderer, tokenizer) -> str:
+    """``gateway.tool_format``, with ``auto`` resolved from the chat template the gateway renders with."""
+    from producers.gateway.tool_formats import detect
+
+    if setting != "auto":
+        return setting
+    template = getattr(renderer, "template", None) or getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # named templates: the tool-use one renders calls with tools
+        template = template.get("tool_use") or template.get("default")
+    return detect(template if isinstance(template, str) else None)

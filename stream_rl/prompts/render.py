@@ -73,10 +73,15 @@ class ChatRenderer:
         self._check_tool_use(messages, tools)
         extra = {} if tools is None else {"tools": list(tools)}
         try:
-            text = self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True,
-                                                      chat_template=self.template, **extra, **self.kwargs)
+            text = self._apply(messages, extra)
         except Exception as exc:  # a template may raise anything (jinja2 errors, raise_exception, TypeError)
-            raise RenderError(f"the chat template raises {_described(exc)}") from None
+            as_text = _arguments_as_text(messages)
+            if as_text is None:
+                raise RenderError(f"the chat template raises {_described(exc)}") from None
+            try:  # a template that writes `arguments` by concatenation (DeepSeek's) needs the JSON text
+                text = self._apply(as_text, extra)
+            except Exception:  # noqa: BLE001 - the first failure is the one to report
+                raise RenderError(f"the chat template raises {_described(exc)}") from None
         if not isinstance(text, str):
             raise RenderError(f"the chat template returned {type(text).__name__}, not text")
         try:
@@ -87,6 +92,10 @@ class ChatRenderer:
             raise RenderError("the chat template renders it to no tokens")
         return text, ids
 
+
+    def _apply(self, messages: Sequence[dict], extra: dict[str, Any]) -> Any:
+        return self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True,
+                                                  chat_template=self.template, **extra, **self.kwargs)
 
     def _check_tool_use(self, messages: Sequence[dict], tools: Sequence[dict] | None) -> None:
         """RenderError when the row has tools or tool calls and the template never reads them (they would be left
@@ -107,6 +116,26 @@ class ChatRenderer:
                 source = source.get("tool_use" if with_tools and "tool_use" in source else "default", "")
             self._reads[key] = _mentions(source, name)
         return self._reads[key]
+
+
+def _arguments_as_text(messages: Sequence[dict]) -> list[dict] | None:
+    """``messages`` with every tool call's object ``arguments`` written as JSON text (None: there is none)."""
+    import json
+
+    changed, out = False, []
+    for message in messages:
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        if calls:
+            new_calls = []
+            for call in calls:
+                function = call.get("function") if isinstance(call, dict) else None
+                if isinstance(function, dict) and isinstance(function.get("arguments"), dict):
+                    function = {**function, "arguments": json.dumps(function["arguments"], ensure_ascii=False)}
+                    call, changed = {**call, "function": function}, True
+                new_calls.append(call)
+            message = {**message, "tool_calls": new_calls}
+        out.append(message)
+    return out if changed else None
 
 
 def _mentions(template: str, name: str) -> bool:

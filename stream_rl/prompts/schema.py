@@ -18,7 +18,8 @@ field          accepted values                                            when a
 
 A record has ``text`` XOR ``messages``. A message is an object with ``role`` (one of :data:`ROLES`) and ``content``
 (a string with a non-whitespace character), optionally ``name`` / ``tool_call_id`` (strings) and, for an assistant,
-``tool_calls`` in OpenAI's format (then ``content`` may be empty or absent); null members are ignored (a Parquet
+``tool_calls`` in OpenAI's format (then ``content`` may be empty, null or absent: absent becomes null, OpenAI's
+form, which DeepSeek's templates need to write the calls); null members are ignored (a Parquet
 struct carries every key of every row). ``tool_calls`` and ``tools`` are checked and normalised by
 :mod:`stream_rl.prompts.tools`; ``tools`` goes with a conversational prompt to its chat template. A message's
 problem names its field as ``messages.I.key`` (``I`` 0-based), under the column it came from (``prompt.1.role`` for
@@ -195,7 +196,7 @@ def _message(item: object, line: int, problems: list[Problem], where: str) -> di
 def _content(content: object, calls: bool, line: int, problems: list[Problem], where: str) -> dict:
     """``{"content": ...}``; an assistant turn with tool calls may have none (left out) or an empty one."""
     if content is None and calls:
-        return {}
+        return {"content": None}  # OpenAI's null: templates test `content is none` (DeepSeek writes the calls then)
     if content is None:
         problems.append(Problem(line, f"{where}.content", "missing (every message needs a non-empty string)"))
     elif not isinstance(content, str):

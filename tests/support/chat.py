@@ -132,6 +132,11 @@ class TemplateSpec:
 
 _DEEPSEEK = ("<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<\uff5cend\u2581of\u2581sentence\uff5c>",
              "<\uff5cUser\uff5c>", "<\uff5cAssistant\uff5c>")
+DEEPSEEK_TOOL_MARKERS = tuple(f"<\uff5c{name.replace(' ', chr(0x2581))}\uff5c>" for name in (
+    "tool calls begin", "tool calls end", "tool call begin", "tool call end", "tool sep", "tool outputs begin",
+    "tool outputs end", "tool output begin", "tool output end"))  # DeepSeek-V3/R1's tool markers, special here
+MISTRAL_NEMO = ("<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+                "[TOOL_RESULTS]", "[/TOOL_RESULTS]")
 _LLAMA3 = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 TEMPLATE_SPECS = {spec.name: spec for spec in (
     TemplateSpec("chatml", None, (), IM_END),
@@ -144,7 +149,9 @@ TEMPLATE_SPECS = {spec.name: spec for spec in (
                  ("<s>", "<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"), "<|endoftext|>"),
     TemplateSpec("mistral-v0.3-like", "mistral-v0.3-like.jinja", ("<s>", "</s>", "[INST]", "[/INST]"), "</s>",
                  "<s>"),
-    TemplateSpec("deepseek-r1-distill", "deepseek-r1-distill.jinja", _DEEPSEEK, _DEEPSEEK[1], _DEEPSEEK[0]),
+    TemplateSpec("deepseek-r1-distill", "deepseek-r1-distill.jinja", _DEEPSEEK + DEEPSEEK_TOOL_MARKERS, _DEEPSEEK[1],
+                 _DEEPSEEK[0]),
+    TemplateSpec("mistral-nemo", "mistral-nemo-instruct-2407.jinja", MISTRAL_NEMO, "</s>", "<s>"),
 )}
 
 

@@ -137,3 +137,24 @@ def test_validate_cli_accepts_and_shows_a_tool_use_prompt(tmp_path, tools_dir):
     out = CliRunner().invoke(app, ["prompts", "validate", str(path), "--tokenizer", str(tools_dir), "--show", "1"])
     assert out.exit_code == 0, out.output
     assert reference(EXPECTED, [WEATHER])[0] in out.output
+
+
+def test_a_tool_call_history_renders_on_the_real_deepseek_template_from_either_form(tmp_path):
+    """DeepSeek-R1-Distill's template (verbatim) writes an assistant turn's calls only when its content is null and
+    concatenates the arguments as text: a call row in transformers' form (content left out, arguments an object)
+    and in OpenAI's (content null, arguments a JSON string) both render the call (before: the template raised)."""
+    from support.chat import build_template_tokenizer
+
+    tokenizer = build_template_tokenizer("deepseek-r1-distill")
+    tokenizer.save_pretrained(tmp_path / "deepseek")
+    rows = [{"messages": [ASK, CALL, REPLY]}, {"messages": [ASK, openai_form(CALL), REPLY]}]
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = check(path, tmp_path / "deepseek")
+    assert report.valid, report.error_summary()
+    bar, space = "\uff5c", "\u2581"
+    call = (f"<{bar}Assistant{bar}><{bar}tool{space}calls{space}begin{bar}><{bar}tool{space}call{space}begin{bar}>"
+            f'function<{bar}tool{space}sep{bar}>get_weather\n```json\n{{"city": "Paris"}}\n```'
+            f"<{bar}tool{space}call{space}end{bar}>")
+    assert [call in r.text for r in report.rows] == [True, True]
+    assert report.rows[0].text == report.rows[1].text

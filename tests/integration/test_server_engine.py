@@ -30,13 +30,13 @@ TRUNCATED = Sampling(temperature=0.7, top_k=6, top_p=0.9, min_p=0.02)
 def model_dir(tmp_path_factory):
     from support.producers import build_tiny_model_dir
 
-    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny-server") / "policy")
+    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny-server") / "policy", max_positions=256)
 
 
 @pytest.fixture(scope="module")
 def servers(model_dir, tmp_path_factory):
     started = time.perf_counter()
-    with started_servers(model_dir, 2, tmp_path_factory.mktemp("server-logs")) as running:
+    with started_servers(model_dir, 2, tmp_path_factory.mktemp("server-logs"), max_model_len=256) as running:
         print(f"\n2 vllm serve processes ready in {time.perf_counter() - started:.1f} s")
         yield [s.url for s in running]
 
@@ -91,25 +91,22 @@ def test_the_servers_resume_partial_groups_cut_by_the_hf_engine(engine, model_di
     assert errors and max(errors) < 1e-4
 
 
-LONG = Sampling(1.0)  # samples end at eos or 48 tokens, at very different lengths: groups end far apart
+LONG = Sampling(1.0)  # samples end at eos or TAIL tokens, at very different lengths: groups end far apart, and the
+TAIL = 200             # tail after the first group ends lasts about a hundred steps: the abort lands mid-way
 TAIL_PROMPTS = [[1, 4, 13, 5, 14], [1, 9, 9, 13, 3, 12, 14], [1, 14], [1, 6, 13, 7, 14]] * 4
 
 
-def test_the_servers_cut_the_tail_and_hand_over_each_cut_groups_prefixes(engine):
-    """``stop_when`` on servers (issue 41.2): once one of 16 groups has ended, the requests still running are aborted
-    on their servers. The ended groups are the uncut call's (same seed); a cut group comes back empty and its
-    prefixes go to ``on_cut``: a running sample's tokens, logprobs and versions are the first tokens of the uncut
-    sample, an ended sample is the uncut one whole. The abort marks no server down. (Both calls' times are printed.)"""
+def _cut_call(engine, seed: int) -> tuple[list[int], dict[int, tuple], str]:
+    """One call cut once a group has ended, checked against the uncut call of the same seed; returns (ended groups, what on_cut got, a line with the two calls' times)."""
     started = time.perf_counter()
-    full = engine.generate(TAIL_PROMPTS, n=4, sampling=LONG, max_new_tokens=48, seed=5)
+    full = engine.generate(TAIL_PROMPTS, n=4, sampling=LONG, max_new_tokens=TAIL, seed=seed)
     full_s, started = time.perf_counter() - started, time.perf_counter()
     cuts: dict[int, tuple] = {}
-    groups = engine.generate(TAIL_PROMPTS, n=4, sampling=LONG, max_new_tokens=48, seed=5,
+    groups = engine.generate(TAIL_PROMPTS, n=4, sampling=LONG, max_new_tokens=TAIL, seed=seed,
                              stop_when=lambda ended: any(ended),
                              on_cut=lambda b, samples, running: cuts.setdefault(b, (samples, running)))
     cut_s = time.perf_counter() - started
     ended = [b for b, group in enumerate(groups) if group]
-    assert ended and cuts, f"{len(ended)} groups ended, {len(cuts)} handed over as cut"
     for b in ended:  # the ended groups are the uncut call's
         assert [s.token_ids for s in groups[b]] == [s.token_ids for s in full[b]]
     for b, (samples, running) in cuts.items():
@@ -121,9 +118,26 @@ def test_the_servers_cut_the_tail_and_hand_over_each_cut_groups_prefixes(engine)
             assert (length < len(whole.token_ids)) if was_running else (sample.token_ids == whole.token_ids)
     assert all(server["healthy"] and server["outstanding"] == 0 for server in engine.fleet())
     cut_tokens = sum(len(s.token_ids) for samples, _ in cuts.values() for s in samples)
-    print(f"\n{len(ended)} groups ended, {len(cuts)} cut with {cut_tokens} prefix tokens handed over, "
-          f"{16 - len(ended) - len(cuts)} cut before every sample drew a token; the cut call took {cut_s:.3f} s, "
-          f"the uncut one {full_s:.3f} s")
+    return ended, cuts, (f"seed {seed}: {len(ended)} groups ended, {len(cuts)} cut with {cut_tokens} prefix tokens "
+                         f"handed over, {len(TAIL_PROMPTS) - len(ended) - len(cuts)} cut before every sample drew a token; the cut "
+                         f"call took {cut_s:.3f} s, the uncut one {full_s:.3f} s")
+
+
+def test_the_servers_cut_the_tail_and_hand_over_each_cut_groups_prefixes(engine):
+    """``stop_when`` on servers (issue 41.2): once one of 16 groups has ended, the requests still running are aborted on their servers. The ended groups are the uncut call's (same seed); a
+    cut group comes back empty and its prefixes go to ``on_cut``: a running sample's tokens, logprobs and versions
+    are the first tokens of the uncut sample, an ended sample is the uncut one whole. The abort marks no server
+    down. On a loaded machine every group may end before the abort lands, or a group may be cut before each of its
+    samples was scheduled (it is then re-queued whole): up to five seeds are tried, each checked, and one must hand
+    prefixes over."""
+    lines = []
+    for seed in (5, 6, 7, 8, 9):
+        ended, cuts, line = _cut_call(engine, seed)
+        lines.append(line)
+        if ended and cuts:
+            break
+    print("\n" + "\n".join(lines))
+    assert ended and cuts, "; ".join(lines)
 
 
 def test_prefixes_cut_on_the_servers_resume_there_on_a_new_version(engine, model_dir):
@@ -137,10 +151,13 @@ def test_prefixes_cut_on_the_servers_resume_there_on_a_new_version(engine, model
     from producers.partials import prefixes, resume_partials
     from producers.step import EarlyStop, produce_rollouts
 
-    kw = {"producer_id": "p0", "sampling": LONG, "max_new_tokens": 40, "seed": 8}
-    cut = produce_rollouts([prompt_record(i, group_size=4) for i in range(16)], engine,
-                           early_stop=EarlyStop(abort_after_s=0.0, keep_partials=True), **kw)
-    assert cut.partials, "no group was cut"
+    for seed in (8, 9, 10, 11, 12):  # on a loaded machine no group may be cut with a prefix: try again
+        kw = {"producer_id": "p0", "sampling": LONG, "max_new_tokens": TAIL, "seed": seed}
+        cut = produce_rollouts([prompt_record(i, group_size=4) for i in range(16)], engine,
+                               early_stop=EarlyStop(abort_after_s=0.0, keep_partials=True), **kw)
+        if cut.partials:
+            break
+    assert cut.partials, "no group was cut with a prefix in five batches"
     weights = perturbed_state_dict(model_dir)
     engine.load_weights(weights, 1)
     resumed = {r.rollout_id: r for r in resume_partials(cut.partials, engine, max_lag=1, **kw).rollouts}
@@ -149,7 +166,7 @@ def test_prefixes_cut_on_the_servers_resume_there_on_a_new_version(engine, model
         for i, (prefix, was_cut) in enumerate(prefixes(partial)):
             rollout, length = resumed[f"{partial.group_id}:{i}"], len(prefix.token_ids)
             tokens = rollout.response_token_ids.tolist()
-            assert tokens[:length] == prefix.token_ids and len(tokens) <= 40
+            assert tokens[:length] == prefix.token_ids and len(tokens) <= TAIL
             assert rollout.token_policy_versions.tolist() == [0] * length + [1] * (len(tokens) - length)
             if was_cut:
                 want = score_tokens(new, partial.prompt_token_ids.tolist() + prefix.token_ids, tokens[length:], LONG)
@@ -198,14 +215,19 @@ def test_a_version_reaches_every_server_and_each_reports_it(engine, model_dir, s
     assert engine.version == 1 and [s["version"] for s in engine.fleet()] == [1, 1]
 
 
-def _generated_tokens(url: str) -> float:
-    """The server's ``vllm:generation_tokens_total`` counter (its Prometheus ``/metrics``), summed over labels."""
+def _metric(url: str, name: str) -> float:
+    """The server's Prometheus metric ``name`` (its ``/metrics``), summed over labels."""
     import urllib.request
 
     with urllib.request.urlopen(url + "/metrics", timeout=5) as answer:
         text = answer.read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:generation_tokens_total"))
+               if line.split("{", 1)[0].split(" ", 1)[0] == name)
+
+
+def _generated_tokens(url: str) -> float:
+    """The server's ``vllm:generation_tokens_total`` counter."""
+    return _metric(url, "vllm:generation_tokens_total")
 
 
 def test_an_update_while_requests_run_stamps_each_token_with_its_version(engine, model_dir, servers):
@@ -229,7 +251,7 @@ def test_an_update_while_requests_run_stamps_each_token_with_its_version(engine,
 
     engine.set_weights_hook(hook, every=1)
     prompts = [[1, 4, 13, 5, 14]] * 24
-    groups = engine.generate(prompts, n=16, sampling=Sampling(1.0, stop_token_ids=()), max_new_tokens=48, seed=4)
+    groups = engine.generate(prompts, n=16, sampling=Sampling(1.0, stop_token_ids=()), max_new_tokens=160, seed=4)
     engine.set_weights_hook(None, 0)
     versions = [s.token_versions for g in groups for s in g]
     assert calls and all(v is not None and len(v) == len(s.token_ids)

@@ -17,18 +17,19 @@ from schemas import Prompt
 from support.topics import read_records
 
 
-def tiny_llama_config(tokenizer):
-    """The tests' tiny LlamaForCausalLM shape for the demo char tokenizer: hidden 64, 2 layers, 2 heads of dim 32."""
+def tiny_llama_config(tokenizer, max_positions: int = 64):
+    """The tests' tiny LlamaForCausalLM shape for the demo char tokenizer: hidden 64, 2 layers, 2 heads of dim 32
+    (rotary positions: ``max_positions`` changes no weight)."""
     from transformers import LlamaConfig
 
     return LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=2, head_dim=32, intermediate_size=128, max_position_embeddings=64,
+        num_key_value_heads=2, head_dim=32, intermediate_size=128, max_position_embeddings=max_positions,
         tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id)
 
 
-def build_tiny_model_dir(path: Path, seed: int = 0) -> Path:
+def build_tiny_model_dir(path: Path, seed: int = 0, max_positions: int = 64) -> Path:
     """A tiny LlamaForCausalLM (:func:`tiny_llama_config`) + the demo char tokenizer, saved."""
     from transformers import LlamaForCausalLM
 
@@ -36,7 +37,7 @@ def build_tiny_model_dir(path: Path, seed: int = 0) -> Path:
 
     tokenizer = build_tokenizer()
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(tiny_llama_config(tokenizer))
+    model = LlamaForCausalLM(tiny_llama_config(tokenizer, max_positions))
     with torch.no_grad():  # a sharper output head than the default init, so samples are far from uniform
         model.lm_head.weight.mul_(8.0)
     model.save_pretrained(path)

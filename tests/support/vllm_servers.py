@@ -25,11 +25,11 @@ def vllm_problem() -> str | None:
 
 
 @contextmanager
-def started_servers(model_dir: Path, count: int, logs: Path):
-    """``count`` servers of ``model_dir`` (max_model_len 64), ready; stopped on exit."""
+def started_servers(model_dir: Path, count: int, logs: Path, max_model_len: int = 64):
+    """``count`` servers of ``model_dir`` (``max_model_len`` tokens), ready; stopped on exit."""
     from stream_rl.launch.servers import ServersSpec, start_servers, stop_servers, wait_ready
 
-    servers = start_servers(ServersSpec(count=count, max_model_len=64), model_dir, "float32", logs)
+    servers = start_servers(ServersSpec(count=count, max_model_len=max_model_len), model_dir, "float32", logs)
     try:
         wait_ready(servers, 300)
         yield servers

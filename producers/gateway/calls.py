@@ -1,6 +1,7 @@
 """The OpenAI wire of the gateway: requests read and checked, answers and errors shaped as the OpenAI API shapes them.
 
-Consumes: a decoded JSON request body of ``/v1/chat/completions`` or ``/v1/completions``, the model name agents
+Consumes: a decoded JSON request body of ``/v1/chat/completions`` or ``/v1/completions`` (its ``stream`` fields are
+:mod:`producers.gateway.streaming`'s), the model name agents
 must send and the token budget (``producer.max_new_tokens``); a sampled text to answer with.
 Produces: :class:`CallRequest` (messages normalised for the chat template, tools, token budget, temperature), the
 answer bodies (:func:`chat_answer`, :func:`completion_answer`) and :class:`RequestError`, whose
@@ -8,8 +9,7 @@ answer bodies (:func:`chat_answer`, :func:`completion_answer`) and :class:`Reque
 
 Guarantees:
 - A request the gateway cannot serve faithfully is refused with a message naming what is wrong, never served
-  differently from what it asked: an unknown model (404), ``stream: true`` (400: answers are whole, the call must
-  be recorded before it is answered), ``n`` other than 1, ``max_tokens`` above the budget, a temperature of 0
+  differently from what it asked: an unknown model (404), ``n`` other than 1, ``max_tokens`` above the budget, a temperature of 0
   (greedy decoding has no behaviour logprobs to train with), malformed ``messages`` or ``tools`` (400, the
   message index named).
 - Messages are passed to the chat template as the agent sent them except for two normalisations the OpenAI
@@ -69,9 +69,6 @@ def read_request(body: Any, endpoint: str, model_name: str, budget: int) -> Call
     if model != model_name:
         raise RequestError(f"unknown model {model!r}: this gateway serves the policy as {model_name!r}",
                            status=404, code="model_not_found", param="model")
-    if body.get("stream"):
-        raise RequestError("stream=true is not supported: the gateway records every call before it answers, so "
-                           "answers are whole; send stream=false", param="stream")
     if body.get("n", 1) != 1:
         raise RequestError(f"n={body.get('n')!r}: the gateway samples one choice per call", param="n")
     max_tokens = _max_tokens(body, budget)

@@ -4,18 +4,22 @@
 Consumes: HTTP requests from agents using any OpenAI client with ``base_url`` pointed here, and a
 :class:`~producers.gateway.service.Gateway` to do the work.
 Produces:
-- ``POST /v1/chat/completions`` (tools accepted) and ``POST /v1/completions``: one whole answer (``stream: true``
-  is refused with a 400 saying why);
+- ``POST /v1/chat/completions`` (tools accepted) and ``POST /v1/completions``: one answer, whole or, with
+  ``stream: true``, as server-sent events (:mod:`producers.gateway.streaming`: the answer is sampled and recorded
+  whole first, then sent as one content delta, its tool calls, its finish reason and, asked for, its usage);
 - ``POST /v1/episodes/{episode_id}/end`` with ``{"reward": float}`` (the environment's reward), ``{}`` or
   ``{"answer": ..., "metadata": {...}}`` (the scorer's reward functions score the final state), or
   ``{"failed": "reason"}`` (dead-lettered, never trained); answers ``{"episode_id", "state", "calls"}``;
-- ``GET /v1/models`` (the one model name served) and ``GET /health``.
+- ``GET /v1/episodes/{episode_id}``: ``{"episode_id", "state", "calls"}``, its state ``new`` (never seen),
+  ``open``, ``ended``, ``published`` or ``dead_lettered`` (what a driver checks before playing an episode again);
+- ``GET /v1/models`` (the one model name served) and ``GET /health`` (the policy version, ``group_size`` and the
+  model name).
 
 The episode id of a call comes from the ``X-Episode-Id`` header, else from the API key (``Authorization: Bearer
 <episode id>``, the ``api_key`` of the OpenAI client): the agent is unmodified apart from ``base_url`` and that id.
 
 Guarantees: every refusal is an OpenAI error object (``{"error": {"message", "type", "param", "code"}}``) whose
-message names what was wrong: a missing or malformed episode id, an unknown model, streaming, too many tokens,
+message names what was wrong: a missing or malformed episode id, an unknown model, a malformed ``stream``, too many tokens,
 malformed messages (:mod:`producers.gateway.calls`), a body over ``gateway.max_body_bytes`` (413, refused before it
 is read), no Content-Length (411), a path that does not exist (404). An unexpected failure is a 500 with its type
 and message; the server itself never dies of a request. A client has ``gateway.connection_timeout_s`` in total to
@@ -36,11 +40,13 @@ from urllib.parse import unquote
 
 from producers.gateway.calls import RequestError
 from producers.gateway.episodes import group_of
+from producers.gateway.streaming import event_stream, stream_mode
 from schemas import ID_PATTERN, PROMPT_ID_MAX_LEN
 from stream_rl.runtime.http_serving import BoundedHandler, BoundedServer
 
 log = logging.getLogger(__name__)
 _END = re.compile(r"^/v1/episodes/(?P<episode>.+)/end$")  # an id may hold '/' (GROUP/NAME), sent as is or %2F
+_EPISODE = re.compile(r"^/v1/episodes/(?P<episode>.+)$")
 _CALLS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 
 
@@ -96,7 +102,16 @@ class _Handler(BoundedHandler):
             name = self.server.gateway.gcfg.model_name
             self.send_json(200, {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "stream-rl"}]})
         elif path == "/health":
-            self.send_json(200, {"status": "ok", "version": self.server.gateway.engine.version})
+            gateway = self.server.gateway
+            self.send_json(200, {"status": "ok", "version": gateway.engine.version,
+                                 "group_size": gateway.gcfg.group_size, "model": gateway.gcfg.model_name})
+        elif (asked := _EPISODE.match(path)) is not None:
+            try:
+                episode = episode_of({"X-Episode-Id": unquote(asked.group("episode"))})
+            except RequestError as exc:
+                self._refuse(exc)
+                return
+            self.send_json(200, self.server.gateway.state(episode))
         else:
             self._refuse(RequestError(f"no such path {self.path[:80]!r}", status=404, code="not_found"))
 
@@ -116,7 +131,11 @@ class _Handler(BoundedHandler):
             if end is not None:
                 answer = gateway.end(episode_of({"X-Episode-Id": unquote(end.group("episode"))}), body)
             else:
+                stream, include_usage = stream_mode(body)
                 answer = gateway.call(_CALLS[path], episode_of(self.headers), body)
+                if stream:  # recorded before this first byte, as a whole answer is
+                    self.send_bytes(200, event_stream(answer, include_usage), "text/event-stream")
+                    return
         except RequestError as exc:
             self._refuse(exc)
             return

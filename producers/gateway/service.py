@@ -17,7 +17,9 @@ Guarantees:
 - Publishing order: rollouts acknowledged, then the ``published`` records; a crash between the two publishes the
   group again at restart under the same rollout ids (the scorer and trainer drop duplicates by id).
 - A dead episode (idle past ``gateway.episode_timeout_s``, or ended by its agent as failed) gets a dead letter
-  with its reason, pointing at its first call's record, and is never trained.
+  with its reason, pointing at its first call's record, and is never trained. An episode ended as failed before
+  its first call (its agent died starting) is dead-lettered too, its letter pointing at its ``dead_lettered``
+  record, so its group does not wait for it.
 """
 
 from __future__ import annotations
@@ -154,6 +156,11 @@ class Gateway:
         reward, answer, metadata, failed = _read_end(body)
         with self.lock:
             state = self.book.state(episode_id)
+            if state == "new" and failed is not None:  # failed before its first call: its group counts it
+                self._dead_letter_callless(episode_id, f"the agent ended the episode as failed before any call: "
+                                                       f"{failed}")
+                self._publish_ready(group_of(episode_id))
+                return {"episode_id": episode_id, "state": self.book.state(episode_id), "calls": 0}
             if state != "open":
                 raise RequestError(f"episode {episode_id!r} is {'unknown' if state == 'new' else state}: only an "
                                    f"episode with calls can end", status=404 if state == "new" else 409,
@@ -192,6 +199,28 @@ class Gateway:
         log.warning("episode %s dead-lettered: %s", episode_id, reason)
         self._record(GatewayEpisode(episode_id=episode_id, outcome="dead_lettered", reason=reason,
                                     calls=len(found.calls)))
+
+    def _dead_letter_callless(self, episode_id: str, reason: str) -> None:
+        """Dead-letter an episode that made no call: the letter holds its ``dead_lettered`` record."""
+        record = GatewayEpisode(episode_id=episode_id, outcome="dead_lettered", reason=reason, calls=0)
+        self.sink.send(self.topics.gateway, record, key=episode_id)
+        acks = self.sink.flush()
+        topic, partition, offset = (acks[-1].topic, acks[-1].partition, acks[-1].offset) if acks else (
+            self.topics.gateway, 0, 0)
+        letter = DeadLetter.of_value(encode(record), self.sink.max_request_size // 2, reason=reason,
+                                     error_type="AgentFailed", source_topic=topic, source_partition=partition,
+                                     source_offset=offset, raw_key=episode_id.encode(), consumer_id=self.producer_id)
+        self.sink.send(self.topics.dlq, letter, key=episode_id)
+        self.sink.flush()
+        log.warning("episode %s dead-lettered: %s", episode_id, reason)
+        self.book.apply(record)
+
+    def state(self, episode_id: str) -> dict[str, Any]:
+        """``{"episode_id", "state", "calls"}`` of an episode (``new`` when the gateway never saw it)."""
+        with self.lock:
+            found = self.book.open.get(episode_id)
+            return {"episode_id": episode_id, "state": self.book.state(episode_id),
+                    "calls": len(found.calls) if found is not None else None}
 
     def _record(self, record: GatewayEpisode) -> None:
         self.sink.send(self.topics.gateway, record, key=record.episode_id)

@@ -22,6 +22,7 @@ from consumers.scorer.config import ScorerConfig
 from consumers.trainer.config import PPO_RANGE_CLIP, TrainerConfig
 from producers.config import ProducerConfig
 from evaluator.config import EvalConfig
+from producers.driver.config import DriverConfig
 from producers.gateway.config import GatewayConfig
 from stream_rl.config.base import CrossFieldError, Section
 from stream_rl.config.loading import resolve_config
@@ -97,6 +98,9 @@ class StreamRLConfig(SharedConfig):
     gateway: GatewayConfig | None = Field(None, description="OpenAI-compatible endpoint for black-box agents "
                                           "(stream-rl gateway; `run` starts it when this section is set, "
                                           "docs/agents.md); None: no gateway")
+    driver: DriverConfig | None = Field(None, description="verifiers environments played by their own agent loop "
+                                        "through the gateway (stream-rl drive; `run` starts it, against its "
+                                        "gateway, when this section is set; docs/agents.md); None: no driver")
 
     @model_validator(mode="after")
     def _across_sections(self) -> StreamRLConfig:
@@ -136,6 +140,15 @@ class StreamRLConfig(SharedConfig):
             raise CrossFieldError(("trainer.loss.max_len", "producer.max_new_tokens"), (
                 f"trainer.loss.max_len={loss.max_len} < producer.max_new_tokens={budget}: Dr. GRPO's constant "
                 f"normaliser must cover the longest response the producers may generate"))
+        if self.driver is not None and self.driver.gateway_url is None:
+            if self.gateway is None:
+                raise CrossFieldError(("driver.gateway_url", "gateway"), (
+                    "a [driver] needs a gateway to play through: add a [gateway] section (stream-rl run starts it) "
+                    "or set driver.gateway_url to a running one"))
+            if self.gateway.port == 0:
+                raise CrossFieldError(("driver.gateway_url", "gateway.port"), (
+                    "gateway.port = 0 (a free port, chosen at start) leaves the driver no address: set "
+                    "gateway.port, or driver.gateway_url"))
         self._keep_best_rule()
         self._servers_rule()
         return self

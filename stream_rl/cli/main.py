@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 from stream_rl.cli import diagnose_cmd, eval_cmd, export_cmd, gc_cmd, plan_cmd, rescore_cmd, roles_cmd, run_cmd, status_cmd
-from stream_rl.cli import demo_chat_cmd, gateway_cmd, reward_server_cmd
+from stream_rl.cli import demo_chat_cmd, drive_cmd, gateway_cmd, reward_server_cmd
 from stream_rl.cli.common import BootstrapOpt, ConfigOpt, DryRunOpt, RunOpt, SetOpt, fail, require_broker, resolve
 from stream_rl.cli.runs import select_run
 
@@ -46,6 +46,7 @@ app.command("evaluate")(eval_cmd.evaluate)
 app.command("status")(status_cmd.status)
 app.command("reward-server")(reward_server_cmd.reward_server)
 app.command("gateway")(gateway_cmd.gateway)
+app.command("drive")(drive_cmd.drive)
 app.add_typer(status_cmd.trace_app, name="trace")
 
 

@@ -249,7 +249,7 @@ def _pin_all(sup, chosen) -> None:
 
     for child in sup.children:
         role = child.role.rsplit("-", 1)[0]
-        pin_tree(child.proc.pid, chosen.cores["produce" if role in ("evaluate", "gateway") else role])
+        pin_tree(child.proc.pid, chosen.cores["produce" if role in ("evaluate", "gateway", "drive") else role])
 
 
 def _gpu_lines(cfg) -> list[str]:
@@ -305,6 +305,8 @@ def _launch(cfg, chosen, resume: bool = False, devices: dict[str, str] | None = 
             if cfg.gateway is not None:  # black-box agents' OpenAI endpoint (docs/agents.md), placed with the producers
                 sup.start("gateway", 0, _server_args(cfg, cfg.run.producers, servers),
                           threads=chosen.threads["produce"], cuda_devices=gpus("gateway-0"))
+            if cfg.driver is not None:  # verifiers environments played through that gateway (docs/agents.md)
+                sup.start("drive", 0, ["--stay"], threads=1, cuda_devices="")
         except BaseException:
             sup.stop_all()  # a signal between two starts: the roles already started are stopped, not orphaned
             _stop_servers(servers)

@@ -204,10 +204,13 @@ class BoundedHandler(BaseHTTPRequestHandler):
     def send_json(self, status: int, body: Any) -> None:
         """Write ``body`` as a JSON answer within ``connection_timeout_s`` in total (a client that does not read,
         or reads too slowly, is cut off: the write raises a ConnectionError, counted as a drop)."""
-        data = json.dumps(body).encode()
+        self.send_bytes(status, json.dumps(body).encode(), "application/json")
+
+    def send_bytes(self, status: int, data: bytes, content_type: str) -> None:
+        """Write ``data`` as the answer, under the same deadline as :meth:`send_json`."""
         with WATCHDOG.guard(self.connection, time.monotonic() + self.deadline_s, threading.Event()):
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)

@@ -1,7 +1,7 @@
 """The gateway for black-box agents on the real broker, driven by the real ``openai`` client: a tool-using agent's
-calls are recorded and its episode published as rollouts; concurrent episodes never mix; streaming and bad requests
-are refused with OpenAI errors naming why; a killed agent's episode is dead-lettered with its reason; a restarted
-gateway loses no recorded call.
+calls are recorded and its episode published as rollouts; concurrent episodes never mix; a streamed call is
+recorded as a whole one; bad requests are refused with OpenAI errors naming why; a killed agent's episode is
+dead-lettered with its reason; a restarted gateway loses no recorded call.
 
 A tiny chat policy (support.chat_model) with a tool-use template (support.chat.TOOLS_TEMPLATE) on the hf engine,
 one engine shared by the module's tests; each test has its own run (topics) and its own gateway thread.
@@ -28,6 +28,7 @@ from support.producers import collect
 from support.topics import read_records
 from support.waiting import wait_for
 
+from producers.gateway.calls import parse_tool_calls
 from producers.gateway.episodes import chain_breaks
 
 pytestmark = pytest.mark.broker
@@ -144,12 +145,40 @@ def test_concurrent_tool_using_agents_are_recorded_and_published_without_mixing(
     assert beats[-1].state == "stopping" and beats[-1].step == 6
 
 
-def test_streaming_and_bad_requests_are_refused_with_openai_errors_naming_why(start):
+def test_a_streamed_call_is_recorded_as_a_whole_one_and_its_deltas_join_to_the_recorded_answer(start):
+    from stream_rl.transport.client import Transport
+
+    url, cfg, _, _ = start()
+    client = openai.OpenAI(base_url=url, api_key="streamed", max_retries=0)
+    hello = [{"role": "user", "content": "What is 2+3? Use the calculator."}]
+    parts = list(client.chat.completions.create(model="policy", messages=hello, tools=TOOLS, stream=True,
+                                                stream_options={"include_usage": True}))
+    chunks = [c for c in parts if c.choices]
+    content = "".join(c.choices[0].delta.content or "" for c in chunks)
+    calls = [t for c in chunks for t in (c.choices[0].delta.tool_calls or [])]
+    assert parts[-1].choices == [] and parts[-1].usage.completion_tokens >= 1
+    completion = openai.OpenAI(base_url=url, api_key="streamed-text", max_retries=0)
+    pieces = list(completion.completions.create(model="policy", prompt="2+3=", max_tokens=4, stream=True))
+    transport = Transport(cfg, "test")
+    recorded = _calls(transport, transport.names.name("gateway"))
+    (chat,), (plain,) = recorded["streamed"], recorded["streamed-text"]
+    assert parts[-1].usage.completion_tokens == len(chat.response_token_ids)
+    # the deltas join to exactly the answer of the recorded call: its text, read for tool calls
+    whole_content, whole_calls = parse_tool_calls(chat.response_text, "chatcmpl-streamed-0")
+    assert content == (whole_content or "")
+    assert [(t.id, t.function.name, t.function.arguments) for t in calls] == [
+        (t["id"], t["function"]["name"], t["function"]["arguments"]) for t in whole_calls]
+    assert chunks[-1].choices[0].finish_reason == ("tool_calls" if calls else chat.finish_reason)
+    assert "".join(p.choices[0].text for p in pieces) == plain.response_text
+    assert pieces[-1].choices[0].finish_reason == plain.finish_reason
+
+
+def test_bad_requests_are_refused_with_openai_errors_naming_why(start):
     url, _, _, _ = start(**{"gateway.max_body_bytes": 1024})
     client = openai.OpenAI(base_url=url, api_key="refusals", max_retries=0)
     hello = [{"role": "user", "content": "hi"}]
-    with pytest.raises(openai.BadRequestError, match="stream=true is not supported"):
-        client.chat.completions.create(model="policy", messages=hello, stream=True)
+    with pytest.raises(openai.BadRequestError, match="stream must be true or false"):
+        client.chat.completions.create(model="policy", messages=hello, extra_body={"stream": "yes"})
     with pytest.raises(openai.NotFoundError, match="unknown model 'gpt-4o'"):
         client.chat.completions.create(model="gpt-4o", messages=hello)
     with pytest.raises(openai.BadRequestError, match="too many tokens: max_tokens=7"):

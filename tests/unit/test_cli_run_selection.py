@@ -104,7 +104,8 @@ NEEDS = {("prompts", "validate"): ["prompts.jsonl"], ("prompts", "load"): ["prom
          ("demo", "init"): ["new-demo"], ("demo", "chat-model"): ["new-chat-model"], ("plan",): ["--params", "7e9"],
          ("replay",): ["rollouts"], ("export",): ["--out", "exported"], ("rescore",): ["--to-run", "new-run"],
          ("evaluate",): ["--set", "eval.sets.heldout=prompts.jsonl"], ("reward-server",): ["gsm8k"],
-         ("gateway",): ["--port", "0"]}
+         ("gateway",): ["--port", "0"],
+         ("drive",): ["--set", "driver.environment=verifiers:vf_reverse", "--gateway", "http://127.0.0.1:9/v1"]}
 """Arguments a command requires besides --dry-run (every file named here exists in the working directory)."""
 
 

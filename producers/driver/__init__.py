@@ -1,0 +1,1 @@
+"""The driver role: verifiers environments played by their own agent loop against the gateway (docs/agents.md)."""

@@ -1,0 +1,198 @@
+"""``stream-rl drive``: the driver role, verifiers environments played by their own agent loop through the gateway.
+
+Consumes: the ``driver`` section (the environment, verifiers' agent settings, the gateway's URL, epochs and
+deadlines); the gateway's HTTP API (:mod:`producers.driver.gateway_client`: its group size, model name and policy
+version, episode states, episode ends); verifiers (:mod:`stream_rl.hubs.vf_agents`), which runs the agent program
+and its tools and scores each episode with the task's own rubric.
+Produces: episodes on the gateway, one group per task and epoch: the agent program's model calls are recorded by
+the gateway (so they are trained as any agent's), and each episode is ended with verifiers' reward and the task's
+metadata (``data_source = verifiers/NAME``, ``vf_taskset``, ``vf_index``, ``vf_key``, ``vf_epoch``), or as failed
+with the reason; a :class:`Summary`. It touches no topic itself: the gateway records, publishes and dead-letters.
+
+One life::
+
+    load the environment ─► ask the gateway its group size and model ─► per task and epoch (a group):
+        each episode's state ─► end the ones a dead driver left open ─► play the new ones at once ─► end each
+        ─► (wait up to wait_for_version_s for a newer policy) ─► when done, return (or wait for the stop, under run)
+
+Guarantees:
+- Ids are fixed by the task and the epoch (:func:`episode_ids`: ``vf-NAME-INDEX-eEPOCH/K``), so a restarted driver
+  picks up where the last one stopped: it plays only episodes the gateway never saw, ends as failed the ones left
+  open (their calls are the dead driver's), and skips ended, published and dead-lettered ones: no episode is
+  played twice and every group completes.
+- An episode that fails (:class:`stream_rl.hubs.vf_agents.Outcome` with a reason: the harness did not start, a
+  tool or reward raised, a deadline passed) is ended as failed: the gateway dead-letters it with the reason,
+  before or after its first call, and publishes its group from the others. One that scored a reward but made no
+  model call is ended as failed too (nothing of it could be trained).
+- ``driver.max_failed_in_a_row`` failures in a row stop the driver with :class:`DriverError` naming the last
+  reason; the gateway being unreachable stops it with ``GatewayUnavailable``.
+- On stop, episodes in play are cancelled and ended as failed ("the driver was stopped"); none is left open.
+- Environment code that blocks the event loop (a synchronous sleep in an async reward) cannot be cancelled: the
+  watchdog (:mod:`producers.driver.watchdog`) ends the process within ``episode_timeout_s`` + 5 s, naming the
+  cause, rather than letting the driver hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from producers.driver.config import DriverConfig
+from producers.driver.gateway_client import GatewayClient, GatewayUnavailable
+from producers.driver.watchdog import watched
+
+log = logging.getLogger(__name__)
+_UNSAFE = re.compile(r"[^A-Za-z0-9._:@-]+")
+
+
+class DriverError(RuntimeError):
+    """The driver cannot go on; ``str()`` says why."""
+
+
+@dataclass
+class Summary:
+    """What one driver played: groups visited, episodes ended with a reward, ended as failed, skipped (already
+    closed on the gateway), and left-open ones it ended as failed."""
+
+    groups: int = 0
+    rewarded: int = 0
+    failed: int = 0
+    skipped: int = 0
+    abandoned: int = 0
+    reward_sum: float = 0.0
+    last_reason: str = ""
+
+
+def episode_ids(taskset: str, index: int, epoch: int, size: int) -> list[str]:
+    """The ``size`` episode ids of task ``index`` in ``epoch``: ``vf-NAME-INDEX-eEPOCH/K``."""
+    name = _UNSAFE.sub("-", taskset.rsplit("/", 1)[-1].split("@", 1)[0]).strip("-") or "taskset"
+    return [f"vf-{name[:64]}-{index}-e{epoch}/{k}" for k in range(size)]
+
+
+def run_driver(dcfg: DriverConfig, stop_event: threading.Event | None = None, *, stay: bool = False) -> Summary:
+    """Play the environment's groups through the gateway (module docstring); ``stay``: once done, wait for
+    ``stop_event`` (under ``stream-rl run``, where a role that exits ends the run)."""
+    from stream_rl.hubs.vf_agents import load_env
+
+    stop_event = stop_event or threading.Event()
+    if dcfg.gateway_url is None:
+        raise DriverError("driver.gateway_url is not set (stream-rl run sets it to its gateway's)")
+    _uv_on_path()
+    env = load_env(dcfg.environment, dcfg.agent)
+    client = GatewayClient(dcfg.gateway_url)
+    summary = asyncio.run(_drive(env, dcfg, client, stop_event))
+    log.info("driver done: %d group(s), %d episode(s) rewarded (mean %.3f), %d failed, %d skipped, %d abandoned",
+             summary.groups, summary.rewarded, summary.reward_sum / max(summary.rewarded, 1), summary.failed,
+             summary.skipped, summary.abandoned)
+    while stay and not stop_event.wait(1.0):
+        pass
+    return summary
+
+
+async def _drive(env, dcfg: DriverConfig, client: GatewayClient, stop_event: threading.Event) -> Summary:
+    health = await asyncio.to_thread(client.wait_ready, dcfg.gateway_wait_s)
+    size, model = int(health["group_size"]), str(health["model"])
+    log.info("driving %s (%d task(s)) through %s: groups of %d, model %r", dcfg.environment, len(env.tasks),
+             dcfg.gateway_url, size, model)
+    summary, in_a_row = Summary(), 0
+    async with env.serving(), watched(max(dcfg.episode_timeout_s, 5.0) + 5.0):
+        for epoch in range(dcfg.epochs):
+            for index, task in enumerate(env.tasks):
+                if stop_event.is_set() or (dcfg.max_groups is not None and summary.groups >= dcfg.max_groups):
+                    return summary
+                version = int((await asyncio.to_thread(client.health))["version"])
+                meta = {"data_source": f"verifiers/{env.taskset.rsplit('/', 1)[-1]}", "vf_taskset": env.taskset,
+                        "vf_index": str(index), "vf_key": str(task.key), "vf_epoch": str(epoch)}
+                results = await _group(env, dcfg, client, task, episode_ids(env.taskset, index, epoch, size),
+                                       model, meta, stop_event, summary)
+                summary.groups += 1
+                for ok in results:
+                    in_a_row = 0 if ok else in_a_row + 1
+                    if in_a_row >= dcfg.max_failed_in_a_row:
+                        raise DriverError(f"{in_a_row} episodes failed in a row "
+                                          f"(driver.max_failed_in_a_row={dcfg.max_failed_in_a_row}); the last: "
+                                          f"{summary.last_reason}")
+                await _wait_for_version(client, version, dcfg.wait_for_version_s, stop_event)
+    return summary
+
+
+async def _group(env, dcfg: DriverConfig, client: GatewayClient, task, ids: list[str], model: str,
+                 meta: dict[str, str], stop_event: threading.Event, summary: Summary) -> list[bool]:
+    """Play one group's new episodes at once and end each; whether each played episode got a reward."""
+    fresh = []
+    for episode in ids:
+        state = (await asyncio.to_thread(client.state, episode))["state"]
+        if state == "new":
+            fresh.append(episode)
+        elif state == "open":  # a dead driver's: its calls cannot be continued faithfully
+            await _end(client, episode, None, "the driver restarted while the episode was open", summary)
+            summary.abandoned += 1
+        else:
+            summary.skipped += 1
+    plays = {episode: asyncio.create_task(env.play(task, dcfg.gateway_url, model, episode, dcfg.episode_timeout_s))
+             for episode in fresh}
+    while plays and not all(p.done() for p in plays.values()):
+        await asyncio.wait(list(plays.values()), timeout=0.5)
+        if stop_event.is_set():
+            for play in plays.values():
+                play.cancel()
+            break
+    results = []
+    for episode, play in plays.items():
+        outcome = None if play.cancelled() or not play.done() else play.result()
+        reward = outcome.reward if outcome is not None else None
+        reason = "the driver was stopped" if outcome is None else outcome.reason
+        results.append(await _end(client, episode, reward, reason, summary, meta))
+    return results
+
+
+async def _end(client: GatewayClient, episode: str, reward: float | None, reason: str | None, summary: Summary,
+               meta: dict[str, str] | None = None) -> bool:
+    """End ``episode`` with its reward, or as failed with ``reason``; whether it was rewarded."""
+    if reward is not None:
+        try:
+            await asyncio.to_thread(client.end, episode, {"reward": reward, "metadata": meta or {}})
+            summary.rewarded += 1
+            summary.reward_sum += reward
+            return True
+        except GatewayUnavailable as exc:
+            if exc.status == 409:  # the gateway closed it first (its episode_timeout_s): nothing more to end
+                reason = f"closed by the gateway before the driver ended it: {exc}"
+                summary.failed += 1
+                summary.last_reason = reason
+                return False
+            if exc.status != 404:
+                raise
+            reason = "the episode scored a reward but made no model call (nothing of it can be trained)"
+    summary.failed += 1
+    summary.last_reason = reason or "failed"
+    log.warning("episode %s failed: %s", episode, reason)
+    try:
+        await asyncio.to_thread(client.end, episode, {"failed": reason or "failed"})
+    except GatewayUnavailable as exc:
+        if exc.status != 409:  # already closed by the gateway (timed out): it is dead-lettered there
+            raise
+    return False
+
+
+async def _wait_for_version(client: GatewayClient, version: int, wait_s: float, stop_event: threading.Event) -> None:
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and not stop_event.is_set():
+        if int((await asyncio.to_thread(client.health))["version"]) > version:
+            return
+        await asyncio.sleep(0.2)
+
+
+def _uv_on_path() -> None:
+    """verifiers prepares its agent programs with ``uv`` (the ``envs`` extra installs it beside this Python): put
+    this environment's scripts first on PATH, so the one installed is the one found."""
+    scripts = str(Path(sys.executable).parent)
+    if os.environ.get("PATH", "").split(os.pathsep)[0] != scripts:
+        os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")

@@ -1,0 +1,33 @@
+"""A hostile verifiers taskset for the driver's tests, one behaviour per task id: ``ok`` (reward 1), ``raises``
+(its reward raises), ``hangs`` (its reward awaits forever), ``nan`` (its reward is NaN), ``blocks`` (its reward
+blocks the event loop in a synchronous sleep of 600 s). Loaded by id as ``vf_hostile`` with tests/support/vf_tasksets
+on the path; ``vf_hostile_ok`` and friends are not separate packages: a driver picks tasks with ``size`` and the
+order below (ok, raises, hangs, nan, blocks)."""
+
+import asyncio
+import time
+
+import verifiers.v1 as vf
+
+
+class HostileTask(vf.Task[vf.TaskData, vf.State, vf.TaskConfig]):
+    @vf.reward
+    async def graded(self, task, trace) -> float:
+        if task.id == "raises":
+            raise RuntimeError("the grader crashed")
+        if task.id == "hangs":
+            await asyncio.sleep(3600)
+        if task.id == "nan":
+            return float("nan")
+        if task.id == "blocks":
+            time.sleep(600)
+        return 1.0
+
+
+class HostileTaskset(vf.Taskset[HostileTask, vf.TasksetConfig]):
+    def load(self):
+        for name in ("ok", "raises", "hangs", "nan", "blocks"):
+            yield HostileTask(vf.TaskData(prompt=f"task {name}", id=name))
+
+
+__all__ = ["HostileTaskset"]

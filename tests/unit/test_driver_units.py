@@ -1,0 +1,162 @@
+"""The driver's pure parts: episode ids, verifiers episodes read as outcomes (real verifiers ``Episode`` and
+``Trace`` objects), the config's refusals, the event-loop watchdog, and the gateway client's bounded retries
+(against stdlib HTTP servers playing a gateway)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from producers.driver.gateway_client import GatewayClient, GatewayUnavailable
+from producers.driver.role import episode_ids
+from producers.driver.watchdog import watched
+from producers.gateway.episodes import group_of
+from schemas import ID_PATTERN
+
+vf = pytest.importorskip("verifiers.v1", reason="verifiers is in the envs extra (make install-test installs it)")
+
+
+def test_episode_ids_are_fixed_by_task_and_epoch_and_group_by_task():
+    ids = episode_ids("vf_reverse", 3, 1, 4)
+    assert ids == [f"vf-vf_reverse-3-e1/{k}" for k in range(4)]
+    assert {group_of(i) for i in ids} == {"vf-vf_reverse-3-e1"}
+    hub = episode_ids("owner/my task@1.0", 0, 0, 2)  # a hub id: its name, made safe for an episode id
+    assert hub == ["vf-my-task-0-e0/0", "vf-my-task-0-e0/1"] and all(ID_PATTERN.match(i) for i in hub)
+    assert len(group_of(episode_ids("x" * 300, 99999, 9999, 1)[0])) <= 64 + 20
+
+
+def _trace(rewards: dict, ok: bool = True, trainable: bool = True, errors=()):
+    data = vf.TaskData(prompt="p", id="t")
+    return vf.Trace(task=vf.TraceTask(type="Task", data=data, key="k", hash="h"),
+                    agent=vf.AgentInfo(config=vf.AgentConfig(), name="agent", trainable=trainable),
+                    rewards=rewards, ok=ok, errors=list(errors))
+
+
+def _episode(traces, ok: bool = True, errors=()):
+    from verifiers.v1.episode import Episode
+    from verifiers.v1.trace import TraceTask
+
+    return Episode(task=TraceTask(type="Task", data=vf.TaskData(prompt="p", id="t"), key="k", hash="h"),
+                   traces=traces, ok=ok, errors=list(errors))
+
+
+def test_a_verifiers_episode_is_read_as_its_rubrics_weighted_reward_or_the_reason_it_failed():
+    from verifiers.v1.trace import Error, Reward
+
+    from stream_rl.hubs.vf_agents import outcome_of
+
+    scored = _trace({"exact": Reward(score=1.0, weight=1.0), "short": Reward(score=1.0, weight=0.5)})
+    assert outcome_of(_episode([scored])).reward == 1.5  # 1 x 1 + 1 x 0.5, verifiers' weighted sum
+    judge = _trace({"j": Reward(score=0.0)}, trainable=False)  # an untrainable judge's trace is not the agent's
+    assert outcome_of(_episode([scored, judge])).reward == 1.5
+    crashed = _episode([_trace({}, ok=False, errors=[Error(type="ToolError", message="the tool died")])], ok=False)
+    assert outcome_of(crashed).reason == "the episode failed: ToolError: the tool died"
+    assert outcome_of(crashed).reward is None
+    timed = _episode([], ok=False, errors=[Error(type="TimeoutError", message="run() exceeded " + "x" * 900)])
+    assert outcome_of(timed).reason.startswith("the episode failed: TimeoutError") and len(outcome_of(timed).reason) == 500
+    assert "verifiers marked the episode not ok" in outcome_of(_episode([], ok=False)).reason
+    two = _episode([scored, _trace({"r": Reward(score=1.0)})])
+    assert outcome_of(two).reason == "the episode has 2 trainable traces; one is trained per episode"
+    assert outcome_of(_episode([_trace({"r": None})])).reason == "verifiers scored no reward (r unscored)"
+    assert outcome_of(_episode([_trace({})])).reason == "verifiers scored no reward (the task has none)"
+    bad = outcome_of(_episode([_trace({"r": Reward(score=math.inf)})]))
+    assert bad.reward is None and "non-finite" in bad.reason
+
+
+@pytest.mark.parametrize(("overrides", "words"), [
+    ({"driver.environment": "reasoning-gym:basic_arithmetic", "driver.gateway_url": "http://h:1/v1"},
+     "write verifiers:TASKSET_ID?size=N"),
+    ({"driver.environment": "verifiers:t"}, "a [driver] needs a gateway to play through"),
+    ({"driver.environment": "verifiers:t", "gateway.port": 0}, "gateway.port = 0"),
+    ({"driver.environment": "verifiers:t", "driver.gateway_url": "http://h:1/v1", "driver.epochs": 0}, "epochs"),
+])
+def test_impossible_driver_settings_are_refused_at_load_naming_the_fields(overrides, words):
+    from stream_rl.cli.config import load_config
+    from stream_rl.config.base import ConfigError
+
+    with pytest.raises(ConfigError, match="driver") as caught:
+        load_config(None, env={}, overrides=overrides)
+    assert words in str(caught.value)
+
+
+def test_a_driver_with_the_runs_gateway_is_accepted():
+    from stream_rl.cli.config import load_config
+    from stream_rl.cli.drive_cmd import gateway_url_of
+
+    cfg = load_config(None, env={}, overrides={"driver.environment": "verifiers:t", "gateway.port": 8123,
+                                                "gateway.host": "0.0.0.0"})
+    assert cfg.driver.agent == {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}}
+    assert gateway_url_of(cfg) == "http://127.0.0.1:8123/v1"
+
+
+def test_the_watchdog_calls_out_a_blocked_loop_and_not_an_awaiting_one():
+    called: list[float] = []
+
+    async def body(block: bool) -> None:
+        async with watched(0.4, on_blocked=called.append):
+            if block:
+                time.sleep(1.2)  # what a synchronous call in an async reward does to the loop
+            else:
+                await asyncio.sleep(1.2)
+
+    asyncio.run(body(False))
+    assert called == []
+    asyncio.run(body(True))
+    assert len(called) == 1 and called[0] > 0.4
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+
+def _serve(answers: list[tuple[int, dict]]):
+    """A stdlib server answering each request with the next (status, body); the last repeats."""
+    seen: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            seen.append(f"{self.command} {self.path}")
+            status, body = answers[min(len(seen), len(answers)) - 1]
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = _Server(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/v1", seen
+
+
+def test_the_gateway_client_retries_only_what_is_retriable_and_names_the_reason():
+    busy = {"error": {"message": "too many connections"}}
+    server, url, seen = _serve([(503, busy), (503, busy), (200, {"episode_id": "g/0", "state": "new"})])
+    client = GatewayClient(url, backoff_s=0.01)
+    assert client.state("g/0")["state"] == "new" and seen == ["GET /v1/episodes/g%2F0"] * 3
+    server.shutdown()
+    server, url, seen = _serve([(409, {"error": {"message": "episode 'g/0' is published"}})])
+    with pytest.raises(GatewayUnavailable, match="HTTP 409: episode 'g/0' is published") as caught:
+        GatewayClient(url, backoff_s=0.01).end("g/0", {"reward": 1.0})
+    assert caught.value.status == 409 and len(seen) == 1  # not retried
+    server.shutdown()
+    server, url, seen = _serve([(503, busy)])
+    with pytest.raises(GatewayUnavailable, match="no answer after 3 attempts: HTTP 503"):
+        GatewayClient(url, attempts=3, backoff_s=0.01).health()
+    assert len(seen) == 3
+    server.shutdown()
+    server.server_close()
+    with pytest.raises(GatewayUnavailable, match="no answer after 2 attempts") as gone:
+        GatewayClient(url, attempts=2, backoff_s=0.01).health()
+    assert gone.value.status is None

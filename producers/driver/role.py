@@ -50,6 +50,7 @@ from producers.driver.watchdog import watched
 
 log = logging.getLogger(__name__)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:@-]+")
+META_CHARS = 256
 
 
 class DriverError(RuntimeError):
@@ -74,6 +75,15 @@ def episode_ids(taskset: str, index: int, epoch: int, size: int) -> list[str]:
     """The ``size`` episode ids of task ``index`` in ``epoch``: ``vf-NAME-INDEX-eEPOCH/K``."""
     name = _UNSAFE.sub("-", taskset.rsplit("/", 1)[-1].split("@", 1)[0]).strip("-") or "taskset"
     return [f"vf-{name[:64]}-{index}-e{epoch}/{k}" for k in range(size)]
+
+
+def task_metadata(taskset: str, index: int, key: object, epoch: int) -> dict[str, str]:
+    """The metadata an episode of task ``index`` ends with (its rollouts carry it); each value at most
+    :data:`META_CHARS` characters (a task's key is the taskset's to choose)."""
+    name = taskset.rsplit("/", 1)[-1].split("@", 1)[0]  # as the verifiers prompt source names it
+    out = {"data_source": f"verifiers/{name}", "vf_taskset": taskset, "vf_index": str(index),
+           "vf_key": str(key), "vf_epoch": str(epoch)}
+    return {name: value[:META_CHARS] for name, value in out.items()}
 
 
 def run_driver(dcfg: DriverConfig, stop_event: threading.Event | None = None, *, stay: bool = False) -> Summary:
@@ -108,10 +118,9 @@ async def _drive(env, dcfg: DriverConfig, client: GatewayClient, stop_event: thr
                 if stop_event.is_set() or (dcfg.max_groups is not None and summary.groups >= dcfg.max_groups):
                     return summary
                 version = int((await asyncio.to_thread(client.health))["version"])
-                meta = {"data_source": f"verifiers/{env.taskset.rsplit('/', 1)[-1]}", "vf_taskset": env.taskset,
-                        "vf_index": str(index), "vf_key": str(task.key), "vf_epoch": str(epoch)}
                 results = await _group(env, dcfg, client, task, episode_ids(env.taskset, index, epoch, size),
-                                       model, meta, stop_event, summary)
+                                       model, task_metadata(env.taskset, index, task.key, epoch), stop_event,
+                                       summary)
                 summary.groups += 1
                 for ok in results:
                     in_a_row = 0 if ok else in_a_row + 1

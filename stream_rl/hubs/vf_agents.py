@@ -15,6 +15,8 @@ Guarantees:
   start, a tool or reward raised, a deadline of verifiers' passed), has no trainable trace or several, has a
   reward verifiers left unscored or a non-finite one, or outlasts ``timeout_s``, is an :class:`Outcome` with the
   reason (at most :data:`REASON_CHARS` characters), never a reward.
+- Loading is a boundary: anything the taskset's code raises while the environment is built or its tasks listed
+  is a :class:`SpecError` naming the taskset and the error.
 - Only single-agent environments are played (one trainable trace per episode is one rollout chain); one that
   declares several agents is refused at :func:`load_env`, naming them.
 - ``verifiers`` is imported only here, when a driver names an environment; without it, :class:`HubMissing`.
@@ -102,10 +104,10 @@ def load_env(spec: str, agent: Mapping[str, Any]) -> AgentEnv:
         from verifiers.v1.utils.loaders import load_environment, resolve_env_config
     except ImportError:
         raise HubMissing("verifiers", "a verifiers agent environment (driver.environment)") from None
-    try:
+    try:  # the taskset's own code runs here: any failure of it is a refusal naming it, not a traceback
         config = resolve_env_config({"taskset": {"id": taskset}, "agent": dict(agent)})
         env = load_environment(config)
-    except (ImportError, TypeError, ValueError, AttributeError) as exc:
+    except Exception as exc:
         raise SpecError(f"verifiers cannot load an environment of taskset {taskset!r} with agent "
                         f"{dict(agent)!r}: {type(exc).__name__}: {_clip(str(exc), 400)}") from None
     seats = sorted(env._agent_specs)  # verifiers' declared agent seats
@@ -113,10 +115,14 @@ def load_env(spec: str, agent: Mapping[str, Any]) -> AgentEnv:
         raise SpecError(f"verifiers environment of taskset {taskset!r} declares agents {', '.join(seats)}: the "
                         f"driver plays single-agent environments (one trainable agent per episode)")
     tasks: list = []
-    for task in env.taskset:
-        if len(tasks) == size:
-            break
-        tasks.append(task)
+    try:
+        for task in env.taskset:
+            if len(tasks) == size:
+                break
+            tasks.append(task)
+    except Exception as exc:
+        raise SpecError(f"verifiers taskset {taskset!r} failed while listing its tasks (after {len(tasks)}): "
+                        f"{type(exc).__name__}: {_clip(str(exc), 400)}") from None
     if not tasks:
         raise SpecError(f"verifiers taskset {taskset!r} has no task")
     return AgentEnv(taskset, size, env, tasks)

@@ -217,14 +217,17 @@ def test_environment_code_that_blocks_the_event_loop_ends_the_driver_with_the_re
 
 
 def test_the_driver_refuses_what_it_cannot_play_with_one_line(tmp_path):
+    import os
     import subprocess
     import sys
+
+    path = os.pathsep.join(filter(None, [str(VF_TASKSETS), os.environ.get("PYTHONPATH")]))
 
     def drive(text: str, *args: str) -> subprocess.CompletedProcess:
         config = tmp_path / "drive.toml"
         config.write_text(text)
         return subprocess.run([sys.executable, "-m", "stream_rl.cli.main", "drive", "-c", str(config), *args],
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": path})
 
     none = drive("[run]\nepochs = 1\n")
     assert none.returncode == 2 and "no [driver] section" in none.stderr
@@ -237,6 +240,9 @@ def test_the_driver_refuses_what_it_cannot_play_with_one_line(tmp_path):
     unknown = drive('[driver]\nenvironment = "verifiers:no_such_taskset"\n', "--gateway", "http://127.0.0.1:9/v1")
     assert unknown.returncode == 2 and "driver.environment: verifiers cannot load" in unknown.stderr
     assert "no_such_taskset" in unknown.stderr and len(unknown.stderr.strip().splitlines()) == 1, unknown.stderr
+    broken = drive('[driver]\nenvironment = "verifiers:vf_badload?size=3"\n', "--gateway", "http://127.0.0.1:9/v1")
+    assert broken.returncode == 2 and len(broken.stderr.strip().splitlines()) == 1, broken.stderr
+    assert "failed while listing its tasks (after 1): OSError: the task database is gone" in broken.stderr
     gone = drive('[driver]\nenvironment = "verifiers:vf_reverse"\ngateway_wait_s = 2\n', "--gateway",
                  "http://127.0.0.1:9/v1")
     assert gone.returncode != 0

@@ -31,6 +31,14 @@ def test_episode_ids_are_fixed_by_task_and_epoch_and_group_by_task():
     assert len(group_of(episode_ids("x" * 300, 99999, 9999, 1)[0])) <= 64 + 20
 
 
+def test_task_metadata_is_bounded_whatever_key_the_taskset_chose():
+    from producers.driver.role import META_CHARS, task_metadata
+
+    meta = task_metadata("owner/tasks@2", 7, "k" * 100_000, 3)
+    assert meta["data_source"] == "verifiers/tasks" and meta["vf_index"] == "7" and meta["vf_epoch"] == "3"
+    assert meta["vf_key"] == "k" * META_CHARS and all(len(v) <= META_CHARS for v in meta.values())
+
+
 def _trace(rewards: dict, ok: bool = True, trainable: bool = True, errors=()):
     data = vf.TaskData(prompt="p", id="t")
     return vf.Trace(task=vf.TraceTask(type="Task", data=data, key="k", hash="h"),

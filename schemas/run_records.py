@@ -93,9 +93,9 @@ class StaleRollout(Message):
     """Unix time of the drop."""
 
 
-ROLES = ("producer", "scorer", "trainer", "evaluator", "gateway")
-"""The roles that publish heartbeats and alerts (``evaluator`` and ``gateway``: added values, the schema version is
-unchanged; a reader built before them rejects such a heartbeat as invalid and skips it)."""
+ROLES = ("producer", "scorer", "trainer", "evaluator", "gateway", "driver")
+"""The roles that publish heartbeats and alerts (``evaluator``, ``gateway`` and ``driver``: added values, the schema
+version is unchanged; a reader built before them rejects such a heartbeat as invalid and skips it)."""
 ROLE_STATES = ("starting", "ready", "paused", "stopping")
 """A role's state in its heartbeat: ``ready`` = ``/readyz`` answers 200; ``paused`` = an alert paused consuming."""
 ALERT_STATES = ("firing", "resolved")

@@ -41,6 +41,7 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +68,7 @@ class Summary:
     failed: int = 0
     skipped: int = 0
     abandoned: int = 0
+    timed_out: int = 0  # of the failed: on a deadline
     reward_sum: float = 0.0
     last_reason: str = ""
 
@@ -80,15 +82,16 @@ def episode_ids(taskset: str, index: int, epoch: int, size: int) -> list[str]:
 def task_metadata(taskset: str, index: int, key: object, epoch: int) -> dict[str, str]:
     """The metadata an episode of task ``index`` ends with (its rollouts carry it); each value at most
     :data:`META_CHARS` characters (a task's key is the taskset's to choose)."""
-    name = taskset.rsplit("/", 1)[-1].split("@", 1)[0]  # as the verifiers prompt source names it
-    out = {"data_source": f"verifiers/{name}", "vf_taskset": taskset, "vf_index": str(index),
+    out = {"data_source": f"verifiers/{_short(taskset)}", "vf_taskset": taskset, "vf_index": str(index),
            "vf_key": str(key), "vf_epoch": str(epoch)}
     return {name: value[:META_CHARS] for name, value in out.items()}
 
 
-def run_driver(dcfg: DriverConfig, stop_event: threading.Event | None = None, *, stay: bool = False) -> Summary:
+def run_driver(dcfg: DriverConfig, stop_event: threading.Event | None = None, *, stay: bool = False,
+               report: Callable[[str, Summary], None] | None = None) -> Summary:
     """Play the environment's groups through the gateway (module docstring); ``stay``: once done, wait for
-    ``stop_event`` (under ``stream-rl run``, where a role that exits ends the run)."""
+    ``stop_event`` (under ``stream-rl run``, where a role that exits ends the run); ``report(environment name,
+    summary)`` after every group and once done (the heartbeat's, :mod:`producers.driver.health`)."""
     from stream_rl.hubs.vf_agents import load_env
 
     stop_event = stop_event or threading.Event()
@@ -97,7 +100,7 @@ def run_driver(dcfg: DriverConfig, stop_event: threading.Event | None = None, *,
     _uv_on_path()
     env = load_env(dcfg.environment, dcfg.agent)
     client = GatewayClient(dcfg.gateway_url)
-    summary = asyncio.run(_drive(env, dcfg, client, stop_event))
+    summary = asyncio.run(_drive(env, dcfg, client, stop_event, report or (lambda name, summary: None)))
     log.info("driver done: %d group(s), %d episode(s) rewarded (mean %.3f), %d failed, %d skipped, %d abandoned",
              summary.groups, summary.rewarded, summary.reward_sum / max(summary.rewarded, 1), summary.failed,
              summary.skipped, summary.abandoned)
@@ -106,12 +109,17 @@ def run_driver(dcfg: DriverConfig, stop_event: threading.Event | None = None, *,
     return summary
 
 
-async def _drive(env, dcfg: DriverConfig, client: GatewayClient, stop_event: threading.Event) -> Summary:
+async def _drive(env, dcfg: DriverConfig, client: GatewayClient, stop_event: threading.Event,
+                 report: Callable[[str, Summary], None]) -> Summary:
     health = await asyncio.to_thread(client.wait_ready, dcfg.gateway_wait_s)
     size, model = int(health["group_size"]), str(health["model"])
     log.info("driving %s (%d task(s)) through %s: groups of %d, model %r", dcfg.environment, len(env.tasks),
              dcfg.gateway_url, size, model)
     summary, in_a_row = Summary(), 0
+    name = f"verifiers:{_short(env.taskset)}"
+
+    def beat() -> None:
+        report(name, summary)
     async with env.serving(), watched(max(dcfg.episode_timeout_s, 5.0) + 5.0):
         for epoch in range(dcfg.epochs):
             for index, task in enumerate(env.tasks):
@@ -120,8 +128,9 @@ async def _drive(env, dcfg: DriverConfig, client: GatewayClient, stop_event: thr
                 version = int((await asyncio.to_thread(client.health))["version"])
                 results = await _group(env, dcfg, client, task, episode_ids(env.taskset, index, epoch, size),
                                        model, task_metadata(env.taskset, index, task.key, epoch), stop_event,
-                                       summary)
+                                       summary, beat)
                 summary.groups += 1
+                beat()
                 for ok in results:
                     in_a_row = 0 if ok else in_a_row + 1
                     if in_a_row >= dcfg.max_failed_in_a_row:
@@ -133,8 +142,10 @@ async def _drive(env, dcfg: DriverConfig, client: GatewayClient, stop_event: thr
 
 
 async def _group(env, dcfg: DriverConfig, client: GatewayClient, task, ids: list[str], model: str,
-                 meta: dict[str, str], stop_event: threading.Event, summary: Summary) -> list[bool]:
-    """Play one group's new episodes at once and end each; whether each played episode got a reward."""
+                 meta: dict[str, str], stop_event: threading.Event, summary: Summary,
+                 beat: Callable[[], None]) -> list[bool]:
+    """Play one group's new episodes at once and end each (``beat()`` every half second meanwhile); whether each
+    played episode got a reward."""
     fresh = []
     for episode in ids:
         state = (await asyncio.to_thread(client.state, episode))["state"]
@@ -149,6 +160,7 @@ async def _group(env, dcfg: DriverConfig, client: GatewayClient, task, ids: list
              for episode in fresh}
     while plays and not all(p.done() for p in plays.values()):
         await asyncio.wait(list(plays.values()), timeout=0.5)
+        beat()
         if stop_event.is_set():
             for play in plays.values():
                 play.cancel()
@@ -158,6 +170,7 @@ async def _group(env, dcfg: DriverConfig, client: GatewayClient, task, ids: list
         outcome = None if play.cancelled() or not play.done() else play.result()
         reward = outcome.reward if outcome is not None else None
         reason = "the driver was stopped" if outcome is None else outcome.reason
+        summary.timed_out += outcome is not None and outcome.timed_out
         results.append(await _end(client, episode, reward, reason, summary, meta))
     return results
 
@@ -197,6 +210,11 @@ async def _wait_for_version(client: GatewayClient, version: int, wait_s: float, 
         if int((await asyncio.to_thread(client.health))["version"]) > version:
             return
         await asyncio.sleep(0.2)
+
+
+def _short(taskset: str) -> str:
+    """A taskset id's name, as the verifiers prompt source names it (``owner/name@1.0`` -> ``name``)."""
+    return taskset.rsplit("/", 1)[-1].split("@", 1)[0]
 
 
 def _uv_on_path() -> None:

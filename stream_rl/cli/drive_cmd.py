@@ -6,7 +6,9 @@ Produces: the driver role (:func:`producers.driver.role.run_driver`): verifiers 
 gateway until every group is played (``--stay``: then until SIGTERM / SIGINT, as ``run`` starts it).
 Guarantees: ``--dry-run`` prints the resolved config and touches nothing; no ``[driver]`` section, an environment
 verifiers cannot load, a gateway that does not answer, or too many failed episodes in a row end the command with
-one line naming the cause (exit 2 for the config, 1 otherwise). The driver needs no broker: the gateway records.
+one line naming the cause (exit 2 for the config, 1 otherwise). The driver needs no broker (the gateway records);
+with ``kafka.bootstrap_servers`` set (always under ``stream-rl run``) it sends heartbeats of role ``driver``
+(:mod:`producers.driver.health`).
 """
 
 from __future__ import annotations
@@ -44,13 +46,21 @@ def drive(config: ConfigOpt = None, set_: SetOpt = None, instance: InstanceOpt =
     from stream_rl.hubs import HubMissing
     from stream_rl.hubs.vf import SpecError
 
+    health = None
+    if cfg.kafka.bootstrap_servers:  # heartbeats for stream-rl status; the driver itself needs no broker
+        from producers.driver.health import DriverHealth
+
+        health = DriverHealth(cfg)
     try:
         run_role(lambda _cfg, *a, **k: run_driver(*a, **k), cfg, cfg.driver, stop_event=stop_on_signals(),
-                 stay=stay)
+                 stay=stay, report=None if health is None else health.report)
     except (SpecError, HubMissing) as exc:
         fail(f"driver.environment: {exc}", 2)
     except (DriverError, GatewayUnavailable) as exc:
         fail(f"driver stopped: {exc}")
+    finally:
+        if health is not None:
+            health.close()
 
 
 def gateway_url_of(cfg) -> str | None:

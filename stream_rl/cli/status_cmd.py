@@ -275,16 +275,18 @@ def trace_show(run_dir: Annotated[Path | None, typer.Argument(help="the run dire
 
 
 def _environments_table(environments: dict[str, dict[str, float]]):
-    """One row per environment of each producer: its episodes ok, failed, timed out, and groups refilled."""
+    """One row per environment of each producer or driver: its episodes ok, failed, timed out, and groups refilled (a producer's) or episodes abandoned by a dead driver and ended as failed (a
+    driver's)."""
     from rich.table import Table
 
-    table = Table(title="environments (episodes since each producer started)")
-    for col in ("producer", "environment", "ok", "failed", "timed out", "refilled"):
+    table = Table(title="environments (episodes since each producer or driver started)")
+    for col in ("producer", "environment", "ok", "failed", "timed out", "refilled / abandoned"):
         table.add_column(col)
     for instance, values in environments.items():
         for name in dict.fromkeys(key.split("/")[1] for key in values):
+            last = "abandoned" if f"env/{name}/abandoned" in values else "refilled"
             table.add_row(instance, name, *(f"{values.get(f'env/{name}/{k}', float('nan')):.0f}"
-                                            for k in ("ok", "failed", "timed_out", "refilled")))
+                                            for k in ("ok", "failed", "timed_out", last)))
     return table
 
 

@@ -41,10 +41,12 @@ gateway reads the episode id from the header)."""
 
 @dataclass(frozen=True)
 class Outcome:
-    """One played episode: its ``reward``, or the ``reason`` it failed (exactly one is set)."""
+    """One played episode: its ``reward``, or the ``reason`` it failed (exactly one is set); ``timed_out``: it
+    failed on a deadline (the driver's or one of verifiers')."""
 
     reward: float | None
     reason: str | None = None
+    timed_out: bool = False
 
 
 @dataclass
@@ -69,7 +71,7 @@ class AgentEnv:
             async with asyncio.timeout(timeout_s):
                 episode = await self.env.run_episode(task, ModelContext(model=model, client=client))
         except TimeoutError:
-            return Outcome(None, f"the episode outlasted {timeout_s:g}s (driver.episode_timeout_s)")
+            return Outcome(None, f"the episode outlasted {timeout_s:g}s (driver.episode_timeout_s)", True)
         except Exception as exc:  # an environment's own failure is this episode's, never the driver's
             return Outcome(None, _clip(f"{type(exc).__name__}: {exc}"))
         return outcome_of(episode)
@@ -81,7 +83,8 @@ def outcome_of(episode) -> Outcome:
         errors = list(episode.errors) + [e for t in episode.traces for e in t.errors]
         first = errors[0] if errors else None
         why = f"{first.type}: {first.message}" if first is not None else "verifiers marked the episode not ok"
-        return Outcome(None, _clip(f"the episode failed: {why}"))
+        timed_out = episode.is_timeout or any(t.is_timeout for t in episode.traces)
+        return Outcome(None, _clip(f"the episode failed: {why}"), timed_out)
     trainable = [t for t in episode.traces if t.agent.trainable]
     if len(trainable) != 1:
         return Outcome(None, f"the episode has {len(trainable)} trainable traces; one is trained per episode")

@@ -11,7 +11,7 @@ tables::
      "trainer_metrics": {...}, "data": {"epoch", "distinct_prompts"}, "alerts": [...], "endpoints": [...],
      "reward_calls": {scorer instance: {"rewards/<reward>/<data_source>/<metric>": value}},
      "servers": {producer instance: {"servers/<i>/<metric>": value}},
-     "environments": {producer instance: {"env/<name>/<outcome>": episodes}},
+     "environments": {producer or driver instance: {"env/<name>/<outcome>": episodes}},
      "gateways": {gateway instance: {"gateway/<counter>": value}}}
 
 Guarantees:
@@ -145,13 +145,13 @@ def inference_servers(latest: Mapping[str, Any]) -> dict[str, dict[str, float]]:
 
 
 def environments(latest: Mapping[str, Any]) -> dict[str, dict[str, float]]:
-    """Per producer instance playing multi-turn episodes (``producer.environment``), its environments' episodes by
-    outcome from its newest heartbeat (``env/<name>/{ok, failed, timed_out, refilled}``, since it started), finite
-    only."""
+    """Per producer instance playing multi-turn episodes (``producer.environment``) and per driver, its
+    environments' episodes by outcome from its newest heartbeat (``env/<name>/{ok, failed, timed_out, refilled}``,
+    a driver's ``abandoned`` for ``refilled``; since it started), finite only."""
     return {hb.instance_id: {k: v for k, v in sorted(hb.metrics.items())
                              if k.startswith("env/") and isinstance(v, (int, float)) and math.isfinite(v)}
             for hb in sorted(latest.values(), key=lambda h: h.instance_id)
-            if hb.role == "producer" and any(k.startswith("env/") for k in hb.metrics)}
+            if hb.role in ("producer", "driver") and any(k.startswith("env/") for k in hb.metrics)}
 
 
 def gateways(latest: Mapping[str, Any]) -> dict[str, dict[str, float]]:

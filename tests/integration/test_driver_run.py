@@ -97,5 +97,8 @@ def test_a_verifiers_environment_trains_through_the_driver_in_stream_rl_run(brok
         means.append(sum(own) / len(own))
     print("verifiers reward per group", [round(m, 3) for m in means])
     assert sum(means[-4:]) / 4 > sum(means[:4]) / 4 + 0.25, means
+    beats = [r.value for r in read_records(transport, transport.names.status, "heartbeat") if r.value.role == "driver"]
+    assert beats and beats[-1].metrics["env/verifiers:vf_digits/ok"] == 4.0 * GROUPS  # stream-rl status shows it
+    assert beats[-1].metrics["env/verifiers:vf_digits/failed"] == 0.0 and beats[-1].step == GROUPS
     log = (run_dir / "logs" / "drive-0.log").read_text()
     assert "driver done: 12 group(s), 48 episode(s) rewarded" in log, log[-2000:]

@@ -168,3 +168,31 @@ def test_the_gateway_client_retries_only_what_is_retriable_and_names_the_reason(
     with pytest.raises(GatewayUnavailable, match="no answer after 2 attempts") as gone:
         GatewayClient(url, attempts=2, backoff_s=0.01).health()
     assert gone.value.status is None
+
+
+def test_the_drivers_heartbeat_shows_in_the_environments_table_beside_the_producers():
+    from rich.console import Console
+
+    from producers.driver.health import metrics
+    from producers.driver.role import Summary
+    from schemas import Heartbeat
+    from stream_rl.cli.status_cmd import _environments_table
+    from stream_rl.operator_tools.status import environments, latest_per_instance
+
+    summary = Summary(groups=5, rewarded=12, failed=7, skipped=1, abandoned=2, timed_out=3)
+    assert metrics("verifiers:vf_digits", summary) == {
+        "env/verifiers:vf_digits/ok": 12.0, "env/verifiers:vf_digits/failed": 4.0,  # 7 failed, 3 of them on a deadline
+        "env/verifiers:vf_digits/timed_out": 3.0, "env/verifiers:vf_digits/abandoned": 2.0}
+    beats = [Heartbeat(role=role, instance_id=instance, host="h", pid=1, state="ready", policy_version=3, step=5,
+                       rates={}, metrics=values, open_alerts=[], interval_s=5.0, created_at=2.0)
+             for role, instance, values in [("driver", "driver-0", metrics("verifiers:vf_digits", summary)),
+                                            ("producer", "producer-0", {"env/Guess/ok": 1.0, "env/Guess/refilled": 2.0})]]
+    envs = environments(latest_per_instance(beats))
+    assert set(envs) == {"driver-0", "producer-0"}
+    console = Console(width=200, record=True)
+    console.print(_environments_table(envs))
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in console.export_text().splitlines()
+            if "-0 " in line]
+    assert ["driver-0", "verifiers:vf_digits", "12", "4", "3", "2"] in rows
+    assert ["producer-0", "Guess", "1", "nan", "nan", "2"] in rows
+

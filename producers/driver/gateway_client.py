@@ -33,9 +33,12 @@ class GatewayClient:
         self.base_url, self.timeout_s = base_url.rstrip("/"), timeout_s
         self.attempts, self.backoff_s = attempts, backoff_s
 
-    def health(self) -> dict[str, Any]:
-        """``{"status", "version", "group_size", "model"}``."""
-        return self._request("GET", self.base_url.removesuffix("/v1") + "/health")
+    def health(self, attempts: int | None = None) -> dict[str, Any]:
+        """``{"status", "version", "group_size", "model"}`` (GatewayUnavailable when the answer lacks one: the URL
+        is not a stream-rl gateway's)."""
+        url = self.base_url.removesuffix("/v1") + "/health"
+        answer = self._request("GET", url, attempts=attempts)
+        return _checked(answer, url, {"version": int, "group_size": int, "model": str})
 
     def wait_ready(self, timeout_s: float) -> dict[str, Any]:
         """:meth:`health` once the gateway answers (it serves only after replaying its topic), polling for up to
@@ -43,24 +46,26 @@ class GatewayClient:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                return self.health()
-            except GatewayUnavailable:
-                if time.monotonic() >= deadline:
+                return self.health(attempts=1)
+            except GatewayUnavailable as exc:
+                if exc.status is not None or time.monotonic() >= deadline:  # it answered, wrongly: no use waiting
                     raise
-            time.sleep(1.0)
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
     def state(self, episode_id: str) -> dict[str, Any]:
         """``{"episode_id", "state", "calls"}``: ``new``, ``open``, ``ended``, ``published`` or ``dead_lettered``."""
-        return self._request("GET", f"{self.base_url}/episodes/{quote(episode_id, safe='')}")
+        url = f"{self.base_url}/episodes/{quote(episode_id, safe='')}"
+        return _checked(self._request("GET", url), url, {"state": str})
 
     def end(self, episode_id: str, body: dict[str, Any]) -> dict[str, Any]:
         """End an episode (``{"reward": r, "metadata": {...}}`` or ``{"failed": reason}``)."""
         return self._request("POST", f"{self.base_url}/episodes/{quote(episode_id, safe='')}/end", body)
 
-    def _request(self, method: str, url: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _request(self, method: str, url: str, body: dict[str, Any] | None = None,
+                 attempts: int | None = None) -> dict[str, Any]:
         data = None if body is None else json.dumps(body).encode()
-        delay, last = self.backoff_s, ""
-        for attempt in range(self.attempts):
+        delay, last, attempts = self.backoff_s, "", attempts or self.attempts
+        for attempt in range(attempts):
             if attempt:
                 time.sleep(delay)
                 delay *= 2
@@ -77,7 +82,17 @@ class GatewayClient:
                 last = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
             except ValueError:
                 raise GatewayUnavailable(f"{method} {url}: the answer is not JSON") from None
-        raise GatewayUnavailable(f"{method} {url}: no answer after {self.attempts} attempts: {last}")
+        raise GatewayUnavailable(f"{method} {url}: no answer after {attempts} attempts: {last}")
+
+
+def _checked(answer: Any, url: str, fields: dict[str, type]) -> dict[str, Any]:
+    """``answer`` when it is an object holding ``fields`` of their types, else GatewayUnavailable naming the URL."""
+    wrong = [name for name, kind in fields.items()
+             if not isinstance(answer, dict) or type(answer.get(name)) is not kind]
+    if wrong:
+        raise GatewayUnavailable(f"GET {url}: not a stream-rl gateway's answer (no {', '.join(wrong)} of the "
+                                 f"expected type; is driver.gateway_url a gateway?)", 200)
+    return answer
 
 
 def _message(exc: urllib.error.HTTPError) -> str:

@@ -99,33 +99,35 @@ def run_driver(dcfg: DriverConfig, stop_event: threading.Event | None = None, *,
         raise DriverError("driver.gateway_url is not set (stream-rl run sets it to its gateway's)")
     _uv_on_path()
     env = load_env(dcfg.environment, dcfg.agent)
-    client = GatewayClient(dcfg.gateway_url)
-    summary = asyncio.run(_drive(env, dcfg, client, stop_event, report or (lambda name, summary: None)))
+    client, summary = GatewayClient(dcfg.gateway_url), Summary()
+    name = f"verifiers:{_short(env.taskset)}"
+
+    def beat() -> None:
+        if report is not None:
+            report(name, summary)
+
+    asyncio.run(_drive(env, dcfg, client, stop_event, summary, beat))
     log.info("driver done: %d group(s), %d episode(s) rewarded (mean %.3f), %d failed, %d skipped, %d abandoned",
              summary.groups, summary.rewarded, summary.reward_sum / max(summary.rewarded, 1), summary.failed,
              summary.skipped, summary.abandoned)
     while stay and not stop_event.wait(1.0):
-        pass
+        beat()
     return summary
 
 
-async def _drive(env, dcfg: DriverConfig, client: GatewayClient, stop_event: threading.Event,
-                 report: Callable[[str, Summary], None]) -> Summary:
+async def _drive(env, dcfg: DriverConfig, client: GatewayClient, stop_event: threading.Event, summary: Summary,
+                 beat: Callable[[], None]) -> None:
     health = await asyncio.to_thread(client.wait_ready, dcfg.gateway_wait_s)
-    size, model = int(health["group_size"]), str(health["model"])
+    size, model = health["group_size"], health["model"]
     log.info("driving %s (%d task(s)) through %s: groups of %d, model %r", dcfg.environment, len(env.tasks),
              dcfg.gateway_url, size, model)
-    summary, in_a_row = Summary(), 0
-    name = f"verifiers:{_short(env.taskset)}"
-
-    def beat() -> None:
-        report(name, summary)
+    in_a_row = 0
     async with env.serving(), watched(max(dcfg.episode_timeout_s, 5.0) + 5.0):
         for epoch in range(dcfg.epochs):
             for index, task in enumerate(env.tasks):
                 if stop_event.is_set() or (dcfg.max_groups is not None and summary.groups >= dcfg.max_groups):
-                    return summary
-                version = int((await asyncio.to_thread(client.health))["version"])
+                    return
+                version = (await asyncio.to_thread(client.health))["version"]
                 results = await _group(env, dcfg, client, task, episode_ids(env.taskset, index, epoch, size),
                                        model, task_metadata(env.taskset, index, task.key, epoch), stop_event,
                                        summary, beat)
@@ -138,7 +140,6 @@ async def _drive(env, dcfg: DriverConfig, client: GatewayClient, stop_event: thr
                                           f"(driver.max_failed_in_a_row={dcfg.max_failed_in_a_row}); the last: "
                                           f"{summary.last_reason}")
                 await _wait_for_version(client, version, dcfg.wait_for_version_s, stop_event)
-    return summary
 
 
 async def _group(env, dcfg: DriverConfig, client: GatewayClient, task, ids: list[str], model: str,
@@ -207,7 +208,7 @@ async def _end(client: GatewayClient, episode: str, reward: float | None, reason
 async def _wait_for_version(client: GatewayClient, version: int, wait_s: float, stop_event: threading.Event) -> None:
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline and not stop_event.is_set():
-        if int((await asyncio.to_thread(client.health))["version"]) > version:
+        if (await asyncio.to_thread(client.health))["version"] > version:
             return
         await asyncio.sleep(0.2)
 

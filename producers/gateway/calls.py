@@ -1,17 +1,17 @@
 """The OpenAI wire of the gateway: requests read and checked, answers and errors shaped as the OpenAI API shapes them.
 
 Consumes: a decoded JSON request body of ``/v1/chat/completions`` or ``/v1/completions`` (its ``stream`` fields are
-:mod:`producers.gateway.streaming`'s), the model name agents
-must send and the token budget (``producer.max_new_tokens``); a sampled text to answer with.
+:mod:`producers.gateway.streaming`'s), the model name agents must send and the token budget
+(``producer.max_new_tokens``); a sampled text to answer with.
 Produces: :class:`CallRequest` (messages normalised for the chat template, tools, token budget, temperature), the
 answer bodies (:func:`chat_answer`, :func:`completion_answer`) and :class:`RequestError`, whose
 :meth:`~RequestError.body` is OpenAI's error object.
 
 Guarantees:
 - A request the gateway cannot serve faithfully is refused with a message naming what is wrong, never served
-  differently from what it asked: an unknown model (404), ``n`` other than 1, ``max_tokens`` above the budget, a temperature of 0
-  (greedy decoding has no behaviour logprobs to train with), malformed ``messages`` or ``tools`` (400, the
-  message index named).
+  differently from what it asked: an unknown model (404), ``n`` other than 1, ``max_tokens`` above the budget, a
+  temperature of 0 (greedy decoding has no behaviour logprobs to train with), malformed ``messages`` or ``tools``
+  (400, the message index named).
 - Messages are passed to the chat template as the agent sent them except for two normalisations the OpenAI
   format needs: a ``null`` or list-of-parts ``content`` becomes its text (an assistant message with tool calls
   keeps a ``null`` content: templates such as DeepSeek's write its calls only then), and a tool call's

@@ -19,8 +19,8 @@ The episode id of a call comes from the ``X-Episode-Id`` header, else from the A
 <episode id>``, the ``api_key`` of the OpenAI client): the agent is unmodified apart from ``base_url`` and that id.
 
 Guarantees: every refusal is an OpenAI error object (``{"error": {"message", "type", "param", "code"}}``) whose
-message names what was wrong: a missing or malformed episode id, an unknown model, a malformed ``stream``, too many tokens,
-malformed messages (:mod:`producers.gateway.calls`), a body over ``gateway.max_body_bytes`` (413, refused before it
+message names what was wrong: a missing or malformed episode id, an unknown model, a malformed ``stream``, too many
+tokens, malformed messages (:mod:`producers.gateway.calls`), a body over ``gateway.max_body_bytes`` (413, refused before it
 is read), no Content-Length (411), a path that does not exist (404). An unexpected failure is a 500 with its type
 and message; the server itself never dies of a request. A client has ``gateway.connection_timeout_s`` in total to
 send its request and again to read the answer, and at most ``gateway.max_connections`` connections are handled at

@@ -140,18 +140,24 @@ class StreamRLConfig(SharedConfig):
             raise CrossFieldError(("trainer.loss.max_len", "producer.max_new_tokens"), (
                 f"trainer.loss.max_len={loss.max_len} < producer.max_new_tokens={budget}: Dr. GRPO's constant "
                 f"normaliser must cover the longest response the producers may generate"))
-        if self.driver is not None and self.driver.gateway_url is None:
-            if self.gateway is None:
-                raise CrossFieldError(("driver.gateway_url", "gateway"), (
-                    "a [driver] needs a gateway to play through: add a [gateway] section (stream-rl run starts it) "
-                    "or set driver.gateway_url to a running one"))
-            if self.gateway.port == 0:
-                raise CrossFieldError(("driver.gateway_url", "gateway.port"), (
-                    "gateway.port = 0 (a free port, chosen at start) leaves the driver no address: set "
-                    "gateway.port, or driver.gateway_url"))
+        self._driver_rule()
         self._keep_best_rule()
         self._servers_rule()
         return self
+
+    def _driver_rule(self) -> None:
+        """A ``[driver]`` plays through a gateway it can reach: ``driver.gateway_url``, or the run's own gateway on a
+        port known before it starts."""
+        if self.driver is None or self.driver.gateway_url is not None:
+            return
+        if self.gateway is None:
+            raise CrossFieldError(("driver.gateway_url", "gateway"), (
+                "a [driver] needs a gateway to play through: add a [gateway] section (stream-rl run starts it) or "
+                "set driver.gateway_url to a running one"))
+        if self.gateway.port == 0:
+            raise CrossFieldError(("driver.gateway_url", "gateway.port"), (
+                "gateway.port = 0 (a free port, chosen at start) leaves the driver no address: set gateway.port, "
+                "or driver.gateway_url"))
 
     def _servers_rule(self) -> None:
         """``producer.engine = "server"`` needs servers; a server belongs to one producer."""

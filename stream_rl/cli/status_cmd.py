@@ -275,8 +275,8 @@ def trace_show(run_dir: Annotated[Path | None, typer.Argument(help="the run dire
 
 
 def _environments_table(environments: dict[str, dict[str, float]]):
-    """One row per environment of each producer or driver: its episodes ok, failed, timed out, and groups refilled (a producer's) or episodes abandoned by a dead driver and ended as failed (a
-    driver's)."""
+    """One row per environment of each producer or driver: its episodes ok, failed and timed out, and groups
+    refilled (a producer's) or episodes left open by a dead driver and ended as failed (a driver's)."""
     from rich.table import Table
 
     table = Table(title="environments (episodes since each producer or driver started)")

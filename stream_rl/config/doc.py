@@ -62,6 +62,7 @@ fields names both and where each value came from.
 | `run.gpus.producers` holds a whole number (>= 1) of blocks of `producer.vllm.tensor_parallel_size` GPUs | each producer shards its model over one block |
 | `run.trainer_ranks <=` the GPUs of `run.gpus.trainer` | each trainer rank needs a GPU of its own |
 | per GPU, the shares of the processes on it (`producer.vllm.gpu_memory_utilization` or `run.gpus.producer_memory`, `run.gpus.trainer_memory`, `run.gpus.scorer_memory`, `run.gpus.evaluator_memory`) `* (1 + run.gpus.headroom) <= 1` | two roles given more memory than the GPU has fail mid-run (docs/planner.md) |
+| a `[driver]` needs `driver.gateway_url`, or a `[gateway]` section with a `gateway.port` other than 0 | the driver plays through a gateway it must be able to reach before it starts (docs/agents.md) |
 | `producer.vllm.engine_kwargs` may not repeat an argument stream-rl sets (`dtype`, `seed`, `tensor_parallel_size`, ...); keys the installed vLLM's `EngineArgs` lacks are refused by `stream-rl run` (`--dry-run` too) before it starts anything, where vLLM is installed (read in a child process), and again where the engine is built | the config layer does not import vLLM |
 
 Allowed, but printed as a one-line `warning:` on stderr by every command:

@@ -67,7 +67,8 @@ def test_a_verifiers_episode_is_read_as_its_rubrics_weighted_reward_or_the_reaso
     assert outcome_of(crashed).reason == "the episode failed: ToolError: the tool died"
     assert outcome_of(crashed).reward is None
     timed = _episode([], ok=False, errors=[Error(type="TimeoutError", message="run() exceeded " + "x" * 900)])
-    assert outcome_of(timed).reason.startswith("the episode failed: TimeoutError") and len(outcome_of(timed).reason) == 500
+    assert outcome_of(timed).reason.startswith("the episode failed: TimeoutError")
+    assert len(outcome_of(timed).reason) == 500 and not outcome_of(timed).timed_out  # verifiers did not flag it
     assert "verifiers marked the episode not ok" in outcome_of(_episode([], ok=False)).reason
     two = _episode([scored, _trace({"r": Reward(score=1.0)})])
     assert outcome_of(two).reason == "the episode has 2 trainable traces; one is trained per episode"
@@ -164,6 +165,14 @@ def test_the_gateway_client_retries_only_what_is_retriable_and_names_the_reason(
         GatewayClient(url, attempts=3, backoff_s=0.01).health()
     assert len(seen) == 3
     server.shutdown()
+    server, url, seen = _serve([(200, {"status": "ok"})])  # another server's /health (a vLLM server's, say)
+    with pytest.raises(GatewayUnavailable, match="not a stream-rl gateway's answer .no version, group_size, model"):
+        GatewayClient(url, backoff_s=0.01).health()
+    server.shutdown()
+    server, url, seen = _serve([(200, {"version": True, "group_size": 4, "model": "m"})])
+    with pytest.raises(GatewayUnavailable, match="no version of the expected type"):
+        GatewayClient(url, backoff_s=0.01).health()
+    server.shutdown()
     server.server_close()
     with pytest.raises(GatewayUnavailable, match="no answer after 2 attempts") as gone:
         GatewayClient(url, attempts=2, backoff_s=0.01).health()
@@ -186,7 +195,8 @@ def test_the_drivers_heartbeat_shows_in_the_environments_table_beside_the_produc
     beats = [Heartbeat(role=role, instance_id=instance, host="h", pid=1, state="ready", policy_version=3, step=5,
                        rates={}, metrics=values, open_alerts=[], interval_s=5.0, created_at=2.0)
              for role, instance, values in [("driver", "driver-0", metrics("verifiers:vf_digits", summary)),
-                                            ("producer", "producer-0", {"env/Guess/ok": 1.0, "env/Guess/refilled": 2.0})]]
+                                            ("producer", "producer-0",
+                                             {"env/Guess/ok": 1.0, "env/Guess/refilled": 2.0})]]
     envs = environments(latest_per_instance(beats))
     assert set(envs) == {"driver-0", "producer-0"}
     console = Console(width=200, record=True)

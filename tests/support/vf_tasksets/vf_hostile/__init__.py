@@ -1,10 +1,11 @@
 """A hostile verifiers taskset for the driver's tests, one behaviour per task id: ``ok`` (reward 1), ``raises``
 (its reward raises), ``hangs`` (its reward awaits forever), ``nan`` (its reward is NaN), ``blocks`` (its reward
 blocks the event loop in a synchronous sleep of 600 s). Loaded by id as ``vf_hostile`` with tests/support/vf_tasksets
-on the path; ``vf_hostile_ok`` and friends are not separate packages: a driver picks tasks with ``size`` and the
-order below (ok, raises, hangs, nan, blocks)."""
+on the path; its tasks are those named in ``$VF_HOSTILE_TASKS`` (comma-separated, in that order), by default ok,
+raises, hangs, nan, blocks (a driver takes the first ``size``)."""
 
 import asyncio
+import os
 import time
 
 import verifiers.v1 as vf
@@ -26,7 +27,7 @@ class HostileTask(vf.Task[vf.TaskData, vf.State, vf.TaskConfig]):
 
 class HostileTaskset(vf.Taskset[HostileTask, vf.TasksetConfig]):
     def load(self):
-        for name in ("ok", "raises", "hangs", "nan", "blocks"):
+        for name in os.environ.get("VF_HOSTILE_TASKS", "ok,raises,hangs,nan,blocks").split(","):
             yield HostileTask(vf.TaskData(prompt=f"task {name}", id=name))
 
 

@@ -17,12 +17,13 @@ from support.waiting import wait_for
 from producers.gateway.server import GatewayServer
 
 DEADLINE_S = 1.0
+HEALTH = b'{"status": "ok", "version": 0, "group_size": 1, "model": "policy"}'
 ANSWER = {"choices": [{"message": {"role": "assistant", "content": "x" * 1_000_000}}]}  # far over socket buffers
 
 
 def _server(max_connections: int = 256) -> GatewayServer:
-    gateway = SimpleNamespace(gcfg=SimpleNamespace(model_name="policy"), engine=SimpleNamespace(version=0),
-                              call=lambda kind, episode, body: ANSWER)
+    gateway = SimpleNamespace(gcfg=SimpleNamespace(model_name="policy", group_size=1),
+                              engine=SimpleNamespace(version=0), call=lambda kind, episode, body: ANSWER)
     server = GatewayServer(gateway, host="127.0.0.1", port=0, max_body_bytes=1 << 20,
                            connection_timeout_s=DEADLINE_S, max_connections=max_connections)
     server.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # accepted sockets inherit it
@@ -49,7 +50,7 @@ def test_a_client_reading_the_answer_in_sips_is_cut_off_at_the_deadline_and_othe
                 time.sleep(0.1)
             cut_after = time.monotonic() - start
             assert server.dropped == 1, f"still writing after {cut_after:.1f} s"
-            assert get(f"{url}health") == (200, b'{"status": "ok", "version": 0}')  # the gateway serves on
+            assert get(f"{url}health") == (200, HEALTH)  # the gateway serves on
             rest, closed = read_until_closed(sock, 5.0)
         finally:
             sock.close()
@@ -98,4 +99,4 @@ def test_connections_over_the_cap_are_refused_at_once_with_an_openai_error_and_t
                                              "retry", "type": "server_error", "param": None,
                                   "code": "too_many_connections"}}
         wait_for(lambda: server.active == 0, "the idle connections to be cut off at the deadline", 3 * DEADLINE_S)
-        assert get(f"{url}health") == (200, b'{"status": "ok", "version": 0}')
+        assert get(f"{url}health") == (200, HEALTH)

@@ -104,16 +104,17 @@ def load_env(spec: str, agent: Mapping[str, Any]) -> AgentEnv:
     wrong (an unknown taskset, a bad agent setting, several agents)."""
     taskset, size = parse_spec(spec)
     try:
-        from verifiers.v1.utils.loaders import load_environment, resolve_env_config
+        from verifiers.v1.configs.agent import agent_config_fields
+        from verifiers.v1.utils.loaders import env_config_type, load_environment, resolve_env_config
     except ImportError:
         raise HubMissing("verifiers", "a verifiers agent environment (driver.environment)") from None
     try:  # the taskset's own code runs here: any failure of it is a refusal naming it, not a traceback
-        config = resolve_env_config({"taskset": {"id": taskset}, "agent": dict(agent)})
-        env = load_environment(config)
+        seats = sorted(agent_config_fields(env_config_type(taskset)(taskset={"id": taskset})))
+        if seats == ["agent"]:
+            env = load_environment(resolve_env_config({"taskset": {"id": taskset}, "agent": dict(agent)}))
     except Exception as exc:
         raise SpecError(f"verifiers cannot load an environment of taskset {taskset!r} with agent "
                         f"{dict(agent)!r}: {type(exc).__name__}: {_clip(str(exc), 400)}") from None
-    seats = sorted(env._agent_specs)  # verifiers' declared agent seats
     if seats != ["agent"]:
         raise SpecError(f"verifiers environment of taskset {taskset!r} declares agents {', '.join(seats)}: the "
                         f"driver plays single-agent environments (one trainable agent per episode)")
@@ -132,4 +133,6 @@ def load_env(spec: str, agent: Mapping[str, Any]) -> AgentEnv:
 
 
 def _clip(text: str, limit: int = REASON_CHARS) -> str:
+    """``text`` on one line (a reason is one line of a log or a dead letter), at most ``limit`` characters."""
+    text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -248,5 +248,9 @@ def test_the_driver_refuses_what_it_cannot_play_with_one_line(tmp_path, monkeypa
     code, out = drive('[driver]\nenvironment = "verifiers:vf_reverse"\nagent = {harness = {id = "no-such-harness"}}\n',
                       *gateway)
     assert code == 2 and "no-such-harness" in out and len(out.splitlines()) == 1, out
+    code, out = drive('[driver]\nenvironment = "verifiers:vf_duo"\n', *gateway)  # two agent seats
+    assert code == 2 and "declares agents critic, solver: the driver plays single-agent environments" in out
+    code, out = drive('[driver]\nenvironment = "verifiers:vf_reverse"\nagent = {max_turns = "many"}\n', *gateway)
+    assert code == 2 and "ValidationError" in out and "max_turns" in out and len(out.splitlines()) == 1, out
     code, out = drive('[driver]\nenvironment = "verifiers:vf_reverse"\ngateway_wait_s = 1\n', *gateway)
     assert code == 1 and out.startswith("driver stopped: GET http://127.0.0.1:9/health: no answer"), out

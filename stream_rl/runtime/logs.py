@@ -15,8 +15,11 @@ Guarantees:
   in cluster metadata": a weights version topic the trainer's garbage collection deleted on purpose, which a
   client that once used it keeps asking for. And the transport's ERROR "<KafkaTCPTransport ... (closed)>: Error
   receiving network data closing socket": a read that raced the client's own close (the socket is already gone,
-  ``'NoneType' object has no attribute 'recv'``; seen once when `stream-rl rescore` closed its clients). Any other
-  record, kafka's errors included, passes.
+  ``'NoneType' object has no attribute 'recv'``; seen once when `stream-rl rescore` closed its clients). And the
+  selector's ERROR "Error closing coroutine for cancelled task" whose exception is ``ValueError: generator already
+  executing``: closing a task that is running at that moment, the same race at a client's close (seen once, a
+  traceback in `stream-rl rescore`'s stderr after its one-line refusal). Any other record, kafka's errors
+  included, passes.
 - A kafka-python network record that carries a lost connection (an ``OSError``: reset, broken pipe, refused) as
   its exception is kept as one line, the error's type and text appended, without the traceback: a broker that went
   away is an operator's fact, not a program's fault (kafka-python logs it with ``log.exception``; seen when the
@@ -53,6 +56,7 @@ LIBRARY_LOGGERS = (
 _SLOW_TASK = re.compile(r"^Task .* ran for [0-9.]+s \(>[0-9.]+s threshold\)", re.DOTALL)
 _TOPIC_RECREATED = re.compile(r"^Topic \S+ topic_id changed from \S+ to \S+ -- likely recreated", re.DOTALL)
 _COLLECTED_VERSION = re.compile(r"^Topic \S+\.weights\.v[0-9]+ not found in cluster metadata$", re.DOTALL)
+_CANCELLED_CLOSE = re.compile(r"^Error closing coroutine for cancelled task$")
 _CLOSED_RECV = re.compile(r"^<KafkaTCPTransport .*\(closed\)>: Error receiving network data closing socket$", re.DOTALL)
 _KNOWN_NOISE = ((logging.WARNING, "kafka.net.selector", _SLOW_TASK),
                 (logging.WARNING, "kafka.cluster", _TOPIC_RECREATED),
@@ -68,6 +72,9 @@ class KnownNoiseFilter(logging.Filter):
             if record.levelno == level and record.name == logger_name and pattern.match(record.getMessage()):
                 return False
         error = record.exc_info[1] if record.exc_info else None
+        if (record.levelno == logging.ERROR and record.name == "kafka.net.selector" and isinstance(error, ValueError)
+                and _CANCELLED_CLOSE.match(record.getMessage()) and str(error) == "generator already executing"):
+            return False  # a close racing the task it closes, at the client's own close (module docstring)
         if record.name.startswith("kafka.net") and isinstance(error, OSError):  # a lost connection: one line
             record.msg, record.args = f"{record.getMessage()}: {type(error).__name__}: {error}", None
             record.exc_info, record.exc_text = None, None

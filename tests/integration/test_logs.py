@@ -103,6 +103,17 @@ def test_known_noise_filter_drops_exactly_the_known_messages(name, level, messag
     assert KnownNoiseFilter().filter(record) is kept
 
 
+@pytest.mark.parametrize(("error", "kept"), [(ValueError("generator already executing"), False),
+                                             (ValueError("another bug"), True), (RuntimeError("x"), True), (None, True)])
+def test_a_close_racing_its_task_at_shutdown_is_noise_and_nothing_else_is(error, kept):
+    """kafka-python's selector logs closing a task that is running at that moment (``generator already executing``)
+    as an ERROR with a traceback when a client closes; seen once after `stream-rl rescore`'s one-line refusal."""
+    exc_info = (type(error), error, None) if error is not None else None
+    record = logging.LogRecord("kafka.net.selector", logging.ERROR, __file__, 1,
+                               "Error closing coroutine for cancelled task", None, exc_info)
+    assert KnownNoiseFilter().filter(record) is kept
+
+
 def test_a_lost_connection_logged_with_its_traceback_by_kafka_is_one_line(role_log):
     """kafka-python logs a read that failed because the broker went away with ``log.exception``; the role log keeps
     it as one line naming the error (a teardown traceback was seen in a role's stderr when its broker died during a

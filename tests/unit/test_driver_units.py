@@ -1,17 +1,15 @@
 """The driver's pure parts: episode ids, verifiers episodes read as outcomes (real verifiers ``Episode`` and
 ``Trace`` objects), the config's refusals, the event-loop watchdog, and the gateway client's bounded retries
-(against stdlib HTTP servers playing a gateway)."""
+(against support.hostile_http's scripted servers playing a gateway)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from support.hostile_http import Scripted, reply, serving
 
 from producers.driver.gateway_client import GatewayClient, GatewayUnavailable
 from producers.driver.role import episode_ids
@@ -120,62 +118,40 @@ def test_the_watchdog_calls_out_a_blocked_loop_and_not_an_awaiting_one():
     assert len(called) == 1 and called[0] > 0.4
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+def _answers(answers: list[tuple[int, dict]]) -> Scripted:
+    """A loopback server answering each request with the next (status, body) of ``answers``; the last repeats."""
+    return Scripted(lambda handler, n: reply(handler, *answers[min(n, len(answers)) - 1]))
 
 
-def _serve(answers: list[tuple[int, dict]]):
-    """A stdlib server answering each request with the next (status, body); the last repeats."""
-    seen: list[str] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def _answer(self) -> None:
-            seen.append(f"{self.command} {self.path}")
-            status, body = answers[min(len(seen), len(answers)) - 1]
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        do_GET = do_POST = _answer
-
-        def log_message(self, *args) -> None:
-            pass
-
-    server = _Server(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}/v1", seen
+def _asked(server: Scripted) -> list[str]:
+    return [f"{seen['method']} {seen['path']}" for seen in server.seen]
 
 
 def test_the_gateway_client_retries_only_what_is_retriable_and_names_the_reason():
     busy = {"error": {"message": "too many connections"}}
-    server, url, seen = _serve([(503, busy), (503, busy), (200, {"episode_id": "g/0", "state": "new"})])
-    client = GatewayClient(url, backoff_s=0.01)
-    assert client.state("g/0")["state"] == "new" and seen == ["GET /v1/episodes/g%2F0"] * 3
-    server.shutdown()
-    server, url, seen = _serve([(409, {"error": {"message": "episode 'g/0' is published"}})])
-    with pytest.raises(GatewayUnavailable, match="HTTP 409: episode 'g/0' is published") as caught:
-        GatewayClient(url, backoff_s=0.01).end("g/0", {"reward": 1.0})
-    assert caught.value.status == 409 and len(seen) == 1  # not retried
-    server.shutdown()
-    server, url, seen = _serve([(503, busy)])
-    with pytest.raises(GatewayUnavailable, match="no answer after 3 attempts: HTTP 503"):
-        GatewayClient(url, attempts=3, backoff_s=0.01).health()
-    assert len(seen) == 3
-    server.shutdown()
-    server, url, seen = _serve([(200, {"status": "ok"})])  # another server's /health (a vLLM server's, say)
-    with pytest.raises(GatewayUnavailable, match="not a stream-rl gateway's answer .no version, group_size, model"):
-        GatewayClient(url, backoff_s=0.01).health()
-    server.shutdown()
-    server, url, seen = _serve([(200, {"version": True, "group_size": 4, "model": "m"})])
-    with pytest.raises(GatewayUnavailable, match="no version of the expected type"):
-        GatewayClient(url, backoff_s=0.01).health()
-    server.shutdown()
-    server.server_close()
+    server = _answers([(503, busy), (503, busy), (200, {"episode_id": "g/0", "state": "new"})])
+    with serving(server) as url:
+        client = GatewayClient(url + "v1", backoff_s=0.01)
+        assert client.state("g/0")["state"] == "new" and _asked(server) == ["GET /v1/episodes/g%2F0"] * 3
+    server = _answers([(409, {"error": {"message": "episode 'g/0' is published"}})])
+    with serving(server) as url, pytest.raises(GatewayUnavailable,
+                                               match="HTTP 409: episode 'g/0' is published") as caught:
+        GatewayClient(url + "v1", backoff_s=0.01).end("g/0", {"reward": 1.0})
+    assert caught.value.status == 409 and len(server.seen) == 1  # not retried
+    server = _answers([(503, busy)])
+    with serving(server) as url, pytest.raises(GatewayUnavailable, match="no answer after 3 attempts: HTTP 503"):
+        GatewayClient(url + "v1", attempts=3, backoff_s=0.01).health()
+    assert len(server.seen) == 3
+    server = _answers([(200, {"status": "ok"})])  # another server's /health (a vLLM server's, say)
+    with serving(server) as url, pytest.raises(
+            GatewayUnavailable, match="not a stream-rl gateway's answer .no version, group_size, model"):
+        GatewayClient(url + "v1", backoff_s=0.01).health()
+    server = _answers([(200, {"version": True, "group_size": 4, "model": "m"})])
+    with serving(server) as url, pytest.raises(GatewayUnavailable, match="no version of the expected type"):
+        GatewayClient(url + "v1", backoff_s=0.01).health()
+    # serving() has closed the last server: nothing listens at its URL any more
     with pytest.raises(GatewayUnavailable, match="no answer after 2 attempts") as gone:
-        GatewayClient(url, attempts=2, backoff_s=0.01).health()
+        GatewayClient(url + "v1", attempts=2, backoff_s=0.01).health()
     assert gone.value.status is None
 
 

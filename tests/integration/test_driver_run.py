@@ -10,58 +10,23 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from support.agent_runs import free_port, run_command
 from support.chat_model import build_chat_model_dir
 from support.paths import VF_TASKSETS
 from support.topics import read_records
 
 pytestmark = pytest.mark.broker
 
-CONFIG = """
-[run]
-demo_dir = "none"
-epochs = 1
-group_size = 2
-
-[producer]
-max_new_tokens = 6
-
-[gateway]
-port = {port}
-group_size = 4
-weights_check_s = 0.3
-
+DRIVER = """
 [driver]
 environment = "verifiers:vf_digits?size={groups}"
 wait_for_version_s = 60
 episode_timeout_s = 120
-
-[scorer.rewards]
-by = "reward_source"
-default = [{{fn = "contains_answer", weight = 1.0}}]
-
-[scorer.rewards.routes]
-agent = [{{fn = "stream_rl.rewards.given:episode_reward", weight = 1.0}}]
-
-[trainer]
-groups_per_step = 1
-micro_batch_size = 8
-max_lag = 4
-checkpoint_every = 1000
-lr = 3e-3
 """
 GROUPS = 12
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.slow
@@ -69,18 +34,11 @@ def test_a_verifiers_environment_trains_through_the_driver_in_stream_rl_run(brok
     from stream_rl.transport.client import Transport
 
     model = build_chat_model_dir(tmp_path / "policy")
-    config = tmp_path / "run.toml"
-    config.write_text(CONFIG.format(port=_free_port(), groups=GROUPS))
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(json.dumps({"prompt_id": "p0", "text": "2+3=", "answer": "5"}) + "\n")
-    run_dir = tmp_path / "run"
+    command, run_dir = run_command(tmp_path, port=free_port(), sections=DRIVER.format(groups=GROUPS), broker=broker,
+                                   run_name=run_name, model=model, steps=GROUPS + 1)
     pythonpath = os.pathsep.join(filter(None, [str(VF_TASKSETS), os.environ.get("PYTHONPATH")]))
-    result = subprocess.run(
-        [sys.executable, "-m", "stream_rl.cli.main", "run", "-c", str(config), "--bootstrap", broker.bootstrap,
-         "--run", run_name, "--max-steps", str(GROUPS + 1), "--set", f"run.prompts_file={prompts}",
-         "--set", f"producer.model_dir={model}", "--set", f"trainer.model_dir={model}",
-         "--set", f"run_dir={run_dir}"], capture_output=True, text=True, cwd=tmp_path, timeout=600,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": pythonpath})
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": pythonpath})
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert [row["step"] for row in rows if "step" in row][-1] == GROUPS + 1

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from support.agent_runs import free_port, run_command
 from support.calc_agent import play
 from support.chat import TOOLS_TEMPLATE
 from support.chat_model import build_chat_model_dir
@@ -26,44 +25,11 @@ from support.topics import read_records
 
 pytestmark = pytest.mark.broker
 
-CONFIG = """
-[run]
-demo_dir = "none"
-epochs = 1
-group_size = 2
-
+SECTIONS = """
 [data]
 chat_template = "{template}"
-
-[producer]
-max_new_tokens = 6
-
-[gateway]
-port = {port}
-group_size = 4
-weights_check_s = 0.3
-
-[scorer.rewards]
-by = "reward_source"
-default = [{{fn = "contains_answer", weight = 1.0}}]
-
-[scorer.rewards.routes]
-agent = [{{fn = "stream_rl.rewards.given:episode_reward", weight = 1.0}}]
-
-[trainer]
-groups_per_step = 1
-micro_batch_size = 8
-max_lag = 4
-checkpoint_every = 1000
-lr = 3e-3
 """
 GROUPS, EPISODES = 16, 4
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait_healthy(url: str, run: subprocess.Popen, timeout_s: float = 120.0) -> None:
@@ -113,18 +79,11 @@ def test_a_tool_using_agent_trains_through_stream_rl_run_and_its_reward_rises(br
     model = build_chat_model_dir(tmp_path / "policy")
     template = tmp_path / "tools.jinja"
     template.write_text(TOOLS_TEMPLATE)
-    port = _free_port()
-    config = tmp_path / "run.toml"
-    config.write_text(CONFIG.format(template=template, port=port))
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(json.dumps({"prompt_id": "p0", "text": "2+3=", "answer": "5"}) + "\n")
-    run_dir = tmp_path / "run"
-    run = subprocess.Popen(
-        [sys.executable, "-m", "stream_rl.cli.main", "run", "-c", str(config), "--bootstrap", broker.bootstrap,
-         "--run", run_name, "--max-steps", str(GROUPS + 1), "--set", f"run.prompts_file={prompts}",
-         "--set", f"producer.model_dir={model}", "--set", f"trainer.model_dir={model}",
-         "--set", f"run_dir={run_dir}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    port = free_port()
+    command, run_dir = run_command(tmp_path, port=port, sections=SECTIONS.format(template=template), broker=broker,
+                                   run_name=run_name, model=model, steps=GROUPS + 1)
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         url = f"http://127.0.0.1:{port}/v1"
         _wait_healthy(url, run)

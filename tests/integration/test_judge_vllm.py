@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 import pytest
+from support.agent_runs import free_port
 
 from stream_rl.rewards.calls import CallPolicy, RewardCaller, RewardRequest
 from stream_rl.rewards.judge import JudgeReward, JudgeSettings
@@ -24,12 +24,6 @@ from stream_rl.rewards.judge import JudgeReward, JudgeSettings
 pytestmark = pytest.mark.slow
 START_TIMEOUT_S = 300
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _wait_healthy(proc: subprocess.Popen, base: str, log) -> None:
@@ -60,7 +54,7 @@ def test_judge_against_vllm_openai_server(tmp_path):
 
     model_dir = build_tiny_model_dir(tmp_path / "judge")
     (tmp_path / "chat.jinja").write_text(CHAT_TEMPLATE)
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}

@@ -48,6 +48,7 @@ from pathlib import Path
 from producers.driver.config import DriverConfig
 from producers.driver.gateway_client import GatewayClient, GatewayUnavailable
 from producers.driver.watchdog import watched
+from stream_rl.hubs.vf import taskset_name
 
 log = logging.getLogger(__name__)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:@-]+")
@@ -75,14 +76,14 @@ class Summary:
 
 def episode_ids(taskset: str, index: int, epoch: int, size: int) -> list[str]:
     """The ``size`` episode ids of task ``index`` in ``epoch``: ``vf-NAME-INDEX-eEPOCH/K``."""
-    name = _UNSAFE.sub("-", taskset.rsplit("/", 1)[-1].split("@", 1)[0]).strip("-") or "taskset"
+    name = _UNSAFE.sub("-", taskset_name(taskset)).strip("-") or "taskset"
     return [f"vf-{name[:64]}-{index}-e{epoch}/{k}" for k in range(size)]
 
 
 def task_metadata(taskset: str, index: int, key: object, epoch: int) -> dict[str, str]:
     """The metadata an episode of task ``index`` ends with (its rollouts carry it); each value at most
     :data:`META_CHARS` characters (a task's key is the taskset's to choose)."""
-    out = {"data_source": f"verifiers/{_short(taskset)}", "vf_taskset": taskset, "vf_index": str(index),
+    out = {"data_source": f"verifiers/{taskset_name(taskset)}", "vf_taskset": taskset, "vf_index": str(index),
            "vf_key": str(key), "vf_epoch": str(epoch)}
     return {name: value[:META_CHARS] for name, value in out.items()}
 
@@ -100,7 +101,7 @@ def run_driver(dcfg: DriverConfig, stop_event: threading.Event | None = None, *,
     _uv_on_path()
     env = load_env(dcfg.environment, dcfg.agent)
     client, summary = GatewayClient(dcfg.gateway_url), Summary()
-    name = f"verifiers:{_short(env.taskset)}"
+    name = f"verifiers:{taskset_name(env.taskset)}"
 
     def beat() -> None:
         if report is not None:
@@ -211,11 +212,6 @@ async def _wait_for_version(client: GatewayClient, version: int, wait_s: float, 
         if (await asyncio.to_thread(client.health))["version"] > version:
             return
         await asyncio.sleep(0.2)
-
-
-def _short(taskset: str) -> str:
-    """A taskset id's name, as the verifiers prompt source names it (``owner/name@1.0`` -> ``name``)."""
-    return taskset.rsplit("/", 1)[-1].split("@", 1)[0]
 
 
 def _uv_on_path() -> None:

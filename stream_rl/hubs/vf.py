@@ -73,7 +73,7 @@ def parse_spec(source: object) -> tuple[str, int]:
 def records(source: object) -> Iterator[tuple[int, dict]]:
     """``(row, record)`` for the spec's first ``size`` tasks, in the taskset's order (module docstring)."""
     taskset, size = parse_spec(source)
-    name = _name(taskset)
+    name = taskset_name(taskset)
     for index, task in enumerate(_tasks(taskset, size)):
         record = {"prompt_id": f"vf-{name}-{index}", **_prompt(task),
                   "metadata": {"data_source": f"verifiers/{name}", "vf_taskset": taskset, "vf_size": str(size),
@@ -111,7 +111,8 @@ def verifiers_reward(prompt: str, response: str, answer: str | None, metadata: d
     return float(trace.reward)
 
 
-def _name(taskset: str) -> str:
+def taskset_name(taskset: str) -> str:
+    """A taskset id's name (``owner/name@1.0`` -> ``name``): the ``NAME`` of ``data_source = verifiers/NAME``."""
     return taskset.rsplit("/", 1)[-1].split("@", 1)[0]
 
 

@@ -94,9 +94,7 @@ class Gateway:
                 token_policy_versions=np.asarray(versions, np.int64), finish_reason=sample.finish_reason,
                 temperature=sampling.temperature, response_text=text)
             self.sink.send(self.topics.gateway, call, key=episode_id)
-            acks = self.sink.flush()
-            where = (acks[-1].topic, acks[-1].partition, acks[-1].offset) if acks else None
-            self.book.add_call(call, where)
+            self.book.add_call(call, _where(self.sink.flush()))
             self.calls += 1
             self.tokens += len(sample.token_ids)
         usage = usage_of(len(prompt_ids), len(sample.token_ids))
@@ -189,31 +187,27 @@ class Gateway:
 
     def _dead_letter(self, episode_id: str, reason: str, error_type: str) -> None:
         found = self.book.open[episode_id]
-        first = found.calls[min(found.calls)]
-        topic, partition, offset = found.where or (self.topics.gateway, 0, 0)
-        letter = DeadLetter.of_value(encode(first), self.sink.max_request_size // 2, reason=reason,
-                                     error_type=error_type, source_topic=topic, source_partition=partition,
-                                     source_offset=offset, raw_key=episode_id.encode(),
-                                     consumer_id=self.producer_id)
-        self.sink.send(self.topics.dlq, letter, key=episode_id)
-        log.warning("episode %s dead-lettered: %s", episode_id, reason)
+        self._send_letter(episode_id, encode(found.calls[min(found.calls)]), found.where, reason, error_type)
         self._record(GatewayEpisode(episode_id=episode_id, outcome="dead_lettered", reason=reason,
                                     calls=len(found.calls)))
 
     def _dead_letter_callless(self, episode_id: str, reason: str) -> None:
-        """Dead-letter an episode that made no call: the letter holds its ``dead_lettered`` record."""
+        """Dead-letter an episode that made no call: the letter holds its ``dead_lettered`` record, written first."""
         record = GatewayEpisode(episode_id=episode_id, outcome="dead_lettered", reason=reason, calls=0)
         self.sink.send(self.topics.gateway, record, key=episode_id)
-        acks = self.sink.flush()
-        topic, partition, offset = (acks[-1].topic, acks[-1].partition, acks[-1].offset) if acks else (
-            self.topics.gateway, 0, 0)
-        letter = DeadLetter.of_value(encode(record), self.sink.max_request_size // 2, reason=reason,
-                                     error_type="AgentFailed", source_topic=topic, source_partition=partition,
-                                     source_offset=offset, raw_key=episode_id.encode(), consumer_id=self.producer_id)
-        self.sink.send(self.topics.dlq, letter, key=episode_id)
+        self._send_letter(episode_id, encode(record), _where(self.sink.flush()), reason, "AgentFailed")
         self.sink.flush()
-        log.warning("episode %s dead-lettered: %s", episode_id, reason)
         self.book.apply(record)
+
+    def _send_letter(self, episode_id: str, value: bytes, where: tuple[str, int, int] | None, reason: str,
+                     error_type: str) -> None:
+        """A dead letter of ``episode_id`` holding ``value``, the record at ``where`` on the gateway topic."""
+        topic, partition, offset = where or (self.topics.gateway, 0, 0)
+        letter = DeadLetter.of_value(value, self.sink.max_request_size // 2, reason=reason, error_type=error_type,
+                                     source_topic=topic, source_partition=partition, source_offset=offset,
+                                     raw_key=episode_id.encode(), consumer_id=self.producer_id)
+        self.sink.send(self.topics.dlq, letter, key=episode_id)
+        log.warning("episode %s dead-lettered: %s", episode_id, reason)
 
     def state(self, episode_id: str) -> dict[str, Any]:
         """``{"episode_id", "state", "calls"}`` of an episode (``new`` when the gateway never saw it)."""
@@ -295,6 +289,11 @@ def _read_end(body: Any) -> tuple[float | None, str | None, dict[str, str], str 
     if failed is not None and (not isinstance(failed, str) or not failed):
         raise RequestError("failed must be a non-empty reason", param="failed")
     return None if reward is None else float(reward), answer, dict(metadata), failed
+
+
+def _where(acks) -> tuple[str, int, int] | None:
+    """(topic, partition, offset) of the last record a flush acknowledged; None when it acknowledged none."""
+    return (acks[-1].topic, acks[-1].partition, acks[-1].offset) if acks else None
 
 
 def _seed(episode_id: str, index: int) -> int:

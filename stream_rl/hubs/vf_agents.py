@@ -108,16 +108,18 @@ def load_env(spec: str, agent: Mapping[str, Any]) -> AgentEnv:
         from verifiers.v1.utils.loaders import env_config_type, load_environment, resolve_env_config
     except ImportError:
         raise HubMissing("verifiers", "a verifiers agent environment (driver.environment)") from None
-    try:  # the taskset's own code runs here: any failure of it is a refusal naming it, not a traceback
+    # the taskset's own code runs in both steps: any failure of it is a refusal naming it, not a traceback
+    try:
         seats = sorted(agent_config_fields(env_config_type(taskset)(taskset={"id": taskset})))
-        if seats == ["agent"]:
-            env = load_environment(resolve_env_config({"taskset": {"id": taskset}, "agent": dict(agent)}))
     except Exception as exc:
-        raise SpecError(f"verifiers cannot load an environment of taskset {taskset!r} with agent "
-                        f"{dict(agent)!r}: {type(exc).__name__}: {_clip(str(exc), 400)}") from None
+        raise _cannot_load(taskset, agent, exc) from None
     if seats != ["agent"]:
         raise SpecError(f"verifiers environment of taskset {taskset!r} declares agents {', '.join(seats)}: the "
                         f"driver plays single-agent environments (one trainable agent per episode)")
+    try:
+        env = load_environment(resolve_env_config({"taskset": {"id": taskset}, "agent": dict(agent)}))
+    except Exception as exc:
+        raise _cannot_load(taskset, agent, exc) from None
     tasks: list = []
     try:
         for task in env.taskset:
@@ -130,6 +132,11 @@ def load_env(spec: str, agent: Mapping[str, Any]) -> AgentEnv:
     if not tasks:
         raise SpecError(f"verifiers taskset {taskset!r} has no task")
     return AgentEnv(taskset, size, env, tasks)
+
+
+def _cannot_load(taskset: str, agent: Mapping[str, Any], exc: Exception) -> SpecError:
+    return SpecError(f"verifiers cannot load an environment of taskset {taskset!r} with agent {dict(agent)!r}: "
+                     f"{type(exc).__name__}: {_clip(str(exc), 400)}")
 
 
 def _clip(text: str, limit: int = REASON_CHARS) -> str:

@@ -180,6 +180,7 @@ async def _group(env, dcfg: DriverConfig, client: GatewayClient, task, ids: list
 async def _end(client: GatewayClient, episode: str, reward: float | None, reason: str | None, summary: Summary,
                meta: dict[str, str] | None = None) -> bool:
     """End ``episode`` with its reward, or as failed with ``reason``; whether it was rewarded."""
+    closed = False  # by the gateway before the driver ended it (its episode_timeout_s): dead-lettered there
     if reward is not None:
         try:
             await asyncio.to_thread(client.end, episode, {"reward": reward, "metadata": meta or {}})
@@ -187,22 +188,20 @@ async def _end(client: GatewayClient, episode: str, reward: float | None, reason
             summary.reward_sum += reward
             return True
         except GatewayUnavailable as exc:
-            if exc.status == 409:  # the gateway closed it first (its episode_timeout_s): nothing more to end
-                reason = f"closed by the gateway before the driver ended it: {exc}"
-                summary.failed += 1
-                summary.last_reason = reason
-                return False
-            if exc.status != 404:
+            if exc.status not in (404, 409):
                 raise
-            reason = "the episode scored a reward but made no model call (nothing of it can be trained)"
+            closed = exc.status == 409
+            reason = (f"closed by the gateway before the driver ended it: {exc}" if closed else
+                      "the episode scored a reward but made no model call (nothing of it can be trained)")
     summary.failed += 1
     summary.last_reason = reason or "failed"
     log.warning("episode %s failed: %s", episode, reason)
-    try:
-        await asyncio.to_thread(client.end, episode, {"failed": reason or "failed"})
-    except GatewayUnavailable as exc:
-        if exc.status != 409:  # already closed by the gateway (timed out): it is dead-lettered there
-            raise
+    if not closed:
+        try:
+            await asyncio.to_thread(client.end, episode, {"failed": summary.last_reason})
+        except GatewayUnavailable as exc:
+            if exc.status != 409:  # already closed by the gateway (timed out): it is dead-lettered there
+                raise
     return False
 
 

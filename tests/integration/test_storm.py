@@ -95,15 +95,24 @@ class Storm:
         self.pipe.wait_until(lambda: self.steps() >= target, f"step {target}", timeout_s,
                              may_exit=[self.roles["train"]])
 
-    def crash_trainer_at(self, point: str, root) -> None:
-        """Arm a failpoint, wait for the trainer to die there (SIGKILL from itself), restart it with --resume."""
-        trainer = self.roles["train"]
+    def crash_trainer_at(self, point: str, root, then_arm: str | None = None) -> None:
+        """Arm a failpoint, wait for the trainer to die there (SIGKILL from itself), restart it with --resume.
+        ``then_arm``: a failpoint armed before that restart, so the restarted trainer dies there in its first steps
+        (armed any later, a fast trainer with its rollouts all scored may reach its step budget first and exit 0:
+        CI, stop 53)."""
         failpoints.arm(root, point)
+        self.trainer_dies_at(point, root, then_arm)
+
+    def trainer_dies_at(self, point: str, root, then_arm: str | None = None) -> None:
+        """Wait for the trainer to die at the armed ``point``; arm ``then_arm``; restart it with --resume."""
+        trainer = self.roles["train"]
         self.pipe.wait_until(lambda: trainer.proc.poll() is not None, f"the trainer to die at {point}", 240,
                              may_exit=[trainer])
         assert trainer.proc.returncode == -signal.SIGKILL, (point, trainer.proc.returncode)
         self.pipe.running.remove(trainer)
         self.kills.append(f"train@{point}")
+        if then_arm is not None:
+            failpoints.arm(root, then_arm)
         self.restart("train")
 
     def kill_broker(self) -> None:
@@ -158,11 +167,12 @@ def test_kill9_storm_loses_nothing_and_trains_nothing_twice(durable_broker, tmp_
             storm.start(role)
         storm.wait_steps(1)
         storm.kill("score")
-        storm.crash_trainer_at("trainer.after_checkpoint", points)
-        storm.wait_steps(1)
+        # the restarted trainer dies in its first broadcast (its resume republishes nothing: no version was
+        # published after the checkpoint it died behind), while the producer is killed at a random moment
+        storm.crash_trainer_at("trainer.after_checkpoint", points, then_arm="weights.mid_publish")
         time.sleep(rng.uniform(0.0, 3.0))
         storm.kill("produce")
-        storm.crash_trainer_at("weights.mid_publish", points)
+        storm.trainer_dies_at("weights.mid_publish", points)
         storm.wait_steps(1)
         storm.kill_broker()
         storm.wait_steps(1)

@@ -16,7 +16,7 @@ from typing import ClassVar
 import numpy as np
 
 from schemas.declare import COUNT, ID, TIME, Message, message, now, wire
-from schemas.fields import Array, Enum, Float, Optional, Str, StrMap
+from schemas.fields import Array, Bool, Enum, Float, Optional, Str, StrMap
 
 CALL_ENDPOINTS = ("chat", "completion")
 """``/v1/chat/completions`` (``chat``) or ``/v1/completions`` (``completion``)."""
@@ -82,3 +82,7 @@ class GatewayEpisode(Message):
     """How many calls the episode had when its state changed."""
     created_at: float = wire(TIME, default_factory=now)
     """Unix time of the change."""
+    refill: bool = wire(Bool(), default=False, added=True)
+    """``dead_lettered`` only: another episode of its group takes its place (the agent said so ending it as failed),
+    so it does not count toward the group's size; a second ``dead_lettered`` record of the same episode with
+    ``refill`` false (its replacement never started in time) makes it count."""

@@ -210,6 +210,10 @@ def _gateway_call_rule(msg: GatewayCall) -> None:
 def _gateway_episode_rule(msg: GatewayEpisode) -> None:
     if (msg.outcome == "dead_lettered") != bool(msg.reason):
         raise SchemaError("reason", "must be non-empty exactly when outcome is 'dead_lettered'")
+    if msg.refill and msg.outcome != "dead_lettered":
+        raise SchemaError("refill", f"may be true only when outcome is 'dead_lettered', got {msg.outcome!r}")
+    if msg.refill and not msg.episode_id.rpartition("/")[0]:  # as producers.gateway.episodes.group_of reads it
+        raise SchemaError("refill", f"needs an episode of a group (GROUP/NAME), got {msg.episode_id!r}")
 
 
 def _partial_rule(msg: PartialGroup) -> None:

@@ -43,6 +43,10 @@ class DriverConfig(Section):
     wait_for_version_s: float = Field(
         0.0, ge=0.0, le=3600.0, description="after each group, wait up to this long for the gateway's policy "
         "version to move before the next (on-policy pacing); 0: do not wait")
+    refills: int = Field(
+        1, ge=0, le=64, description="spare episodes per group, each played in place of a failed one (the failure "
+        "is ended with refill, so the group is published whole); 0: a group is published from the episodes that "
+        "did not fail")
     max_failed_in_a_row: int = Field(
         8, ge=1, le=100_000, description="stop with an error after this many episodes failed in a row (a harness "
         "that cannot start would otherwise dead-letter the whole taskset)")

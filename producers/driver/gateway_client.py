@@ -53,12 +53,14 @@ class GatewayClient:
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
     def state(self, episode_id: str) -> dict[str, Any]:
-        """``{"episode_id", "state", "calls"}``: ``new``, ``open``, ``ended``, ``published`` or ``dead_lettered``."""
+        """``{"episode_id", "state", "calls", "members", "refills_waiting"}``: its state ``new``, ``open``,
+        ``ended``, ``published`` or ``dead_lettered``, its group's episodes counted toward the group size and its
+        refilled ones whose replacement is owed."""
         url = f"{self.base_url}/episodes/{quote(episode_id, safe='')}"
-        return _checked(self._request("GET", url), url, {"state": str})
+        return _checked(self._request("GET", url), url, {"state": str, "members": int, "refills_waiting": int})
 
     def end(self, episode_id: str, body: dict[str, Any]) -> dict[str, Any]:
-        """End an episode (``{"reward": r, "metadata": {...}}`` or ``{"failed": reason}``)."""
+        """End an episode (``{"reward": r, "metadata": {...}}`` or ``{"failed": reason, "refill": bool}``)."""
         return self._request("POST", f"{self.base_url}/episodes/{quote(episode_id, safe='')}/end", body)
 
     def _request(self, method: str, url: str, body: dict[str, Any] | None = None,

@@ -3,9 +3,10 @@
 Consumes: the shared sections (``kafka``, ``topics``, ``telemetry``) and, after every group and every half second
 while one plays, the driver's :class:`~producers.driver.role.Summary`.
 Produces: heartbeats of role ``driver`` on the run's status topic (:class:`~stream_rl.telemetry.role.RoleTelemetry`;
-step = groups played) whose metrics are ``env/verifiers:NAME/{ok, failed, timed_out, abandoned}`` (episodes since
-the driver started: rewarded, failed other than on a deadline, failed on a deadline, left open by a dead driver
-and ended as failed), which ``stream-rl status`` shows in its environments table beside the producers'.
+step = groups played) whose metrics are ``env/verifiers:NAME/{ok, failed, timed_out, refilled, abandoned}``
+(episodes since the driver started: rewarded, failed other than on a deadline, failed on a deadline, failed and
+replaced by another episode of their group, left open by a dead driver and ended as failed), which
+``stream-rl status`` shows in its environments table beside the producers'.
 Guarantees: only built when a broker is configured (``kafka.bootstrap_servers``: always under ``stream-rl run``);
 the driver itself never needs one. ``close()`` sends the last heartbeat (``stopping``).
 """
@@ -36,5 +37,5 @@ class DriverHealth:
 def metrics(name: str, summary: Summary) -> dict[str, float]:
     """The heartbeat's metrics of ``summary`` (module docstring)."""
     counts = {"ok": summary.rewarded, "failed": summary.failed - summary.timed_out, "timed_out": summary.timed_out,
-              "abandoned": summary.abandoned}
+              "refilled": summary.refilled, "abandoned": summary.abandoned}
     return {f"env/{name}/{key}": float(value) for key, value in counts.items()}

@@ -9,9 +9,11 @@ Produces:
   whole first, then sent as one content delta, its tool calls, its finish reason and, asked for, its usage);
 - ``POST /v1/episodes/{episode_id}/end`` with ``{"reward": float}`` (the environment's reward), ``{}`` or
   ``{"answer": ..., "metadata": {...}}`` (the scorer's reward functions score the final state), or
-  ``{"failed": "reason"}`` (dead-lettered, never trained); answers ``{"episode_id", "state", "calls"}``;
-- ``GET /v1/episodes/{episode_id}``: ``{"episode_id", "state", "calls"}``, its state ``new`` (never seen),
-  ``open``, ``ended``, ``published`` or ``dead_lettered`` (what a driver checks before playing an episode again);
+  ``{"failed": "reason"}`` (dead-lettered, never trained), with ``"refill": true`` when another episode of its
+  group takes its place (it then does not count toward the group's size); answers as the state endpoint;
+- ``GET /v1/episodes/{episode_id}``: ``{"episode_id", "state", "calls", "members", "refills_waiting"}``, its state
+  ``new`` (never seen), ``open``, ``ended``, ``published`` or ``dead_lettered``, its group's episodes counted toward
+  its size and its refilled ones whose replacement is owed (what a driver checks before playing an episode again);
 - ``GET /v1/models`` (the one model name served) and ``GET /health`` (the policy version, ``group_size`` and the
   model name).
 

@@ -20,6 +20,10 @@ Guarantees:
   with its reason, pointing at its first call's record, and is never trained. An episode ended as failed before
   its first call (its agent died starting) is dead-lettered too, its letter pointing at its ``dead_lettered``
   record, so its group does not wait for it.
+- Refills: an episode ended as failed with ``refill`` is dead-lettered the same way but not counted in its group
+  (:class:`~producers.gateway.book.Book`), which waits for a replacement; a replacement that does not start within
+  ``gateway.episode_timeout_s`` is given up on by :meth:`Gateway.sweep` (a second ``dead_lettered`` record, no
+  second letter), so the group then publishes from the others.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -151,51 +155,69 @@ class Gateway:
 
     def end(self, episode_id: str, body: Any) -> dict[str, Any]:
         """End ``episode_id``: with a reward, for the scorer to score, or as failed (dead-lettered)."""
-        reward, answer, metadata, failed = _read_end(body)
+        reward, answer, metadata, failed, refill = _read_end(body, episode_id)
         with self.lock:
             state = self.book.state(episode_id)
             if state == "new" and failed is not None:  # failed before its first call: its group counts it
                 self._dead_letter_callless(episode_id, f"the agent ended the episode as failed before any call: "
-                                                       f"{failed}")
+                                                       f"{failed}", refill)
                 self._publish_ready(group_of(episode_id))
-                return {"episode_id": episode_id, "state": self.book.state(episode_id), "calls": 0}
+                return self._answer(episode_id, 0)
             if state != "open":
                 raise RequestError(f"episode {episode_id!r} is {'unknown' if state == 'new' else state}: only an "
                                    f"episode with calls can end", status=404 if state == "new" else 409,
                                    code="episode_not_open")
             calls = len(self.book.open[episode_id].calls)
             if failed is not None:
-                self._dead_letter(episode_id, f"the agent ended the episode as failed: {failed}", "AgentFailed")
+                self._dead_letter(episode_id, f"the agent ended the episode as failed: {failed}", "AgentFailed",
+                                  refill)
             else:
                 self._record(GatewayEpisode(episode_id=episode_id, outcome="ended", reward=reward, answer=answer,
                                             metadata=metadata, reason="", calls=calls))
             self._publish_ready(group_of(episode_id))
-            return {"episode_id": episode_id, "state": self.book.state(episode_id), "calls": calls}
+            return self._answer(episode_id, calls)
+
+    def _answer(self, episode_id: str, calls: int | None) -> dict[str, Any]:
+        """What the state and end endpoints answer: the episode's state and calls, and its group's ``members``
+        (episodes counted toward ``group_size``) and ``refills_waiting`` (refilled ones whose replacement is owed)."""
+        group = group_of(episode_id)
+        return {"episode_id": episode_id, "state": self.book.state(episode_id), "calls": calls,
+                "members": self.book.members(group), "refills_waiting": self.book.waiting_refills(group)}
 
     def sweep(self, now: float | None = None) -> list[str]:
-        """Dead-letter every open episode idle past ``gateway.episode_timeout_s``; the episodes dead-lettered."""
+        """Dead-letter every open episode idle past ``gateway.episode_timeout_s``, and count in its group every
+        refilled episode whose replacement did not come within it; the episodes dead-lettered."""
         now = time.time() if now is None else now
+        timeout = self.gcfg.episode_timeout_s
         with self.lock:
-            idle = self.book.idle(now, self.gcfg.episode_timeout_s)
+            idle = self.book.idle(now, timeout)
             for episode_id in idle:
                 last = self.book.open[episode_id].last_seen
                 self._dead_letter(episode_id, f"no call and no end for {now - last:.1f}s > gateway.episode_timeout_s"
-                                              f"={self.gcfg.episode_timeout_s:g} (the agent crashed or hung)",
-                                  "EpisodeTimeout")
+                                              f"={timeout:g} (the agent crashed or hung)", "EpisodeTimeout")
+                self._publish_ready(group_of(episode_id))
+            for episode_id, calls in self.book.expired_refills(now, timeout):
+                reason = (f"its replacement did not start within gateway.episode_timeout_s={timeout:g}: counted in "
+                          f"its group as dead-lettered")
+                log.warning("episode %s: %s", episode_id, reason)
+                self._record(GatewayEpisode(episode_id=episode_id, outcome="dead_lettered", reason=reason,
+                                            calls=calls))
                 self._publish_ready(group_of(episode_id))
         return idle
 
-    def _dead_letter(self, episode_id: str, reason: str, error_type: str) -> None:
+    def _dead_letter(self, episode_id: str, reason: str, error_type: str, refill: bool = False) -> None:
         found = self.book.open[episode_id]
+        reason = _refilled(reason, refill)
         self._send_letter(episode_id, encode(found.calls[min(found.calls)]), found.where, reason, error_type)
         self._record(GatewayEpisode(episode_id=episode_id, outcome="dead_lettered", reason=reason,
-                                    calls=len(found.calls)))
+                                    calls=len(found.calls), refill=refill))
 
-    def _dead_letter_callless(self, episode_id: str, reason: str) -> None:
+    def _dead_letter_callless(self, episode_id: str, reason: str, refill: bool = False) -> None:
         """Dead-letter an episode that made no call: the letter holds its ``dead_lettered`` record, written first."""
-        record = GatewayEpisode(episode_id=episode_id, outcome="dead_lettered", reason=reason, calls=0)
+        record = GatewayEpisode(episode_id=episode_id, outcome="dead_lettered", reason=_refilled(reason, refill),
+                                calls=0, refill=refill)
         self.sink.send(self.topics.gateway, record, key=episode_id)
-        self._send_letter(episode_id, encode(record), _where(self.sink.flush()), reason, "AgentFailed")
+        self._send_letter(episode_id, encode(record), _where(self.sink.flush()), record.reason, "AgentFailed")
         self.sink.flush()
         self.book.apply(record)
 
@@ -210,11 +232,10 @@ class Gateway:
         log.warning("episode %s dead-lettered: %s", episode_id, reason)
 
     def state(self, episode_id: str) -> dict[str, Any]:
-        """``{"episode_id", "state", "calls"}`` of an episode (``new`` when the gateway never saw it)."""
+        """:meth:`_answer` for an episode (``new`` when the gateway never saw it; ``calls`` None unless open)."""
         with self.lock:
             found = self.book.open.get(episode_id)
-            return {"episode_id": episode_id, "state": self.book.state(episode_id),
-                    "calls": len(found.calls) if found is not None else None}
+            return self._answer(episode_id, len(found.calls) if found is not None else None)
 
     def _record(self, record: GatewayEpisode) -> None:
         self.sink.send(self.topics.gateway, record, key=record.episode_id)
@@ -271,12 +292,30 @@ class Gateway:
         return count
 
 
-def _read_end(body: Any) -> tuple[float | None, str | None, dict[str, str], str | None]:
-    """(reward, answer, metadata, failure reason) of an end request's body."""
+class EndRequest(NamedTuple):
+    """An episode end's body, checked: a reward (or None: the scorer scores it), a reference answer, tags, or a
+    failure reason, and whether a replacement episode of its group takes the failed one's place."""
+
+    reward: float | None
+    answer: str | None
+    metadata: dict[str, str]
+    failed: str | None
+    refill: bool
+
+
+def _read_end(body: Any, episode_id: str) -> EndRequest:
+    """The :class:`EndRequest` of an end request's body (:class:`RequestError` naming the bad field)."""
     body = {} if body is None else body
     if not isinstance(body, dict):
         raise RequestError("the body of an episode end must be a JSON object")
     reward, answer, metadata, failed = (body.get(k) for k in ("reward", "answer", "metadata", "failed"))
+    refill = body.get("refill", False)
+    if not isinstance(refill, bool):
+        raise RequestError(f"refill must be true or false, got {refill!r:.40}", param="refill")
+    if refill and failed is None:
+        raise RequestError("refill needs failed: only an episode ended as failed is replaced", param="refill")
+    if refill and group_of(episode_id) == episode_id:
+        raise RequestError(f"refill needs an episode of a group (GROUP/NAME), got {episode_id!r}", param="refill")
     if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))
                                or not np.isfinite(reward)):
         raise RequestError(f"reward must be a finite number or null, got {reward!r}", param="reward")
@@ -288,7 +327,11 @@ def _read_end(body: Any) -> tuple[float | None, str | None, dict[str, str], str 
         raise RequestError("metadata must map strings to strings", param="metadata")
     if failed is not None and (not isinstance(failed, str) or not failed):
         raise RequestError("failed must be a non-empty reason", param="failed")
-    return None if reward is None else float(reward), answer, dict(metadata), failed
+    return EndRequest(None if reward is None else float(reward), answer, dict(metadata), failed, refill)
+
+
+def _refilled(reason: str, refill: bool) -> str:
+    return f"{reason} (refilled: another episode of its group takes its place)" if refill else reason
 
 
 def _where(acks) -> tuple[str, int, int] | None:

@@ -275,18 +275,18 @@ def trace_show(run_dir: Annotated[Path | None, typer.Argument(help="the run dire
 
 
 def _environments_table(environments: dict[str, dict[str, float]]):
-    """One row per environment of each producer or driver: its episodes ok, failed and timed out, and groups
-    refilled (a producer's) or episodes left open by a dead driver and ended as failed (a driver's)."""
+    """One row per environment of each producer or driver: its episodes ok, failed and timed out, refilled (a
+    producer's groups played again, a driver's failed episodes replaced) and left open by a dead driver and ended as
+    failed (a driver's only: '-' for a producer)."""
     from rich.table import Table
 
     table = Table(title="environments (episodes since each producer or driver started)")
-    for col in ("producer", "environment", "ok", "failed", "timed out", "refilled / abandoned"):
+    for col in ("producer", "environment", "ok", "failed", "timed out", "refilled", "abandoned"):
         table.add_column(col)
     for instance, values in environments.items():
         for name in dict.fromkeys(key.split("/")[1] for key in values):
-            last = "abandoned" if f"env/{name}/abandoned" in values else "refilled"
-            table.add_row(instance, name, *(f"{values.get(f'env/{name}/{k}', float('nan')):.0f}"
-                                            for k in ("ok", "failed", "timed_out", last)))
+            cells = (values.get(f"env/{name}/{k}") for k in ("ok", "failed", "timed_out", "refilled", "abandoned"))
+            table.add_row(instance, name, *("-" if v is None else f"{v:.0f}" for v in cells))
     return table
 
 

@@ -147,7 +147,7 @@ def inference_servers(latest: Mapping[str, Any]) -> dict[str, dict[str, float]]:
 def environments(latest: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     """Per producer instance playing multi-turn episodes (``producer.environment``) and per driver, its
     environments' episodes by outcome from its newest heartbeat (``env/<name>/{ok, failed, timed_out, refilled}``,
-    a driver's ``abandoned`` for ``refilled``; since it started), finite only."""
+    a driver's with ``abandoned`` too; since it started), finite only."""
     return {hb.instance_id: {k: v for k, v in sorted(hb.metrics.items())
                              if k.startswith("env/") and isinstance(v, (int, float)) and math.isfinite(v)}
             for hb in sorted(latest.values(), key=lambda h: h.instance_id)

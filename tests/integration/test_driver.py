@@ -2,7 +2,8 @@
 runs as a program of its own (``uv``-prepared, in verifiers' subprocess runtime), calls the model through verifiers'
 interception, which relays to a real gateway on the real broker with the episode id; each episode ends with
 verifiers' own reward, and the gateway publishes the groups as rollouts. A restarted driver neither replays nor
-loses an episode; failing environments are dead-lettered with their reason.
+loses an episode, and keeps the refills promised before it died; failing environments are dead-lettered with their
+reason, and a failed episode is replaced by a spare of its group while spares last.
 
 A tiny chat policy (support.chat_model) on the hf engine behind a gateway thread; tasksets of
 tests/support/vf_tasksets.
@@ -110,7 +111,7 @@ def test_failing_environments_are_dead_lettered_with_their_reason_and_never_trai
     from stream_rl.transport.client import Transport
 
     url, cfg = gateway
-    summary = run_driver(_driver(url, "verifiers:vf_hostile?size=4", episode_timeout_s=8.0))
+    summary = run_driver(_driver(url, "verifiers:vf_hostile?size=4", episode_timeout_s=8.0, refills=0))
     assert (summary.groups, summary.rewarded, summary.failed) == (4, 2, 6), summary
     letters = _letters(cfg)
     reasons = {episode.split("/")[0]: letter.reason for episode, letter in letters.items()}
@@ -135,37 +136,64 @@ def test_a_harness_that_cannot_start_is_dead_lettered_before_any_call_and_stops_
         run_driver(_driver(url, "verifiers:vf_reverse?size=3", agent=agent, max_failed_in_a_row=2))
     assert "docker" in str(stopped.value)  # the last reason, as verifiers gave it
     letters = _letters(cfg)
-    assert set(letters) == {"vf-vf_reverse-0-e0/0", "vf-vf_reverse-0-e0/1"}
+    assert set(letters) == {f"vf-vf_reverse-0-e0/{k}" for k in (0, 1, 2)}  # /2: the group's spare (refills=1)
     assert all("before any call" in letter.reason for letter in letters.values())
+    assert ["refilled" in letters[f"vf-vf_reverse-0-e0/{k}"].reason for k in (0, 1, 2)] == [True, False, False]
     assert _calls(cfg) == {}
 
 
-def test_a_restarted_driver_neither_replays_nor_loses_an_episode(gateway):
+def test_a_restarted_driver_neither_replays_nor_loses_an_episode_and_keeps_the_refills_promised(gateway):
     from producers.driver.role import run_driver
     from stream_rl.transport.client import Transport
 
     url, cfg = gateway
     hello = [{"role": "user", "content": "Reverse: abc"}]
-    for episode in ("vf-vf_reverse-0-e0/0", "vf-vf_reverse-0-e0/1"):  # what a driver that died had done
+    for episode in ("vf-vf_reverse-0-e0/0", "vf-vf_reverse-0-e0/1", "vf-vf_reverse-1-e0/0"):  # a dead driver's
         openai.OpenAI(base_url=url, api_key=episode, max_retries=0).chat.completions.create(
             model="policy", messages=hello)
-    end_episode(url, "vf-vf_reverse-0-e0/1", {"reward": 0.25})  # one ended, the other left open
-    first = run_driver(_driver(url, "verifiers:vf_reverse?size=2"))
-    assert (first.groups, first.rewarded, first.failed, first.abandoned, first.skipped) == (2, 2, 1, 1, 1)
-    (letter,) = _letters(cfg).values()
-    assert letter.raw_key == b"vf-vf_reverse-0-e0/0"
-    assert "the driver restarted while the episode was open" in letter.reason
+    end_episode(url, "vf-vf_reverse-0-e0/1", {"reward": 0.25})  # group 0: one ended, the other left open
+    promised = end_episode(url, "vf-vf_reverse-1-e0/0", {"failed": "its tool crashed", "refill": True})
+    assert (promised["state"], promised["members"], promised["refills_waiting"]) == ("dead_lettered", 0, 1)
+    first = run_driver(_driver(url, "verifiers:vf_reverse?size=2"))  # refills=1: one spare id per group, /2
+    assert (first.groups, first.rewarded, first.failed, first.refilled, first.abandoned, first.skipped) == (
+        2, 3, 1, 1, 1, 2), first  # group 0: /0 abandoned and replaced by /2; group 1: /1 and the promised /2
+    letters = _letters(cfg)
+    assert set(letters) == {"vf-vf_reverse-0-e0/0", "vf-vf_reverse-1-e0/0"}
+    assert "the driver restarted while the episode was open" in letters["vf-vf_reverse-0-e0/0"].reason
+    assert all("(refilled: another episode of its group takes its place)" in x.reason for x in letters.values())
     again = run_driver(_driver(url, "verifiers:vf_reverse?size=2"))
     assert (again.rewarded, again.failed, again.skipped) == (0, 0, 4)  # everything is closed: nothing replayed
     transport = Transport(cfg, "test")
-    rollouts = [r.value for r in collect(transport, transport.names.rollouts, want=3, timeout_s=30)]
+    rollouts = [r.value for r in collect(transport, transport.names.rollouts, want=4, timeout_s=30)]
     by_group = {}
     for rollout in rollouts:
         by_group.setdefault(rollout.prompt_id, []).append(rollout.metadata["episode_id"])
     assert {g: sorted(e) for g, e in by_group.items()} == {
-        "vf-vf_reverse-0-e0": ["vf-vf_reverse-0-e0/1"], "vf-vf_reverse-1-e0": ["vf-vf_reverse-1-e0/0",
-                                                                                 "vf-vf_reverse-1-e0/1"]}
-    assert len(_calls(cfg)) == 4  # each episode called once: none was played twice
+        f"vf-vf_reverse-{i}-e0": [f"vf-vf_reverse-{i}-e0/1", f"vf-vf_reverse-{i}-e0/2"] for i in (0, 1)}
+    assert {e: len(c) for e, c in _calls(cfg).items()} == {  # each episode called once: none was played twice
+        f"vf-vf_reverse-{i}-e0/{k}": 1 for i in (0, 1) for k in (0, 1, 2)}
+
+
+def test_a_failed_episode_is_replaced_by_a_spare_and_its_group_trains_whole(gateway, tmp_path, monkeypatch):
+    from producers.driver.gateway_client import GatewayClient
+    from producers.driver.role import run_driver
+    from stream_rl.transport.client import Transport
+
+    url, cfg = gateway
+    monkeypatch.setenv("VF_HOSTILE_TASKS", "flaky")  # its first grading raises, the later ones give 1
+    monkeypatch.setenv("VF_FLAKY_FILE", str(tmp_path / "graded-once"))
+    summary = run_driver(_driver(url, "verifiers:vf_hostile?size=1"))
+    assert (summary.groups, summary.rewarded, summary.failed, summary.refilled) == (1, 2, 1, 1), summary
+    (failed, letter), = _letters(cfg).items()
+    assert failed in ("vf-vf_hostile-0-e0/0", "vf-vf_hostile-0-e0/1")
+    assert "the grader failed once" in letter.reason and "(refilled:" in letter.reason
+    transport = Transport(cfg, "test")
+    rollouts = [r.value for r in collect(transport, transport.names.rollouts, want=2, timeout_s=30)]
+    assert sorted(r.metadata["episode_id"] for r in rollouts) == sorted(
+        {"vf-vf_hostile-0-e0/0", "vf-vf_hostile-0-e0/1", "vf-vf_hostile-0-e0/2"} - {failed})
+    assert {r.metadata["episode_reward"] for r in rollouts} == {"1.0"} and {r.group_size for r in rollouts} == {2}
+    answer = GatewayClient(url).state(failed)
+    assert (answer["members"], answer["refills_waiting"]) == (2, 0)
 
 
 def test_a_stopped_driver_ends_its_episodes_in_play_as_failed(gateway):
@@ -185,10 +213,11 @@ def test_a_stopped_driver_ends_its_episodes_in_play_as_failed(gateway):
     thread.join(30)
     assert not thread.is_alive()
     summary = out["summary"]
-    assert (summary.groups, summary.rewarded, summary.failed) == (3, 2, 4), summary
+    assert (summary.groups, summary.rewarded, summary.failed, summary.refilled) == (3, 2, 5, 1), summary
     letters = _letters(cfg)
-    assert {letters[f"vf-vf_hostile-2-e0/{k}"].reason for k in (0, 1)} == {
+    assert {letters[f"vf-vf_hostile-2-e0/{k}"].reason for k in (0, 1)} == {  # no refill promised on a stop
         "the agent ended the episode as failed: the driver was stopped"}
+    assert ["refilled" in letters[f"vf-vf_hostile-1-e0/{k}"].reason for k in (0, 1, 2)] == [True, False, False]
     assert {client.state(f"vf-vf_hostile-2-e0/{k}")["state"] for k in (0, 1)} == {"dead_lettered"}
 
 

@@ -1,7 +1,8 @@
 """The gateway for black-box agents on the real broker, driven by the real ``openai`` client: a tool-using agent's
 calls are recorded and its episode published as rollouts; concurrent episodes never mix; a streamed call is
 recorded as a whole one; bad requests are refused with OpenAI errors naming why; a killed agent's episode is
-dead-lettered with its reason; a restarted gateway loses no recorded call.
+dead-lettered with its reason; a restarted gateway loses no recorded call; a failed episode ended with ``refill`` waits
+for its replacement, or is counted once its group waited ``gateway.episode_timeout_s``, and a restart rebuilds both.
 
 A tiny chat policy (support.chat_model) with a tool-use template (support.chat.TOOLS_TEMPLATE) on the hf engine,
 one engine shared by the module's tests; each test has its own run (topics) and its own gateway thread.
@@ -17,6 +18,7 @@ import sys
 import threading
 import urllib.request
 from pathlib import Path
+from urllib.parse import quote
 
 import openai
 import pytest
@@ -252,3 +254,49 @@ def test_a_restarted_gateway_loses_no_recorded_call(start):
     assert {r.metadata["reward_source"] for r in rollouts} == {"scorer"}
     assert rollouts[0].prompt_token_ids.tolist() == calls[0].prompt_token_ids.tolist()
     assert sum(len(r.response_token_ids) for r in rollouts) >= sum(len(c.response_token_ids) for c in calls)
+
+
+def test_a_refilled_episode_waits_for_its_replacement_or_is_counted_after_the_timeout_and_a_restart_keeps_both(start):
+    from schemas import GatewayEpisode, decode
+    from stream_rl.transport.client import Transport
+
+    url, cfg, stop, thread = start(**{"gateway.group_size": 2, "gateway.episode_timeout_s": 2.0})
+
+    def call(episode: str) -> None:
+        openai.OpenAI(base_url=url, api_key=episode, max_retries=0).chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "2+3?"}], max_tokens=3)
+
+    def group(answer: dict) -> tuple:
+        return answer["state"], answer["members"], answer["refills_waiting"]
+
+    call("g/0")
+    assert group(end_episode(url, "g/0", {"failed": "the tool crashed", "refill": True})) == ("dead_lettered", 0, 1)
+    call("g/1")
+    assert group(end_episode(url, "g/1", {"reward": 1.0})) == ("ended", 1, 1)  # waits for g/0's replacement
+    call("g/2")
+    assert group(end_episode(url, "g/2", {"reward": 0.5})) == ("published", 2, 0)
+    assert group(end_episode(url, "h/0", {"failed": "no harness", "refill": True})) == ("dead_lettered", 0, 1)
+    call("h/1")
+    assert group(end_episode(url, "h/1", {"reward": 1.0})) == ("ended", 1, 1)
+    transport = Transport(cfg, "test")
+    rollouts = [r.value for r in collect(transport, transport.names.rollouts, want=3, timeout_s=30)]
+    assert sorted(r.metadata["episode_id"] for r in rollouts) == ["g/1", "g/2", "h/1"]  # h: after 2 s, without h/0
+    assert {r.group_size for r in rollouts if r.prompt_id == "h"} == {1}
+    gateway_topic = [decode(r.value) for r in read_records(transport, transport.names.name("gateway"), None)]
+    h0 = [(m.refill, m.reason) for m in gateway_topic if isinstance(m, GatewayEpisode) and m.episode_id == "h/0"]
+    assert [refill for refill, _ in h0] == [True, False]
+    assert "its replacement did not start within gateway.episode_timeout_s=2" in h0[1][1]
+    letters = [decode(r.value) for r in read_records(transport, transport.names.dlq, None)]
+    assert sorted(x.raw_key for x in letters) == [b"g/0", b"h/0"]  # one letter each: the expiry writes none
+    def states(url: str) -> dict[str, tuple]:
+        return {e: group(json.loads(urllib.request.urlopen(f"{url}/episodes/{quote(e, safe='')}", timeout=30).read()))
+                for e in ("g/0", "g/1", "h/0", "h/1")}
+
+    before = states(url)
+    assert before == {"g/0": ("dead_lettered", 2, 0), "g/1": ("published", 2, 0), "h/0": ("dead_lettered", 2, 0),
+                      "h/1": ("published", 2, 0)}
+    stop.set()
+    thread.join(30)
+    url, _, _, _ = start(**{"topics.run": cfg.topics.run, "gateway.group_size": 2, "gateway.episode_timeout_s": 2.0})
+    assert states(url) == before
+    assert len(read_records(transport, transport.names.rollouts, None)) == 3  # nothing published twice

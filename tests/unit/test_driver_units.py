@@ -27,6 +27,7 @@ def test_episode_ids_are_fixed_by_task_and_epoch_and_group_by_task():
     hub = episode_ids("owner/my task@1.0", 0, 0, 2)  # a hub id: its name, made safe for an episode id
     assert hub == ["vf-my-task-0-e0/0", "vf-my-task-0-e0/1"] and all(ID_PATTERN.match(i) for i in hub)
     assert len(group_of(episode_ids("x" * 300, 99999, 9999, 1)[0])) <= 64 + 20
+    assert episode_ids("vf_reverse", 3, 1, 4, refills=2)[4:] == ["vf-vf_reverse-3-e1/4", "vf-vf_reverse-3-e1/5"]
 
 
 def test_task_metadata_is_bounded_whatever_key_the_taskset_chose():
@@ -129,7 +130,8 @@ def _asked(server: Scripted) -> list[str]:
 
 def test_the_gateway_client_retries_only_what_is_retriable_and_names_the_reason():
     busy = {"error": {"message": "too many connections"}}
-    server = _answers([(503, busy), (503, busy), (200, {"episode_id": "g/0", "state": "new"})])
+    server = _answers([(503, busy), (503, busy), (200, {"episode_id": "g/0", "state": "new", "members": 0,
+                                                             "refills_waiting": 0})])
     with serving(server) as url:
         client = GatewayClient(url + "v1", backoff_s=0.01)
         assert client.state("g/0")["state"] == "new" and _asked(server) == ["GET /v1/episodes/g%2F0"] * 3
@@ -164,10 +166,11 @@ def test_the_drivers_heartbeat_shows_in_the_environments_table_beside_the_produc
     from stream_rl.cli.status_cmd import _environments_table
     from stream_rl.operator_tools.status import environments, latest_per_instance
 
-    summary = Summary(groups=5, rewarded=12, failed=7, skipped=1, abandoned=2, timed_out=3)
+    summary = Summary(groups=5, rewarded=12, failed=7, skipped=1, abandoned=2, timed_out=3, refilled=5)
     assert metrics("verifiers:vf_digits", summary) == {
         "env/verifiers:vf_digits/ok": 12.0, "env/verifiers:vf_digits/failed": 4.0,  # 7 failed, 3 of them on a deadline
-        "env/verifiers:vf_digits/timed_out": 3.0, "env/verifiers:vf_digits/abandoned": 2.0}
+        "env/verifiers:vf_digits/timed_out": 3.0, "env/verifiers:vf_digits/refilled": 5.0,
+        "env/verifiers:vf_digits/abandoned": 2.0}
     beats = [Heartbeat(role=role, instance_id=instance, host="h", pid=1, state="ready", policy_version=3, step=5,
                        rates={}, metrics=values, open_alerts=[], interval_s=5.0, created_at=2.0)
              for role, instance, values in [("driver", "driver-0", metrics("verifiers:vf_digits", summary)),
@@ -179,6 +182,6 @@ def test_the_drivers_heartbeat_shows_in_the_environments_table_beside_the_produc
     console.print(_environments_table(envs))
     rows = [[c.strip() for c in line.split("│")[1:-1]] for line in console.export_text().splitlines()
             if "-0 " in line]
-    assert ["driver-0", "verifiers:vf_digits", "12", "4", "3", "2"] in rows
-    assert ["producer-0", "Guess", "1", "nan", "nan", "2"] in rows
+    assert ["driver-0", "verifiers:vf_digits", "12", "4", "3", "5", "2"] in rows
+    assert ["producer-0", "Guess", "1", "-", "-", "2", "-"] in rows  # what its heartbeat lacks shows as '-'
 

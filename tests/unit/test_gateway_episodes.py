@@ -182,3 +182,81 @@ def test_the_episode_id_comes_from_the_header_else_the_api_key_and_a_bad_one_is_
                            ({"X-Episode-Id": "g" * 201 + "/1"}, "longer than 200")):
         with pytest.raises(RequestError, match=words):
             episode_of(headers)
+
+
+def _dead(episode: str, t: float, refill: bool = False, calls: int = 1) -> GatewayEpisode:
+    return GatewayEpisode(episode_id=episode, outcome="dead_lettered", reason="x", calls=calls, refill=refill,
+                          created_at=t)
+
+
+def _ended(episode: str, t: float) -> GatewayEpisode:
+    return GatewayEpisode(episode_id=episode, outcome="ended", reward=1.0, reason="", calls=1, created_at=t)
+
+
+def _feed(book: Book, records) -> Book:
+    for r in records:
+        book.add_call(r, None) if isinstance(r, GatewayCall) else book.apply(r)
+    return book
+
+
+def test_a_refilled_episode_does_not_count_and_its_replacement_completes_the_group():
+    book = _feed(Book(group_size=2), [_call("g/0", 0, [1], [2], t=100.0), _dead("g/0", 101.0, refill=True)])
+    assert (book.state("g/0"), book.members("g"), book.waiting_refills("g")) == ("dead_lettered", 0, 1)
+    _feed(book, [_call("g/1", 0, [1], [3], t=102.0), _ended("g/1", 103.0)])
+    assert book.ready("g") is None and (book.members("g"), book.waiting_refills("g")) == (1, 1)
+    assert book.expired_refills(now=107.9, timeout_s=5.0) == []  # the group's last record: 103.0
+    _feed(book, [_call("g/2", 0, [1], [4], t=104.0)])  # the replacement: the group owes nothing now
+    assert (book.members("g"), book.waiting_refills("g")) == (2, 0)
+    assert book.expired_refills(now=1e9, timeout_s=5.0) == []
+    _feed(book, [_ended("g/2", 105.0)])
+    assert [e.episode_id for e in book.ready("g")] == ["g/1", "g/2"]
+    assert book.counts() == {"open": 0, "ended": 2, "published": 0, "dead_lettered": 1}
+
+
+def test_a_replacement_that_never_comes_expires_and_its_episode_then_counts():
+    records = [_call("g/0", 0, [1], [2], t=100.0), _dead("g/0", 101.0, refill=True, calls=1),
+               _call("g/1", 0, [1], [3], t=102.0), _ended("g/1", 103.0)]
+    book = _feed(Book(group_size=2), records)
+    assert book.expired_refills(now=108.5, timeout_s=5.0) == [("g/0", 1)]
+    expiry = _dead("g/0", 108.5)  # the gateway's second record of it, without refill
+    _feed(book, [expiry])
+    assert [e.episode_id for e in book.ready("g")] == ["g/1"] and book.dead_in_group == {"g": 1}
+    assert (book.members("g"), book.waiting_refills("g"), book.expired_refills(now=1e9, timeout_s=5.0)) == (2, 0, [])
+    assert book.counts()["dead_lettered"] == 1  # one episode, dead-lettered once
+    twice = _feed(_feed(Book(group_size=2), [*records, expiry]), [*records, expiry])
+    assert (twice.dead_in_group, twice.members("g"), twice.waiting_refills("g"), twice.counts()) == (
+        book.dead_in_group, 2, 0, book.counts())
+    assert [e.episode_id for e in twice.ready("g")] == ["g/1"]
+
+
+def test_a_refill_waits_while_its_group_has_an_open_episode_and_a_failed_replacement_can_be_refilled():
+    book = _feed(Book(group_size=3), [_dead("g/0", 100.0, refill=True, calls=0), _call("g/1", 0, [1], [2], t=101.0)])
+    assert book.expired_refills(now=1e9, timeout_s=5.0) == []  # g/1 is open (the sweep times it out on its own)
+    _feed(book, [_ended("g/1", 102.0), _call("g/3", 0, [1], [2], t=103.0), _dead("g/3", 104.0, refill=True)])
+    assert (book.members("g"), book.waiting_refills("g")) == (1, 2)  # g/3 replaced g/0, and is replaced in turn
+    assert book.expired_refills(now=110.0, timeout_s=5.0) == [("g/0", 0), ("g/3", 1)]
+    solo = _feed(Book(group_size=3), [_dead("g/0", 100.0)])
+    assert (solo.members("g"), solo.dead_in_group) == (1, {"g": 1})  # without refill it counts at once
+
+
+def test_refill_is_checked_on_the_wire_and_on_the_end_request_naming_the_field():
+    import msgpack
+
+    from producers.gateway.service import _read_end
+    from schemas import SchemaError
+
+    for bad, words in (({"episode_id": "g/0", "outcome": "ended", "reason": ""}, "refill: may be true only"),
+                       ({"episode_id": "solo", "outcome": "dead_lettered", "reason": "x"}, "needs an episode of a")):
+        with pytest.raises(SchemaError, match=words):
+            encode(GatewayEpisode(**bad, calls=0, refill=True))
+    older = msgpack.unpackb(encode(_dead("g/0", 100.0)))
+    del older["refill"]  # written before the field was added
+    assert decode(msgpack.packb(older)).refill is False
+    assert _read_end({"failed": "tool crashed", "refill": True}, "g/0").refill is True
+    assert _read_end({"failed": "tool crashed"}, "g/0").refill is False
+    for body, episode, words in (({"failed": "x", "refill": "yes"}, "g/0", "refill must be true or false"),
+                                 ({"reward": 1.0, "refill": True}, "g/0", "refill needs failed"),
+                                 ({"failed": "x", "refill": True}, "solo", "refill needs an episode of a group")):
+        with pytest.raises(RequestError, match=words) as caught:
+            _read_end(body, episode)
+        assert caught.value.body()["error"]["param"] == "refill"

@@ -114,6 +114,9 @@ def golden_messages() -> dict[str, object]:
             calls=2, created_at=T0),
         "gateway_episode/dead": GatewayEpisode(
             episode_id="calc-7/1", outcome="dead_lettered", reason="timeout", calls=1, created_at=T0),
+        "gateway_episode/refilled": GatewayEpisode(
+            episode_id="calc-7/2", outcome="dead_lettered", reason="the tool crashed", calls=0, created_at=T0,
+            refill=True),
         "partial_group/one": PartialGroup(
             group_id="p1:0", prompt=Prompt(prompt_id="p1", epoch=0, text="hi", group_size=2, created_at=T0),
             prompt_token_ids=np.array([7, 8], np.int32), sample_lengths=np.array([2, 3], np.int32),

@@ -1,8 +1,9 @@
 """A hostile verifiers taskset for the driver's tests, one behaviour per task id: ``ok`` (reward 1), ``raises``
 (its reward raises), ``hangs`` (its reward awaits forever), ``nan`` (its reward is NaN), ``blocks`` (its reward
-blocks the event loop in a synchronous sleep of 600 s). Loaded by id as ``vf_hostile`` with tests/support/vf_tasksets
-on the path; its tasks are those named in ``$VF_HOSTILE_TASKS`` (comma-separated, in that order), by default ok,
-raises, hangs, nan, blocks (a driver takes the first ``size``)."""
+blocks the event loop in a synchronous sleep of 600 s), ``flaky`` (its first grading raises, the later ones give
+1: the first grader creates the file ``$VF_FLAKY_FILE``, atomically). Loaded by id as ``vf_hostile`` with
+tests/support/vf_tasksets on the path; its tasks are those named in ``$VF_HOSTILE_TASKS`` (comma-separated, in that
+order), by default ok, raises, hangs, nan, blocks (a driver takes the first ``size``)."""
 
 import asyncio
 import os
@@ -22,6 +23,12 @@ class HostileTask(vf.Task[vf.TaskData, vf.State, vf.TaskConfig]):
             return float("nan")
         if task.id == "blocks":
             time.sleep(600)
+        if task.id == "flaky":
+            try:
+                os.close(os.open(os.environ["VF_FLAKY_FILE"], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return 1.0
+            raise RuntimeError("the grader failed once")
         return 1.0
 
 

@@ -55,8 +55,8 @@ class Book:
     dead_in_group: dict[str, int] = field(default_factory=dict)  # dead-lettered episodes counted in their group
     seen: dict[str, set[str]] = field(default_factory=dict)  # group -> every episode of it the topic holds
     replaced: dict[str, int] = field(default_factory=dict)  # group -> its refilled episodes not counted in it
-    refilled: dict[str, dict[str, tuple[float, int]]] = field(default_factory=dict)  # group -> refilled episode ->
-    # (when, its calls), while the group still owes replacements
+    refilled: dict[str, dict[str, int]] = field(default_factory=dict)  # group -> refilled episode -> its calls, while
+    # the group still owes replacements
     last_seen: dict[str, float] = field(default_factory=dict)  # group -> Unix time of its last record
     published: int = 0  # episodes closed as published
     dead_lettered: int = 0  # episodes closed as dead-lettered
@@ -119,7 +119,7 @@ class Book:
         waiting = self.refilled.setdefault(group, {})
         if record.refill:
             if not known:
-                waiting[episode_id] = (float(record.created_at), int(record.calls))
+                waiting[episode_id] = int(record.calls)
                 self.replaced[group] = self.replaced.get(group, 0) + 1
         elif not known or waiting.pop(episode_id, None) is not None:  # new, or a refill that expired
             self.dead_in_group[group] = self.dead_in_group.get(group, 0) + 1
@@ -151,7 +151,7 @@ class Book:
                 continue
             if any(episode in self.open for episode in self.seen.get(group, ())):
                 continue
-            out.extend((episode, calls) for episode, (_, calls) in sorted(waiting.items()))
+            out.extend(sorted(waiting.items()))
         return out
 
     def counts(self) -> dict[str, int]:

@@ -58,23 +58,23 @@ _TOPIC_RECREATED = re.compile(r"^Topic \S+ topic_id changed from \S+ to \S+ -- l
 _COLLECTED_VERSION = re.compile(r"^Topic \S+\.weights\.v[0-9]+ not found in cluster metadata$", re.DOTALL)
 _CANCELLED_CLOSE = re.compile(r"^Error closing coroutine for cancelled task$")
 _CLOSED_RECV = re.compile(r"^<KafkaTCPTransport .*\(closed\)>: Error receiving network data closing socket$", re.DOTALL)
-_KNOWN_NOISE = ((logging.WARNING, "kafka.net.selector", _SLOW_TASK),
-                (logging.WARNING, "kafka.cluster", _TOPIC_RECREATED),
-                (logging.ERROR, "kafka.cluster", _COLLECTED_VERSION),
-                (logging.ERROR, "kafka.net.transport", _CLOSED_RECV))
+_KNOWN_NOISE = ((logging.WARNING, "kafka.net.selector", _SLOW_TASK, None),
+                (logging.WARNING, "kafka.cluster", _TOPIC_RECREATED, None),
+                (logging.ERROR, "kafka.cluster", _COLLECTED_VERSION, None),
+                (logging.ERROR, "kafka.net.transport", _CLOSED_RECV, None),
+                (logging.ERROR, "kafka.net.selector", _CANCELLED_CLOSE, (ValueError, "generator already executing")))
+"""(level, logger, message pattern, the exception it must carry as (type, text), or None: whatever it carries)."""
 
 
 class KnownNoiseFilter(logging.Filter):
     """Drops the known kafka-python noise (see the module docstring); keeps every other record."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        for level, logger_name, pattern in _KNOWN_NOISE:
-            if record.levelno == level and record.name == logger_name and pattern.match(record.getMessage()):
-                return False
         error = record.exc_info[1] if record.exc_info else None
-        if (record.levelno == logging.ERROR and record.name == "kafka.net.selector" and isinstance(error, ValueError)
-                and _CANCELLED_CLOSE.match(record.getMessage()) and str(error) == "generator already executing"):
-            return False  # a close racing the task it closes, at the client's own close (module docstring)
+        for level, logger_name, pattern, raised in _KNOWN_NOISE:
+            if (record.levelno == level and record.name == logger_name and pattern.match(record.getMessage())
+                    and (raised is None or (isinstance(error, raised[0]) and str(error) == raised[1]))):
+                return False
         if record.name.startswith("kafka.net") and isinstance(error, OSError):  # a lost connection: one line
             record.msg, record.args = f"{record.getMessage()}: {type(error).__name__}: {error}", None
             record.exc_info, record.exc_text = None, None
